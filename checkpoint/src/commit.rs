@@ -1,0 +1,38 @@
+//! The `latest` pointer and removal, both crash-safe.
+
+use std::{fs::File, io::Write, path::Path};
+
+use crate::{Error, Result, LATEST_FILE};
+
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(Error::io(dir))
+}
+
+/// Points `latest` at `name`: written to a temporary file, fsync'ed, renamed.
+pub fn commit_latest(checkpoints: &Path, name: &str) -> Result<()> {
+    let tmp = checkpoints.join(format!(".{LATEST_FILE}.tmp-{}", std::process::id()));
+    let mut file = File::create(&tmp).map_err(Error::io(&tmp))?;
+    file.write_all(format!("{name}\n").as_bytes()).map_err(Error::io(&tmp))?;
+    file.sync_all().map_err(Error::io(&tmp))?;
+    let latest = checkpoints.join(LATEST_FILE);
+    std::fs::rename(&tmp, &latest).map_err(Error::io(&latest))?;
+    fsync_dir(checkpoints)
+}
+
+/// The checkpoint `latest` names, if any.
+pub fn read_latest(checkpoints: &Path) -> Option<String> {
+    let name = std::fs::read_to_string(checkpoints.join(LATEST_FILE)).ok()?;
+    let name = name.trim();
+    crate::parse_dir_name(name).map(|_| name.to_string())
+}
+
+/// Removes a checkpoint: renamed out of the way first, so a crash mid-removal
+/// leaves a hidden directory that nothing mistakes for a checkpoint.
+pub fn delete(checkpoint: &Path) -> Result<()> {
+    let parent = checkpoint.parent().unwrap_or(Path::new("."));
+    let name = checkpoint.file_name().and_then(|n| n.to_str()).unwrap_or("checkpoint");
+    let trash = parent.join(format!(".trash-{name}-{}", std::process::id()));
+    std::fs::rename(checkpoint, &trash).map_err(Error::io(checkpoint))?;
+    fsync_dir(parent)?;
+    std::fs::remove_dir_all(&trash).map_err(Error::io(&trash))
+}

@@ -1,0 +1,96 @@
+//! The checkpoint directory format.
+//!
+//! ```text
+//! <run-dir>/checkpoints/
+//!   step-00001000/
+//!     model.safetensors      weights, loadable by safetensors.torch.load_file
+//!     optimizer.safetensors  optimizer state
+//!     state.json             step, counters, data position, RNG scheme
+//!     config.toml            the resolved configuration
+//!     plugins/<name>.bin     each plugin's own state
+//!     manifest.json          sizes and CRC-32 of every file above, written last
+//!   latest                   name of the newest committed checkpoint, written last
+//! ```
+//!
+//! A checkpoint is written into a temporary directory, every file and the directory
+//! are fsync'ed, and it is renamed into place: a crash at any moment leaves either
+//! the whole checkpoint or none of it, and never touches older ones.
+
+mod commit;
+mod read;
+mod write;
+
+use std::path::{Path, PathBuf};
+
+pub use commit::{commit_latest, delete, read_latest};
+pub use read::{find_resumable, list, read, validate, Checkpoint, Tensor};
+pub use write::write;
+
+pub const MODEL_FILE: &str = "model.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const STATE_FILE: &str = "state.json";
+pub const CONFIG_FILE: &str = "config.toml";
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const PLUGINS_DIR: &str = "plugins";
+pub const LATEST_FILE: &str = "latest";
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl Error {
+    pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        move |source| Error::Io { path: path.to_owned(), source }
+    }
+
+    pub fn invalid(path: &Path, message: impl Into<String>) -> Error {
+        Error::Invalid { path: path.to_owned(), message: message.into() }
+    }
+
+    /// Whether the error is a full disk or a permission problem, which a run can
+    /// survive by keeping its older checkpoints.
+    pub fn is_storage(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if matches!(source.raw_os_error(), Some(28 | 13 | 30 | 122)) || source.kind() == std::io::ErrorKind::PermissionDenied)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `step-00001000`.
+pub fn dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+pub fn parse_dir_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("step-")?;
+    (digits.len() >= 8 && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
+}
+
+/// `<run-dir>/checkpoints`.
+pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("checkpoints")
+}
+
+/// The manifest: what a complete checkpoint contains.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct Manifest {
+    pub format: u32,
+    pub step: u64,
+    pub reason: String,
+    pub files: Vec<FileEntry>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct FileEntry {
+    pub path: String,
+    pub size: u64,
+    pub crc32: u32,
+}
+
+#[cfg(test)]
+mod tests;

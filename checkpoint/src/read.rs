@@ -1,0 +1,116 @@
+//! Reading and validating checkpoints.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use ptrain_plugin_api::DType;
+use safetensors::SafeTensors;
+
+use crate::{parse_dir_name, Error, Manifest, Result};
+
+/// A tensor read back from a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub path: PathBuf,
+    pub manifest: Manifest,
+    pub model: BTreeMap<String, Tensor>,
+    pub optimizer: BTreeMap<String, Tensor>,
+    pub state: serde_json::Value,
+    pub config_toml: String,
+    pub plugin_states: BTreeMap<String, Vec<u8>>,
+}
+
+/// Checks that every file the manifest lists is present, of its size and CRC.
+pub fn validate(checkpoint: &Path) -> Result<Manifest> {
+    let manifest_path = checkpoint.join(crate::MANIFEST_FILE);
+    let text = std::fs::read(&manifest_path).map_err(|_| Error::invalid(checkpoint, "no manifest.json: the checkpoint is incomplete"))?;
+    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| Error::invalid(&manifest_path, format!("unreadable manifest: {e}")))?;
+    if manifest.format != crate::FORMAT_VERSION {
+        return Err(Error::invalid(checkpoint, format!("format {} (this ptrain reads {})", manifest.format, crate::FORMAT_VERSION)));
+    }
+    for required in [crate::MODEL_FILE, crate::OPTIMIZER_FILE, crate::STATE_FILE, crate::CONFIG_FILE] {
+        if !manifest.files.iter().any(|f| f.path == required) {
+            return Err(Error::invalid(checkpoint, format!("manifest lacks {required}")));
+        }
+    }
+    for entry in &manifest.files {
+        let path = checkpoint.join(&entry.path);
+        let bytes = std::fs::read(&path).map_err(|_| Error::invalid(checkpoint, format!("{} is missing", entry.path)))?;
+        if bytes.len() as u64 != entry.size || crc32fast::hash(&bytes) != entry.crc32 {
+            return Err(Error::invalid(checkpoint, format!("{} is corrupt (size or checksum mismatch)", entry.path)));
+        }
+    }
+    Ok(manifest)
+}
+
+fn tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
+    let bytes = std::fs::read(path).map_err(Error::io(path))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::invalid(path, e.to_string()))?;
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let dtype = DType::from_safetensors_name(&format!("{:?}", view.dtype())).ok_or_else(|| Error::invalid(path, format!("unsupported dtype {:?} of {name}", view.dtype())))?;
+            Ok((name, Tensor { dtype, shape: view.shape().iter().map(|&d| d as i64).collect(), data: view.data().to_vec() }))
+        })
+        .collect()
+}
+
+/// Validates and reads a checkpoint.
+pub fn read(checkpoint: &Path) -> Result<Checkpoint> {
+    let manifest = validate(checkpoint)?;
+    let state_path = checkpoint.join(crate::STATE_FILE);
+    let state = serde_json::from_slice(&std::fs::read(&state_path).map_err(Error::io(&state_path))?)
+        .map_err(|e| Error::invalid(&state_path, e.to_string()))?;
+    let config_path = checkpoint.join(crate::CONFIG_FILE);
+    let config_toml = std::fs::read_to_string(&config_path).map_err(Error::io(&config_path))?;
+    let mut plugin_states = BTreeMap::new();
+    for entry in manifest.files.iter().filter(|f| f.path.starts_with(crate::PLUGINS_DIR)) {
+        let name = Path::new(&entry.path).file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+        let path = checkpoint.join(&entry.path);
+        plugin_states.insert(name, std::fs::read(&path).map_err(Error::io(&path))?);
+    }
+    Ok(Checkpoint {
+        path: checkpoint.to_owned(),
+        model: tensors(&checkpoint.join(crate::MODEL_FILE))?,
+        optimizer: tensors(&checkpoint.join(crate::OPTIMIZER_FILE))?,
+        manifest,
+        state,
+        config_toml,
+        plugin_states,
+    })
+}
+
+/// Committed checkpoint directories under `checkpoints`, by step, oldest first.
+pub fn list(checkpoints: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(checkpoints)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| Some((parse_dir_name(e.file_name().to_str()?)?, e.path())))
+        .filter(|(_, p)| p.is_dir())
+        .collect();
+    found.sort();
+    found
+}
+
+/// The newest valid checkpoint under `checkpoints`, with a warning for each newer
+/// one that failed validation. `Ok(None)` when there is none at all.
+pub fn find_resumable(checkpoints: &Path) -> (Option<PathBuf>, Vec<String>) {
+    let mut warnings = Vec::new();
+    for (_, path) in list(checkpoints).into_iter().rev() {
+        match validate(&path) {
+            Ok(_) => return (Some(path), warnings),
+            Err(e) => warnings.push(format!("skipping invalid checkpoint {e}")),
+        }
+    }
+    (None, warnings)
+}

@@ -1,0 +1,109 @@
+//! Writing a checkpoint: everything into `.tmp-step-N-<pid>`, fsync, then one rename.
+
+use std::{
+    fs::File,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use ptrain_plugin_api::{CheckpointPayload, CheckpointReason, TensorBlob};
+use safetensors::{tensor::TensorView, Dtype};
+
+use crate::{commit::fsync_dir, dir_name, Error, FileEntry, Manifest, Result};
+
+fn dtype(blob: &TensorBlob) -> Dtype {
+    use ptrain_plugin_api::DType as D;
+    match blob.dtype {
+        D::F32 => Dtype::F32,
+        D::F64 => Dtype::F64,
+        D::BF16 => Dtype::BF16,
+        D::F16 => Dtype::F16,
+        D::I64 => Dtype::I64,
+        D::I32 => Dtype::I32,
+        D::U8 => Dtype::U8,
+    }
+}
+
+fn reason(r: CheckpointReason) -> &'static str {
+    match r {
+        CheckpointReason::Scheduled => "scheduled",
+        CheckpointReason::End => "end",
+        CheckpointReason::Interrupted => "interrupted",
+        CheckpointReason::NonFinite => "nonfinite",
+    }
+}
+
+/// A file written and fsync'ed, recording its size and CRC for the manifest.
+fn write_file(dir: &Path, relative: &str, bytes: &[u8], files: &mut Vec<FileEntry>) -> Result<()> {
+    let path = dir.join(relative);
+    let mut file = File::create(&path).map_err(Error::io(&path))?;
+    file.write_all(bytes).map_err(Error::io(&path))?;
+    file.sync_all().map_err(Error::io(&path))?;
+    files.push(FileEntry { path: relative.to_string(), size: bytes.len() as u64, crc32: crc32fast::hash(bytes) });
+    Ok(())
+}
+
+fn safetensors_bytes(path: &Path, blobs: &[TensorBlob], step: u64) -> Result<Vec<u8>> {
+    let views = blobs
+        .iter()
+        .map(|b| {
+            let shape: Vec<usize> = b.shape.iter().map(|&d| d as usize).collect();
+            TensorView::new(dtype(b), shape, b.data.as_slice()).map(|v| (b.name.as_str().to_string(), v))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::invalid(path, format!("tensor does not match its shape: {e}")))?;
+    let metadata = [("format".to_string(), "pt".to_string()), ("step".to_string(), step.to_string())].into_iter().collect();
+    safetensors::serialize(views, Some(metadata)).map_err(|e| Error::invalid(path, e.to_string()))
+}
+
+/// Writes `payload` as `<checkpoints>/step-N` and returns its path. When that
+/// directory already exists and is valid, it is kept as it is (a step's state is
+/// deterministic); an invalid one is replaced.
+pub fn write(checkpoints: &Path, payload: &CheckpointPayload) -> Result<PathBuf> {
+    std::fs::create_dir_all(checkpoints).map_err(Error::io(checkpoints))?;
+    let name = dir_name(payload.step);
+    let target = checkpoints.join(&name);
+    if target.exists() {
+        if crate::validate(&target).is_ok() {
+            return Ok(target);
+        }
+        crate::delete(&target)?;
+    }
+    let tmp = checkpoints.join(format!(".tmp-{name}-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(Error::io(&tmp))?;
+    }
+    let result = write_into(&tmp, payload);
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, &target).map_err(Error::io(&target))?;
+    fsync_dir(checkpoints)?;
+    Ok(target)
+}
+
+fn write_into(tmp: &Path, payload: &CheckpointPayload) -> Result<()> {
+    std::fs::create_dir_all(tmp.join(crate::PLUGINS_DIR)).map_err(Error::io(tmp))?;
+    let mut files = Vec::new();
+    let model = safetensors_bytes(&tmp.join(crate::MODEL_FILE), &payload.model, payload.step)?;
+    write_file(tmp, crate::MODEL_FILE, &model, &mut files)?;
+    drop(model);
+    let optimizer = safetensors_bytes(&tmp.join(crate::OPTIMIZER_FILE), &payload.optimizer, payload.step)?;
+    write_file(tmp, crate::OPTIMIZER_FILE, &optimizer, &mut files)?;
+    drop(optimizer);
+    write_file(tmp, crate::STATE_FILE, payload.state_json.as_bytes(), &mut files)?;
+    write_file(tmp, crate::CONFIG_FILE, payload.config_toml.as_bytes(), &mut files)?;
+    for blob in payload.plugin_states.iter() {
+        let relative = format!("{}/{}.bin", crate::PLUGINS_DIR, blob.name.as_str());
+        write_file(tmp, &relative, blob.data.as_slice(), &mut files)?;
+    }
+    fsync_dir(&tmp.join(crate::PLUGINS_DIR))?;
+    let manifest = Manifest { format: crate::FORMAT_VERSION, step: payload.step, reason: reason(payload.reason).into(), files };
+    let text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+    let path = tmp.join(crate::MANIFEST_FILE);
+    let mut file = File::create(&path).map_err(Error::io(&path))?;
+    file.write_all(&text).map_err(Error::io(&path))?;
+    file.sync_all().map_err(Error::io(&path))?;
+    fsync_dir(tmp)
+}

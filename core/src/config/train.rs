@@ -1,0 +1,29 @@
+use serde::{Deserialize, Serialize};
+
+/// `[train]`: the loop itself.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    pub steps: u64,
+    pub precision: Precision,
+    pub eval_every: u64,
+    pub eval_batches: u64,
+    pub empty_cache_every: u64,
+    pub nan_policy: NanPolicy,
+    pub max_nonfinite_in_row: u64,
+    pub nonfinite_check_every: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NanPolicy {
+    Skip,
+    Stop,
+}

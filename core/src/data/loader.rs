@@ -1,0 +1,132 @@
+//! Background batch production. Worker `w` of `n` produces draws `w, w+n, ...` in
+//! order into its own bounded channel, and the loop reads the channels round-robin,
+//! so the order is exactly the single-threaded order.
+
+use std::{
+    sync::{mpsc, Arc},
+    thread::JoinHandle,
+};
+
+use tch::Device;
+
+use super::{Batch, BatchKey, Dataset, Split};
+
+/// Maps the n-th draw (from 0) of this run to its key.
+#[derive(Debug, Clone, Copy)]
+pub struct DrawPlan {
+    /// The first optimizer step this loader serves (1-based).
+    pub first_step: u64,
+    pub accum_steps: u64,
+    pub batch_size: u64,
+    pub rank: u64,
+}
+
+impl DrawPlan {
+    fn key(&self, draw: u64) -> BatchKey {
+        BatchKey {
+            step: self.first_step + draw / self.accum_steps,
+            micro: draw % self.accum_steps,
+            first_sample: self.rank * self.batch_size,
+            count: self.batch_size,
+        }
+    }
+}
+
+pub struct Loader {
+    plan: DrawPlan,
+    dataset: Arc<dyn Dataset>,
+    pin: Option<Device>,
+    receivers: Vec<mpsc::Receiver<Batch>>,
+    workers: Vec<JoinHandle<()>>,
+    next: u64,
+}
+
+impl Loader {
+    /// `pin` is the CUDA device to page-lock batches for, if any.
+    pub fn new(dataset: Arc<dyn Dataset>, plan: DrawPlan, workers: usize, prefetch: usize, pin: Option<Device>) -> Loader {
+        let mut receivers = Vec::new();
+        let mut handles = Vec::new();
+        for w in 0..workers {
+            let (tx, rx) = mpsc::sync_channel(prefetch.max(1));
+            let dataset = dataset.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("ptrain-data-{w}"))
+                .spawn(move || {
+                    let mut draw = w as u64;
+                    loop {
+                        let mut batch = dataset.batch(Split::Train, plan.key(draw));
+                        if let Some(device) = pin {
+                            batch = batch.pinned(device);
+                        }
+                        if tx.send(batch).is_err() {
+                            return;
+                        }
+                        draw += workers as u64;
+                    }
+                })
+                .expect("spawn data worker");
+            receivers.push(rx);
+            handles.push(handle);
+        }
+        Loader { plan, dataset, pin, receivers, workers: handles, next: 0 }
+    }
+
+    /// The next micro-batch, on the host. Blocks while the workers are behind.
+    pub fn next_batch(&mut self) -> Batch {
+        let draw = self.next;
+        self.next += 1;
+        if self.receivers.is_empty() {
+            let batch = self.dataset.batch(Split::Train, self.plan.key(draw));
+            return match self.pin {
+                Some(device) => batch.pinned(device),
+                None => batch,
+            };
+        }
+        let n = self.receivers.len() as u64;
+        self.receivers[(draw % n) as usize].recv().expect("data worker stopped")
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        // Closing the channels makes each worker's next send fail and return.
+        self.receivers.clear();
+        for handle in self.workers.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn plan() -> DrawPlan {
+        DrawPlan { first_step: 1, accum_steps: 2, batch_size: 4, rank: 0 }
+    }
+
+    #[test]
+    fn batches_do_not_depend_on_worker_count() {
+        let config = Config::default();
+        let dataset = crate::data::from_config(&config).unwrap();
+        let collect = |workers| {
+            let mut loader = Loader::new(dataset.clone(), plan(), workers, 2, None);
+            (0..7).map(|_| Vec::<i64>::try_from(loader.next_batch().inputs.view([-1])).unwrap()).collect::<Vec<_>>()
+        };
+        let inline = collect(0);
+        assert_eq!(inline, collect(1));
+        assert_eq!(inline, collect(3));
+        assert_ne!(inline[0], inline[1]);
+    }
+
+    #[test]
+    fn a_rank_shard_is_a_slice_of_the_global_batch() {
+        let config = Config::default();
+        let dataset = crate::data::from_config(&config).unwrap();
+        let key = |first, count| BatchKey { step: 3, micro: 0, first_sample: first, count };
+        let global = dataset.batch(Split::Train, key(0, 8)).inputs;
+        let shard = dataset.batch(Split::Train, key(4, 4)).inputs;
+        assert!(global.narrow(0, 4, 4).equal(&shard));
+    }
+}

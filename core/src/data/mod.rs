@@ -1,0 +1,117 @@
+//! Batches: where they come from ([`Dataset`]) and how they are produced ahead of
+//! the loop ([`Loader`]).
+//!
+//! A batch is identified by a [`BatchKey`]; each sample's randomness is keyed by
+//! (seed, split, step, micro-batch, global sample index). So the data of a step does
+//! not depend on the number of workers, and a rank's shard of a global batch is the
+//! same samples a single process would draw: rank r of W takes samples
+//! `[r*B, (r+1)*B)` of the `W*B` global batch.
+
+mod classify;
+pub mod loader;
+mod tokens;
+
+use std::sync::Arc;
+
+use tch::{Device, Tensor};
+
+pub use classify::{ClassRow, Classification};
+pub use loader::Loader;
+pub use tokens::{synthetic_text, TokenWindows};
+
+use crate::{
+    config::{Config, DataKind},
+    error::Result,
+};
+
+/// Inputs and targets of one micro-batch.
+#[derive(Debug)]
+pub struct Batch {
+    /// `[B, T]` int64 tokens or `[B, F]` float features.
+    pub inputs: Tensor,
+    /// `[B, T]` next tokens or `[B]` class ids.
+    pub targets: Tensor,
+    /// `[B]` int64 dataset index, for classification mixes.
+    pub dataset_ids: Option<Tensor>,
+    pub samples: i64,
+    pub tokens: i64,
+}
+
+impl Batch {
+    /// Page-locks the host tensors so the copy to the GPU can be asynchronous.
+    pub fn pinned(self, device: Device) -> Batch {
+        Batch {
+            inputs: self.inputs.pin_memory(device),
+            targets: self.targets.pin_memory(device),
+            dataset_ids: self.dataset_ids.map(|t| t.pin_memory(device)),
+            ..self
+        }
+    }
+
+    /// Moves the batch to `device` (a no-op on the CPU).
+    pub fn to_device(self, device: Device, non_blocking: bool) -> Batch {
+        if device == Device::Cpu {
+            return self;
+        }
+        let move_ = |t: Tensor| t.to_device_(device, t.kind(), non_blocking, false);
+        Batch {
+            inputs: move_(self.inputs),
+            targets: move_(self.targets),
+            dataset_ids: self.dataset_ids.map(move_),
+            ..self
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Train = 0,
+    Val = 1,
+}
+
+/// Which samples to draw: samples `[first_sample, first_sample + count)` of draw
+/// (`step`, `micro`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchKey {
+    pub step: u64,
+    pub micro: u64,
+    pub first_sample: u64,
+    pub count: u64,
+}
+
+/// What the model trains on.
+pub trait Dataset: Send + Sync {
+    fn batch(&self, split: Split, key: BatchKey) -> Batch;
+    /// Names of the datasets in a mix; `dataset_ids` index into it.
+    fn dataset_names(&self) -> Vec<String>;
+    /// Distinct training samples, to count epochs.
+    fn train_len(&self) -> u64;
+    /// Sequence length of LM samples (1 for classification).
+    fn seq_len(&self) -> i64;
+    /// Feature width and class count of classification data (0 for LM data).
+    fn input_dim(&self) -> i64 {
+        0
+    }
+    fn num_classes(&self) -> i64 {
+        0
+    }
+}
+
+/// Builds the dataset the configuration describes.
+pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
+    let data = &config.data;
+    let seq_len = match data.max_seq_len {
+        n if n > 0 => n.min(config.model.block_size),
+        _ => config.model.block_size,
+    };
+    let classify = config.model.kind == crate::config::ModelKind::Mlp
+        || (config.model.kind == crate::config::ModelKind::Torchscript
+            && config.model.task == crate::config::TaskKind::Classification);
+    Ok(match (data.kind, classify) {
+        (DataKind::Synthetic, false) => Arc::new(TokenWindows::synthetic(config, seq_len)),
+        (DataKind::Synthetic, true) => Arc::new(Classification::synthetic(config)),
+        (DataKind::Text, _) => Arc::new(TokenWindows::bytes_file(config, seq_len)?),
+        (DataKind::Tokens, _) => Arc::new(TokenWindows::u16_file(config, seq_len)?),
+        (DataKind::Jsonl, _) => Arc::new(Classification::jsonl(config)?),
+    })
+}

@@ -1,0 +1,185 @@
+//! Language-model data: random windows over a token stream (bytes of a text file,
+//! a memory-mapped nanoGPT uint16 `.bin`, or generated text).
+
+use std::{fs::File, path::Path};
+
+use memmap2::Mmap;
+use tch::Tensor;
+
+use super::{Batch, BatchKey, Dataset, Split};
+use crate::{
+    config::Config,
+    error::{Error, Result},
+    rng::Rng,
+};
+
+enum Store {
+    Bytes(Vec<u8>),
+    MappedBytes(Mmap),
+    /// Little-endian uint16 tokens.
+    MappedU16(Mmap),
+}
+
+impl Store {
+    fn len(&self) -> usize {
+        match self {
+            Store::Bytes(b) => b.len(),
+            Store::MappedBytes(m) => m.len(),
+            Store::MappedU16(m) => m.len() / 2,
+        }
+    }
+
+    fn copy_window(&self, start: usize, out: &mut [i64]) {
+        match self {
+            Store::Bytes(b) => out.iter_mut().zip(&b[start..]).for_each(|(o, &x)| *o = x as i64),
+            Store::MappedBytes(m) => out.iter_mut().zip(&m[start..]).for_each(|(o, &x)| *o = x as i64),
+            Store::MappedU16(m) => {
+                let bytes = &m[start * 2..];
+                out.iter_mut().zip(bytes.chunks_exact(2)).for_each(|(o, c)| *o = u16::from_le_bytes([c[0], c[1]]) as i64)
+            }
+        }
+    }
+}
+
+/// A token range of a store.
+struct Span {
+    start: usize,
+    end: usize,
+}
+
+pub struct TokenWindows {
+    seed: u64,
+    seq_len: usize,
+    train: (Store, Span),
+    val: (Store, Span),
+}
+
+fn map(path: &Path, what: &'static str) -> Result<Mmap> {
+    let file = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::MissingFile { what, path: path.to_owned() },
+        _ => Error::Io { path: path.to_owned(), source: e },
+    })?;
+    // SAFETY: read-only mapping of a data file; a concurrent writer is the user's problem.
+    unsafe { Mmap::map(&file) }.map_err(|e| Error::Io { path: path.to_owned(), source: e })
+}
+
+impl TokenWindows {
+    pub fn synthetic(config: &Config, seq_len: i64) -> TokenWindows {
+        let text = synthetic_text(config.run.seed, config.data.synthetic_len.max(4 * seq_len as usize + 8));
+        let store = || Store::Bytes(text.clone());
+        Self::split(config, seq_len, store(), Some(store()), true)
+    }
+
+    pub fn bytes_file(config: &Config, seq_len: i64) -> Result<TokenWindows> {
+        let open = |p: &str, what| map(Path::new(p), what).map(Store::MappedBytes);
+        Self::from_files(config, seq_len, open)
+    }
+
+    pub fn u16_file(config: &Config, seq_len: i64) -> Result<TokenWindows> {
+        let open = |p: &str, what| {
+            let m = map(Path::new(p), what)?;
+            if m.len() % 2 != 0 {
+                return Err(Error::Data { path: p.into(), message: "odd byte length: not a uint16 token file".into() });
+            }
+            Ok(Store::MappedU16(m))
+        };
+        Self::from_files(config, seq_len, open)
+    }
+
+    fn from_files(config: &Config, seq_len: i64, open: impl Fn(&str, &'static str) -> Result<Store>) -> Result<TokenWindows> {
+        let data = &config.data;
+        let train = open(&data.path, "data file")?;
+        let (val, same) = match data.val_path.as_str() {
+            "" => (open(&data.path, "data file")?, true),
+            p => (open(p, "validation file")?, false),
+        };
+        let windows = Self::split(config, seq_len, train, Some(val), same);
+        for (split, (store, span)) in [("training", &windows.train), ("validation", &windows.val)] {
+            if span.end.saturating_sub(span.start) < windows.seq_len + 2 || store.len() < span.end {
+                let path = if split == "validation" && !same { &data.val_path } else { &data.path };
+                return Err(Error::Data {
+                    path: path.into(),
+                    message: format!("the {split} split has {} tokens, fewer than a window of {}", span.end - span.start, windows.seq_len + 1),
+                });
+            }
+        }
+        Ok(windows)
+    }
+
+    /// With `same`, the last `val_fraction` of the store is held out for validation.
+    fn split(config: &Config, seq_len: i64, train: Store, val: Option<Store>, same: bool) -> TokenWindows {
+        let n = train.len();
+        let val_store = val.unwrap_or(Store::Bytes(Vec::new()));
+        let (train_span, val_span) = if same {
+            let cut = n - ((n as f64 * config.data.val_fraction) as usize).max(seq_len as usize + 2).min(n / 2);
+            (Span { start: 0, end: cut }, Span { start: cut, end: n })
+        } else {
+            let m = val_store.len();
+            (Span { start: 0, end: n }, Span { start: 0, end: m })
+        };
+        TokenWindows { seed: config.run.seed, seq_len: seq_len as usize, train: (train, train_span), val: (val_store, val_span) }
+    }
+}
+
+impl Dataset for TokenWindows {
+    fn batch(&self, split: Split, key: BatchKey) -> Batch {
+        let (store, span) = match split {
+            Split::Train => &self.train,
+            Split::Val => &self.val,
+        };
+        let (b, t) = (key.count as usize, self.seq_len);
+        let mut buf = vec![0i64; b * (t + 1)];
+        let starts = (span.end - span.start - t - 1) as u64;
+        for (i, window) in buf.chunks_exact_mut(t + 1).enumerate() {
+            let sample = key.first_sample + i as u64;
+            let mut rng = Rng::keyed(self.seed, &[split as u64, key.step, key.micro, sample]);
+            store.copy_window(span.start + rng.below(starts + 1) as usize, window);
+        }
+        let all = Tensor::from_slice(&buf).view([b as i64, t as i64 + 1]);
+        Batch {
+            inputs: all.narrow(1, 0, t as i64).contiguous(),
+            targets: all.narrow(1, 1, t as i64).contiguous(),
+            dataset_ids: None,
+            samples: b as i64,
+            tokens: (b * t) as i64,
+        }
+    }
+
+    fn dataset_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn train_len(&self) -> u64 {
+        ((self.train.1.end - self.train.1.start) / self.seq_len.max(1)) as u64
+    }
+
+    fn seq_len(&self) -> i64 {
+        self.seq_len as i64
+    }
+}
+
+/// Deterministic English-like text from a small word grammar: structure a small
+/// byte-level model learns within a hundred steps, with no download.
+pub fn synthetic_text(seed: u64, len: usize) -> Vec<u8> {
+    const SUBJECTS: &[&str] = &["the cat", "a dog", "the model", "my friend", "the river", "a small bird", "the teacher", "our team"];
+    const VERBS: &[&str] = &["sees", "likes", "follows", "builds", "finds", "watches", "helps", "carries"];
+    const OBJECTS: &[&str] = &["the ball", "a red box", "the old tree", "some bread", "the long road", "a quiet song", "the garden", "its shadow"];
+    const ENDINGS: &[&str] = &[".", " today.", " again.", " at night.", " in the morning.", " with care."];
+    let mut rng = Rng::keyed(seed, &[0x7E47]);
+    let mut out = Vec::with_capacity(len + 64);
+    let pick = |words: &[&str], rng: &mut Rng| words[rng.below(words.len() as u64) as usize].to_string();
+    while out.len() < len {
+        let mut sentence = pick(SUBJECTS, &mut rng);
+        sentence.push(' ');
+        sentence.push_str(&pick(VERBS, &mut rng));
+        sentence.push(' ');
+        sentence.push_str(&pick(OBJECTS, &mut rng));
+        sentence.push_str(&pick(ENDINGS, &mut rng));
+        sentence.push(if rng.below(5) == 0 { '\n' } else { ' ' });
+        let mut chars = sentence.into_bytes();
+        chars[0] = chars[0].to_ascii_uppercase();
+        out.extend_from_slice(&chars);
+    }
+    out.truncate(len);
+    out
+}

@@ -1,0 +1,86 @@
+//! Choosing the device and describing it.
+
+use tch::Device;
+
+use crate::{
+    config::DeviceChoice,
+    error::{Error, Result},
+};
+
+/// Loads libtorch's CUDA library if it exists. Rust links with `--as-needed`, which
+/// can drop libtorch_cuda (nothing references it directly) and with it CUDA itself;
+/// Python's torch loads it unconditionally, and so do we.
+pub fn load_cuda_runtime() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: loading libtorch_cuda only runs its static registrations.
+        if let Ok(lib) = unsafe { libloading::Library::new("libtorch_cuda.so") } {
+            std::mem::forget(lib);
+        }
+    });
+}
+
+/// Resolves `auto|cpu|cuda` to a device; `local_rank` picks the GPU.
+pub fn select(choice: DeviceChoice, local_rank: usize) -> Result<Device> {
+    load_cuda_runtime();
+    let cuda = tch::Cuda::is_available();
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Auto if !cuda => Ok(Device::Cpu),
+        DeviceChoice::Cuda if !cuda => Err(Error::Device {
+            device: "cuda".into(),
+            message: "CUDA is not available (no GPU, or libtorch without CUDA)".into(),
+        }),
+        DeviceChoice::Auto | DeviceChoice::Cuda => {
+            let count = tch::Cuda::device_count() as usize;
+            if local_rank >= count {
+                return Err(Error::Device {
+                    device: format!("cuda:{local_rank}"),
+                    message: format!("only {count} CUDA device(s) visible"),
+                });
+            }
+            Ok(Device::Cuda(local_rank))
+        }
+    }
+}
+
+/// A human name: `cpu` or the GPU's name.
+pub fn name(device: Device) -> String {
+    match device {
+        Device::Cuda(i) => ptrain_torch_ext::cuda::device_name(i as i32).unwrap_or_else(|_| format!("cuda:{i}")),
+        _ => "cpu".to_string(),
+    }
+}
+
+pub fn label(device: Device) -> String {
+    match device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".to_string(),
+    }
+}
+
+/// Peak memory in bytes: the CUDA allocator's peak, or the process's peak RSS.
+pub fn peak_memory(device: Device) -> u64 {
+    match device {
+        Device::Cuda(i) => ptrain_torch_ext::cuda::memory(i as i32).map(|m| m.peak.max(0) as u64).unwrap_or(0),
+        _ => proc_status_kib("VmHWM:").unwrap_or(0) * 1024,
+    }
+}
+
+/// Current memory in bytes: CUDA allocated, or resident set size.
+pub fn current_memory(device: Device) -> u64 {
+    match device {
+        Device::Cuda(i) => ptrain_torch_ext::cuda::memory(i as i32).map(|m| m.allocated.max(0) as u64).unwrap_or(0),
+        _ => host_rss(),
+    }
+}
+
+pub fn host_rss() -> u64 {
+    proc_status_kib("VmRSS:").unwrap_or(0) * 1024
+}
+
+fn proc_status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+}

@@ -1,0 +1,22 @@
+//! Data parallelism as the trainer sees it. The `ptrain-dist` crate implements it
+//! on libtorch's c10d process groups (Gloo on CPU, NCCL on CUDA).
+
+use std::sync::Arc;
+
+use tch::Tensor;
+
+use crate::{host::Collectives, optim::Optimizer};
+
+pub trait DataParallel: Send {
+    fn rank(&self) -> u32;
+    fn world_size(&self) -> u32;
+    /// Picks the CUDA device of this process.
+    fn local_rank(&self) -> u32;
+    fn collectives(&self) -> Arc<dyn Collectives>;
+    /// Makes every rank start from rank 0's parameters.
+    fn broadcast_params(&self, params: &[Tensor]) -> Result<(), String>;
+    /// Averages gradients across ranks, in place, before the optimizer step.
+    fn all_reduce_grads(&mut self, optimizer: &Optimizer) -> Result<(), String>;
+    /// Seconds spent waiting in collectives so far.
+    fn collective_secs(&self) -> f64;
+}

@@ -1,0 +1,15 @@
+//! Hook points and cadences.
+//!
+//! Everything periodic in a run, the core's own work (progress lines, evaluation,
+//! non-finite checks, `empty_cache`) and every plugin attachment, is a slot in one
+//! [`Scheduler`]. The scheduler keeps a single [`Gate`]: the next step at which any
+//! slot may be due. The loop asks `gate.is_due(step)`, one atomic load and one
+//! integer comparison, and only then asks the scheduler what is due. Time cadences,
+//! signals and stop requests lower the gate from other threads.
+
+mod gate;
+mod scheduler;
+
+pub use gate::{Gate, Ticker};
+pub use ptrain_plugin_api::{Cadence, Hook, Needs};
+pub use scheduler::{CoreTask, Owner, Scheduler, SlotSpec, StepPlan};

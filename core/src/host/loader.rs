@@ -1,0 +1,124 @@
+//! Finding plugin libraries and loading them with every check abi_stable offers,
+//! turning each failure into one message that names the file.
+
+use std::path::{Path, PathBuf};
+
+use abi_stable::library::{abi_header_from_raw_library, LibraryError, RawLibrary, RootModule};
+use ptrain_plugin_api::{Descriptor, PluginModRef, API_VERSION, ROOT_MODULE_NAME};
+
+use crate::error::Error;
+
+/// A loaded plugin library. Libraries are never unloaded.
+#[derive(Clone, Copy)]
+pub struct PluginLibrary {
+    pub module: PluginModRef,
+    pub descriptor: Descriptor,
+}
+
+pub const FILE_PREFIX: &str = "libptrain_plugin_";
+
+/// `$PTRAIN_PLUGIN_PATH` (colon-separated), then the executable's directory and its
+/// `plugins/` subdirectory.
+pub fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PTRAIN_PLUGIN_PATH")
+        .map(|p| std::env::split_paths(&p).filter(|d| !d.as_os_str().is_empty()).collect())
+        .unwrap_or_default();
+    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+        dirs.push(exe_dir.join("plugins"));
+        dirs.insert(dirs.len() - 1, exe_dir);
+    }
+    dirs
+}
+
+pub fn file_name(name: &str) -> String {
+    format!("{FILE_PREFIX}{}.so", name.replace('-', "_"))
+}
+
+/// Plugins visible in the search path: (name, path), first occurrence wins.
+pub fn available() -> Vec<(String, PathBuf)> {
+    let mut found: Vec<(String, PathBuf)> = Vec::new();
+    for dir in search_dirs() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let mut here: Vec<(String, PathBuf)> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let file = e.file_name().into_string().ok()?;
+                let stem = file.strip_prefix(FILE_PREFIX)?.strip_suffix(".so")?;
+                Some((stem.replace('_', "-"), e.path()))
+            })
+            .collect();
+        here.sort();
+        for (name, path) in here {
+            if !found.iter().any(|(n, _)| *n == name) {
+                found.push((name, path));
+            }
+        }
+    }
+    found
+}
+
+/// Resolves a name (`wandb`) or a path (`./libfoo.so`) to a library file.
+pub fn resolve(request: &str) -> Result<PathBuf, Error> {
+    if request.contains('/') || request.ends_with(".so") {
+        let path = PathBuf::from(request);
+        return if path.is_file() { Ok(path) } else { Err(Error::MissingFile { what: "plugin library", path }) };
+    }
+    let file = file_name(request);
+    for dir in search_dirs() {
+        let candidate = dir.join(&file);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    let names: Vec<String> = available().into_iter().map(|(n, _)| n).collect();
+    Err(Error::Plugin {
+        name: request.into(),
+        message: format!(
+            "unknown plugin (no {file} in {}); available: {}",
+            search_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+        ),
+    })
+}
+
+fn first_line(text: impl ToString) -> String {
+    text.to_string().trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
+/// Loads and checks the library at `path`: a loadable shared object, an abi_stable
+/// library, a ptrain plugin, built against a compatible plugin-api with the same
+/// type layouts.
+pub fn load(path: &Path) -> Result<PluginLibrary, Error> {
+    let refuse = |message: String| Error::Plugin { name: path.display().to_string(), message };
+    let raw = RawLibrary::load_at(path).map_err(|e| match e {
+        LibraryError::OpenError { err, .. } => refuse(format!("not a loadable shared library: {}", first_line(err))),
+        other => refuse(first_line(other)),
+    })?;
+    // Leaked: plugins are never unloaded, so their code and statics stay valid.
+    let raw: &'static RawLibrary = Box::leak(Box::new(raw));
+    // SAFETY: reads the abi_stable header symbol; its layout is checked below.
+    let header = unsafe { abi_header_from_raw_library(raw) }
+        .map_err(|_| refuse("not a ptrain plugin: it exports no abi_stable root module".into()))?;
+    let header = header.upgrade().map_err(|_| refuse("not a ptrain plugin: built with an incompatible abi_stable version".into()))?;
+    let root_name = header.root_mod_consts().name().as_str();
+    if root_name != ROOT_MODULE_NAME {
+        return Err(refuse(format!("not a ptrain plugin: it is an abi_stable library of `{root_name}`")));
+    }
+    let module = header.init_root_module::<PluginModRef>().map_err(|e| match e {
+        LibraryError::IncompatibleVersionNumber { expected_version, actual_version, .. } => refuse(format!(
+            "built against ptrain-plugin-api {actual_version}, but this ptrain uses ptrain-plugin-api {expected_version}; rebuild the plugin"
+        )),
+        LibraryError::AbiInstability(_) => refuse(format!(
+            "built against a ptrain-plugin-api {} whose types differ from this ptrain's ({API_VERSION}); rebuild the plugin",
+            header.version_strings()
+        )),
+        other => refuse(first_line(other)),
+    })?;
+    let descriptor = module.descriptor()().into_result().map_err(|e| refuse(format!("failed to describe itself: {e}")))?;
+    Ok(PluginLibrary { module, descriptor })
+}
+
+/// Version string of the root module the host expects.
+pub fn host_api_version() -> String {
+    PluginModRef::VERSION_STRINGS.to_string()
+}

@@ -1,0 +1,164 @@
+//! A bounded queue between the training thread and a plugin's worker thread.
+//! When full, a droppable item evicts the oldest droppable one (counted) or waits,
+//! by policy. Items that must not be lost (checkpoints, run start/end) are always
+//! accepted, even past the capacity.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Condvar, Mutex,
+    },
+};
+
+use crate::config::OnFull;
+
+pub trait QueueItem {
+    fn droppable(&self) -> bool;
+}
+
+struct State<T> {
+    items: VecDeque<T>,
+    closed: bool,
+}
+
+pub struct BoundedQueue<T> {
+    state: Mutex<State<T>>,
+    not_empty: Condvar,
+    not_full: Condvar,
+    capacity: usize,
+    policy: OnFull,
+    dropped: AtomicU64,
+}
+
+impl<T: QueueItem> BoundedQueue<T> {
+    pub fn new(capacity: usize, policy: OnFull) -> BoundedQueue<T> {
+        BoundedQueue {
+            state: Mutex::new(State { items: VecDeque::with_capacity(capacity.min(4096)), closed: false }),
+            not_empty: Condvar::new(),
+            not_full: Condvar::new(),
+            capacity: capacity.max(1),
+            policy,
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Enqueues `item`; returns false when the queue is closed.
+    pub fn push(&self, item: T) -> bool {
+        let mut state = self.state.lock().expect("queue lock");
+        if item.droppable() {
+            while state.items.len() >= self.capacity && !state.closed {
+                match self.policy {
+                    OnFull::DropOldest => match state.items.iter().position(QueueItem::droppable) {
+                        Some(oldest) => {
+                            state.items.remove(oldest);
+                            self.dropped.fetch_add(1, Ordering::Relaxed);
+                        }
+                        None => break,
+                    },
+                    OnFull::Block => state = self.not_full.wait(state).expect("queue lock"),
+                }
+            }
+        }
+        if state.closed {
+            return false;
+        }
+        state.items.push_back(item);
+        self.not_empty.notify_one();
+        true
+    }
+
+    /// The next item, waiting for one; `None` once closed and drained.
+    pub fn pop(&self) -> Option<T> {
+        let mut state = self.state.lock().expect("queue lock");
+        loop {
+            if let Some(item) = state.items.pop_front() {
+                self.not_full.notify_one();
+                return Some(item);
+            }
+            if state.closed {
+                return None;
+            }
+            state = self.not_empty.wait(state).expect("queue lock");
+        }
+    }
+
+    /// No more items will be accepted; the consumer drains what is queued.
+    pub fn close(&self) {
+        self.state.lock().expect("queue lock").closed = true;
+        self.not_empty.notify_all();
+        self.not_full.notify_all();
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.lock().expect("queue lock").items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct Item(u32, bool);
+
+    impl QueueItem for Item {
+        fn droppable(&self) -> bool {
+            self.1
+        }
+    }
+
+    #[test]
+    fn drop_oldest_keeps_the_newest_and_counts() {
+        let q = BoundedQueue::new(2, OnFull::DropOldest);
+        for i in 0..5 {
+            assert!(q.push(Item(i, true)));
+        }
+        assert_eq!(q.dropped(), 3);
+        assert_eq!(q.pop(), Some(Item(3, true)));
+        assert_eq!(q.pop(), Some(Item(4, true)));
+    }
+
+    #[test]
+    fn undroppable_items_survive_and_are_never_evicted() {
+        let q = BoundedQueue::new(1, OnFull::DropOldest);
+        q.push(Item(0, false));
+        q.push(Item(1, true)); // full of undroppables: accepted past capacity
+        q.push(Item(2, true)); // evicts item 1, never item 0
+        q.push(Item(3, false)); // undroppable: always accepted
+        assert_eq!(q.dropped(), 1);
+        assert_eq!(q.pop(), Some(Item(0, false)));
+        assert_eq!(q.pop(), Some(Item(2, true)));
+        assert_eq!(q.pop(), Some(Item(3, false)));
+    }
+
+    #[test]
+    fn block_waits_for_room_and_close_drains() {
+        let q = std::sync::Arc::new(BoundedQueue::new(1, OnFull::Block));
+        q.push(Item(0, true));
+        let consumer = {
+            let q = q.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                let mut got = Vec::new();
+                while let Some(Item(i, _)) = q.pop() {
+                    got.push(i);
+                }
+                got
+            })
+        };
+        q.push(Item(1, true));
+        q.close();
+        assert_eq!(consumer.join().unwrap(), vec![0, 1]);
+        assert_eq!(q.dropped(), 0);
+        assert!(!q.push(Item(2, true)));
+    }
+}

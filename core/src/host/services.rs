@@ -1,0 +1,101 @@
+//! What plugins can ask of the host through [`HostApi`]: logging, stopping the run
+//! and collectives. The context is a leaked `'static` object, since plugins may keep
+//! their `HostApi` for as long as they live.
+
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc, Mutex,
+};
+
+use abi_stable::std_types::{RResult, RStr, RString};
+use ptrain_plugin_api::{HostApi, LogLevel, TensorRef};
+use tch::Tensor;
+
+use crate::hooks::Gate;
+
+/// In-place collectives over the run's process group.
+pub trait Collectives: Send + Sync {
+    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<(), String>;
+    fn broadcast(&self, tensor: &mut Tensor, root: u32) -> Result<(), String>;
+}
+
+pub struct HostServices {
+    gate: Arc<Gate>,
+    stop: AtomicBool,
+    stop_reason: Mutex<Option<String>>,
+    collectives: Option<Arc<dyn Collectives>>,
+}
+
+impl HostServices {
+    pub fn leak(gate: Arc<Gate>, collectives: Option<Arc<dyn Collectives>>) -> &'static HostServices {
+        Box::leak(Box::new(HostServices { gate, stop: AtomicBool::new(false), stop_reason: Mutex::new(None), collectives }))
+    }
+
+    pub fn request_stop(&self, reason: String) {
+        self.stop_reason.lock().expect("stop lock").get_or_insert(reason);
+        self.stop.store(true, Ordering::SeqCst);
+        self.gate.lower();
+    }
+
+    /// Makes the loop look at its stop conditions on the next step.
+    pub fn wake(&self) {
+        self.gate.lower();
+    }
+
+    pub fn stop_requested(&self) -> Option<String> {
+        if self.stop.load(Ordering::SeqCst) {
+            self.stop_reason.lock().expect("stop lock").clone()
+        } else {
+            None
+        }
+    }
+
+    pub fn api(&'static self) -> HostApi {
+        HostApi { ctx: self as *const HostServices as *const (), log, request_stop, all_reduce_sum, broadcast }
+    }
+}
+
+fn services(ctx: *const ()) -> &'static HostServices {
+    // SAFETY: ctx is always the leaked HostServices that built this HostApi.
+    unsafe { &*(ctx as *const HostServices) }
+}
+
+extern "C" fn log(_ctx: *const (), level: LogLevel, plugin: RStr<'_>, message: RStr<'_>) {
+    match level {
+        LogLevel::Error => tracing::error!(target: "ptrain::plugin", "{plugin}: {message}"),
+        LogLevel::Warn => tracing::warn!(target: "ptrain::plugin", "{plugin}: {message}"),
+        LogLevel::Info => tracing::info!(target: "ptrain::plugin", "{plugin}: {message}"),
+        LogLevel::Debug => tracing::debug!(target: "ptrain::plugin", "{plugin}: {message}"),
+    }
+}
+
+extern "C" fn request_stop(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
+    services(ctx).request_stop(format!("plugin `{plugin}` asked to stop: {reason}"));
+}
+
+fn with_tensor(tensor: TensorRef, f: impl FnOnce(&mut Tensor) -> Result<(), String>) -> RResult<(), RString> {
+    if tensor.is_null() {
+        return RResult::RErr("null tensor".into());
+    }
+    // SAFETY: the plugin passes a live tensor handle for the duration of the call;
+    // ManuallyDrop keeps the host from freeing the plugin's tensor.
+    let mut t = std::mem::ManuallyDrop::new(unsafe { Tensor::from_ptr(tensor.as_raw() as *mut _) });
+    match f(&mut t) {
+        Ok(()) => RResult::ROk(()),
+        Err(e) => RResult::RErr(e.into()),
+    }
+}
+
+extern "C" fn all_reduce_sum(ctx: *const (), tensor: TensorRef) -> RResult<(), RString> {
+    match &services(ctx).collectives {
+        None => RResult::ROk(()),
+        Some(c) => with_tensor(tensor, |t| c.all_reduce_sum(t)),
+    }
+}
+
+extern "C" fn broadcast(ctx: *const (), tensor: TensorRef, root: u32) -> RResult<(), RString> {
+    match &services(ctx).collectives {
+        None => RResult::ROk(()),
+        Some(c) => with_tensor(tensor, |t| c.broadcast(t, root)),
+    }
+}

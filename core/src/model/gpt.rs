@@ -1,0 +1,127 @@
+//! A decoder-only transformer over bytes (vocabulary 256), laid out as nanoGPT so
+//! parameter names match: `transformer.h.0.attn.c_attn.weight`, ...
+
+use tch::{nn, nn::Module, Kind, Tensor};
+
+use super::{Layer, LayerKind, Model, Task};
+use crate::config::ModelConfig;
+
+pub const VOCAB: i64 = 256;
+
+fn init_linear(vs: nn::Path, inp: i64, out: i64, bias: bool, stdev: f64) -> nn::Linear {
+    let config = nn::LinearConfig {
+        ws_init: nn::Init::Randn { mean: 0.0, stdev },
+        bs_init: bias.then_some(nn::Init::Const(0.0)),
+        bias,
+    };
+    nn::linear(vs, inp, out, config)
+}
+
+fn layer_norm(vs: nn::Path, d: i64) -> nn::LayerNorm {
+    nn::layer_norm(vs, vec![d], Default::default())
+}
+
+struct Block {
+    ln_1: nn::LayerNorm,
+    c_attn: nn::Linear,
+    attn_proj: nn::Linear,
+    ln_2: nn::LayerNorm,
+    c_fc: nn::Linear,
+    mlp_proj: nn::Linear,
+    n_head: i64,
+    dropout: f64,
+}
+
+impl Block {
+    fn new(vs: nn::Path, c: &ModelConfig) -> Block {
+        let d = c.n_embd;
+        // GPT-2's scaled init of residual projections.
+        let proj_std = 0.02 / (2.0 * c.n_layer as f64).sqrt();
+        Block {
+            ln_1: layer_norm(&vs / "ln_1", d),
+            c_attn: init_linear(&vs / "attn" / "c_attn", d, 3 * d, c.bias, 0.02),
+            attn_proj: init_linear(&vs / "attn" / "c_proj", d, d, c.bias, proj_std),
+            ln_2: layer_norm(&vs / "ln_2", d),
+            c_fc: init_linear(&vs / "mlp" / "c_fc", d, 4 * d, c.bias, 0.02),
+            mlp_proj: init_linear(&vs / "mlp" / "c_proj", 4 * d, d, c.bias, proj_std),
+            n_head: c.n_head,
+            dropout: c.dropout,
+        }
+    }
+
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let (b, t, d) = x.size3().expect("[B, T, D] activations");
+        let heads = |z: &Tensor| z.view([b, t, self.n_head, d / self.n_head]).transpose(1, 2);
+        let qkv = self.c_attn.forward(&self.ln_1.forward(x)).split(d, 2);
+        let p = if train { self.dropout } else { 0.0 };
+        let y = Tensor::scaled_dot_product_attention::<Tensor>(&heads(&qkv[0]), &heads(&qkv[1]), &heads(&qkv[2]), None, p, true, None, false);
+        let y = y.transpose(1, 2).contiguous().view([b, t, d]);
+        let x = x + self.attn_proj.forward(&y).dropout(self.dropout, train);
+        let h = self.c_fc.forward(&self.ln_2.forward(&x)).gelu("none");
+        x + self.mlp_proj.forward(&h).dropout(self.dropout, train)
+    }
+}
+
+pub struct Gpt {
+    wte: nn::Embedding,
+    wpe: nn::Embedding,
+    blocks: Vec<Block>,
+    ln_f: nn::LayerNorm,
+    config: ModelConfig,
+}
+
+impl Gpt {
+    pub fn new(vs: &nn::Path, c: &ModelConfig) -> Gpt {
+        let t = vs / "transformer";
+        let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
+        Gpt {
+            wte: nn::embedding(&t / "wte", VOCAB, c.n_embd, emb),
+            wpe: nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb),
+            blocks: (0..c.n_layer).map(|i| Block::new(&t / "h" / i, c)).collect(),
+            ln_f: layer_norm(&t / "ln_f", c.n_embd),
+            config: c.clone(),
+        }
+    }
+}
+
+impl Model for Gpt {
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
+        let t = inputs.size()[1];
+        let pos = Tensor::arange(t, (Kind::Int64, inputs.device()));
+        let mut x = (self.wte.forward(inputs) + self.wpe.forward(&pos)).dropout(self.config.dropout, train);
+        for block in &self.blocks {
+            x = block.forward(&x, train);
+        }
+        // The output head shares the token embedding (weight tying, as GPT-2).
+        self.ln_f.forward(&x).linear::<Tensor>(&self.wte.ws, None)
+    }
+
+    fn task(&self) -> Task {
+        Task::LanguageModel
+    }
+
+    fn kind(&self) -> &str {
+        "gpt"
+    }
+
+    fn layers(&self, seq_len: i64) -> Vec<Layer> {
+        let (d, t) = (self.config.n_embd, seq_len);
+        let mut layers = Vec::new();
+        for i in 0..self.config.n_layer {
+            let name = |s: &str| format!("transformer.h.{i}.{s}");
+            layers.push(Layer::linear(name("attn.c_attn"), d, 3 * d, t, true));
+            layers.push(Layer {
+                kind: LayerKind::Attention,
+                heads: self.config.n_head as u64,
+                head_dim: (d / self.config.n_head) as u64,
+                seq_len: t as u64,
+                ..Layer::linear(name("attn.sdpa"), d, d, t, true)
+            });
+            layers.push(Layer::linear(name("attn.c_proj"), d, d, t, true));
+            layers.push(Layer::linear(name("mlp.c_fc"), d, 4 * d, t, true));
+            layers.push(Layer::linear(name("mlp.c_proj"), 4 * d, d, t, true));
+        }
+        layers.push(Layer::linear("lm_head", d, VOCAB, t, true));
+        layers
+    }
+}

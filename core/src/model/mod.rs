@@ -1,0 +1,110 @@
+//! Models. The public [`Model`] trait lets library users bring their own; `gpt`,
+//! `mlp` and `torchscript` are built from the configuration.
+
+mod gpt;
+mod mlp;
+mod torchscript;
+
+use tch::{nn, Reduction, Tensor};
+
+pub use gpt::Gpt;
+pub use mlp::Mlp;
+pub use ptrain_plugin_api::{LayerKind, Task};
+pub use torchscript::TorchScript;
+
+use crate::{
+    config::{Config, ModelKind, TaskKind},
+    data::Dataset,
+    error::{Error, Result},
+};
+
+/// One layer, described well enough to count its FLOPs exactly (see the `flops` plugin).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer {
+    pub name: String,
+    pub kind: LayerKind,
+    pub in_features: u64,
+    pub out_features: u64,
+    /// Applications per sample: sequence positions for token-wise layers.
+    pub positions: u64,
+    pub heads: u64,
+    pub head_dim: u64,
+    pub seq_len: u64,
+    /// False for a first layer applied to data: its input needs no gradient.
+    pub input_grad: bool,
+}
+
+impl Layer {
+    pub fn linear(name: impl Into<String>, in_features: i64, out_features: i64, positions: i64, input_grad: bool) -> Layer {
+        Layer {
+            name: name.into(),
+            kind: LayerKind::Linear,
+            in_features: in_features as u64,
+            out_features: out_features as u64,
+            positions: positions as u64,
+            heads: 0,
+            head_dim: 0,
+            seq_len: 0,
+            input_grad,
+        }
+    }
+}
+
+/// A trainable model whose parameters live in the trainer's `VarStore`.
+///
+/// Implement it for your own model and hand it to [`crate::Trainer::with_model`]
+/// (see `examples/custom-model`).
+pub trait Model: Send {
+    /// Logits: `[B, C]` for classification, `[B, T, V]` for language models.
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor;
+
+    fn task(&self) -> Task;
+
+    /// A short name for logs and summaries.
+    fn kind(&self) -> &str;
+
+    /// The layers at sequence length `seq_len`, for exact FLOP counting. Models
+    /// that cannot describe themselves return nothing (FLOPs are then measured
+    /// with libtorch's profiler).
+    fn layers(&self, _seq_len: i64) -> Vec<Layer> {
+        Vec::new()
+    }
+}
+
+/// Mean cross-entropy of `logits` against `targets` for the task.
+pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
+    match task {
+        Task::Classification => logits.cross_entropy_loss::<Tensor>(targets, None, Reduction::Mean, -100, 0.0),
+        Task::LanguageModel => {
+            let vocab = *logits.size().last().expect("logits have a vocabulary dimension");
+            logits.view([-1, vocab]).cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, -100, 0.0)
+        }
+    }
+}
+
+/// Builds the configured model with its parameters under `vs`.
+pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
+    let m = &config.model;
+    Ok(match m.kind {
+        ModelKind::Gpt => Box::new(Gpt::new(vs, m)),
+        ModelKind::Mlp => {
+            let input_dim = if m.input_dim > 0 { m.input_dim } else { dataset.input_dim() };
+            let classes = if m.num_classes > 0 { m.num_classes } else { dataset.num_classes() };
+            if input_dim <= 0 || classes <= 1 {
+                return Err(Error::Config(crate::error::ConfigError {
+                    origin: "configuration".into(),
+                    key: "model.kind".into(),
+                    message: "mlp needs classification data (data.kind = \"jsonl\" or synthetic classification)".into(),
+                }));
+            }
+            Box::new(Mlp::new(vs, input_dim, &m.hidden, classes))
+        }
+        ModelKind::Torchscript => {
+            let task = match m.task {
+                TaskKind::Classification => Task::Classification,
+                TaskKind::LanguageModel => Task::LanguageModel,
+            };
+            Box::new(TorchScript::load(std::path::Path::new(&m.path), vs, task)?)
+        }
+    })
+}

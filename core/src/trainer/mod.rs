@@ -1,0 +1,96 @@
+//! The trainer: set-up, the loop, and what happens at its end.
+//!
+//! ```no_run
+//! use ptrain_core::{config::Config, Trainer};
+//! let outcome = Trainer::new(Config::default()).run()?;
+//! println!("final loss {:?}", outcome.summary.final_loss);
+//! # Ok::<(), ptrain_core::Error>(())
+//! ```
+
+mod payload;
+mod progress;
+mod run;
+mod summary;
+mod timing;
+
+use std::{path::PathBuf, sync::Arc};
+
+use tch::nn;
+
+pub use run::Outcome;
+pub use summary::{EvalPoint, PhaseSummary, Summary};
+
+use crate::{
+    config::Config,
+    data::Dataset,
+    dist::DataParallel,
+    error::Result,
+    model::Model,
+};
+
+/// Builds a model under a `VarStore` path, given the dataset it will train on.
+pub type ModelFactory = Box<dyn FnOnce(&nn::Path, &dyn Dataset) -> Result<Box<dyn Model>>>;
+
+/// Where to resume from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    /// A checkpoint directory, or a run / checkpoints directory (newest valid one).
+    Path(PathBuf),
+    /// The newest valid checkpoint in the run directory, if there is one.
+    Auto,
+}
+
+pub struct Trainer {
+    config: Config,
+    model: Option<ModelFactory>,
+    dataset: Option<Arc<dyn Dataset>>,
+    resume: Option<Resume>,
+    handle_signals: bool,
+    progress: bool,
+    dist: Option<Box<dyn DataParallel>>,
+}
+
+impl Trainer {
+    pub fn new(config: Config) -> Trainer {
+        Trainer { config, model: None, dataset: None, resume: None, handle_signals: false, progress: true, dist: None }
+    }
+
+    /// Trains your own model instead of `[model]`'s.
+    pub fn with_model(mut self, factory: impl FnOnce(&nn::Path, &dyn Dataset) -> Result<Box<dyn Model>> + 'static) -> Trainer {
+        self.model = Some(Box::new(factory));
+        self
+    }
+
+    /// Trains on your own dataset instead of `[data]`'s.
+    pub fn with_dataset(mut self, dataset: Arc<dyn Dataset>) -> Trainer {
+        self.dataset = Some(dataset);
+        self
+    }
+
+    pub fn resume(mut self, resume: Option<Resume>) -> Trainer {
+        self.resume = resume;
+        self
+    }
+
+    /// SIGINT/SIGTERM finish the step, save an emergency checkpoint, flush the
+    /// sinks and end the run with 130/143 (the CLI turns this on).
+    pub fn handle_signals(mut self, on: bool) -> Trainer {
+        self.handle_signals = on;
+        self
+    }
+
+    pub fn progress(mut self, on: bool) -> Trainer {
+        self.progress = on;
+        self
+    }
+
+    /// Data-parallel training over a process group (see [`crate::dist`]).
+    pub fn data_parallel(mut self, dist: Box<dyn DataParallel>) -> Trainer {
+        self.dist = Some(dist);
+        self
+    }
+
+    pub fn run(self) -> Result<Outcome> {
+        run::Run::setup(self)?.train()
+    }
+}

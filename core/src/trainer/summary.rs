@@ -1,0 +1,73 @@
+//! `<run-dir>/summary.json`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::host::{Failure, LoadedInfo};
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct PhaseSummary {
+    pub data_s: f64,
+    pub forward_s: f64,
+    pub backward_s: f64,
+    pub optimizer_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalPoint {
+    pub step: u64,
+    pub loss: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// `completed`, `interrupted`, `stopped` or `nonfinite`.
+    pub status: String,
+    pub exit_code: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    pub steps: u64,
+    pub start_step: u64,
+    pub last_step: u64,
+    pub total_steps: u64,
+    pub samples: u64,
+    pub tokens: u64,
+    pub wall_s: f64,
+    pub setup_s: f64,
+    pub steps_per_s: f64,
+    pub samples_per_s: f64,
+    pub tokens_per_s: f64,
+    pub first_loss: Option<f64>,
+    pub final_loss: Option<f64>,
+    pub final_eval_loss: Option<f64>,
+    pub evals: Vec<EvalPoint>,
+    pub phase_times: PhaseSummary,
+    pub peak_memory_bytes: u64,
+    pub device: String,
+    pub device_name: String,
+    pub precision: String,
+    pub world_size: u32,
+    pub collective_s: f64,
+    pub model: String,
+    pub parameters: u64,
+    pub nonfinite_steps: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<String>,
+    pub checkpoint_wait_s: f64,
+    pub plugins_loaded: Vec<LoadedInfo>,
+    pub plugin_failures: Vec<Failure>,
+    pub queue_drops: BTreeMap<String, u64>,
+    pub plugins: BTreeMap<String, serde_json::Value>,
+}
+
+impl Summary {
+    pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("summary serializes");
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text + "\n")?;
+        std::fs::rename(tmp, path)
+    }
+}

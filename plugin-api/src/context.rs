@@ -1,0 +1,225 @@
+//! What the host hands a plugin when it calls it.
+
+use abi_stable::{
+    std_types::{RSlice, RStr},
+    StableAbi,
+};
+
+use crate::{metrics::Scalar, schedule::Hook};
+
+/// A borrowed handle to a host tensor (a libtorch `at::Tensor*`), valid only for the
+/// duration of the call it was passed to. Null when the tensor was not asked for or
+/// does not exist (for example dataset ids of a language-model batch). With the `tch`
+/// feature, [`TensorRef::with`] borrows it as a `tch::Tensor`.
+#[repr(transparent)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct TensorRef {
+    pub(crate) ptr: *mut (),
+}
+
+impl TensorRef {
+    pub const NULL: TensorRef = TensorRef { ptr: std::ptr::null_mut() };
+
+    /// # Safety
+    /// `ptr` must be a live `at::Tensor*` (as from `tch::Tensor::as_ptr`) that
+    /// outlives every use of the returned handle.
+    pub const unsafe fn from_raw(ptr: *mut ()) -> TensorRef {
+        TensorRef { ptr }
+    }
+
+    pub fn as_raw(self) -> *mut () {
+        self.ptr
+    }
+
+    pub fn is_null(self) -> bool {
+        self.ptr.is_null()
+    }
+}
+
+/// A parameter or gradient with its name in the model (`transformer.h.0.attn.c_attn.weight`).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct NamedTensor<'a> {
+    pub name: RStr<'a>,
+    pub tensor: TensorRef,
+}
+
+/// Tensors of the current batch. Each is null unless the attachment asked for it.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct StepTensors {
+    /// Scalar mean loss of the last micro-batch, on the device.
+    pub loss: TensorRef,
+    /// `[batch, classes]` for classifiers, `[batch, seq, vocab]` for language models.
+    pub logits: TensorRef,
+    /// `[batch]` class ids or `[batch, seq]` next tokens.
+    pub labels: TensorRef,
+    /// `[batch]` int64 index into [`RunInfo::datasets`].
+    pub dataset_ids: TensorRef,
+    /// The model input of the batch.
+    pub inputs: TensorRef,
+}
+
+impl StepTensors {
+    pub const NONE: StepTensors = StepTensors {
+        loss: TensorRef::NULL,
+        logits: TensorRef::NULL,
+        labels: TensorRef::NULL,
+        dataset_ids: TensorRef::NULL,
+        inputs: TensorRef::NULL,
+    };
+}
+
+/// Host-measured phase times in seconds. On CUDA, steps where a plugin asked for
+/// detailed metrics synchronise at phase boundaries, so their times are exact; on
+/// other steps they are launch times (the data wait is always exact).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseTimes {
+    pub data_s: f64,
+    pub forward_s: f64,
+    pub backward_s: f64,
+    pub optimizer_s: f64,
+    pub step_s: f64,
+}
+
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct DeviceInfo<'a> {
+    pub kind: DeviceKind,
+    pub index: i32,
+    /// `cpu` or the CUDA device name (`NVIDIA H100 80GB HBM3`).
+    pub name: RStr<'a>,
+}
+
+/// The context of a scheduled hook call (and of [`Hook::Eval`]).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct StepContext<'a> {
+    pub hook: Hook,
+    /// The optimizer step, from 1.
+    pub step: u64,
+    pub epoch: u64,
+    pub lr: f64,
+    pub samples_seen: u64,
+    pub tokens_seen: u64,
+    /// Samples and tokens in one optimizer step on this rank.
+    pub step_samples: u64,
+    pub step_tokens: u64,
+    /// Phase times of this step.
+    pub phases: PhaseTimes,
+    /// Phase times summed over the steps of this run so far: difference two calls
+    /// to get a window.
+    pub phases_total: PhaseTimes,
+    /// Steps run by this process so far (excludes steps before a resume).
+    pub steps_run: u64,
+    /// Seconds since the run started (excluding set-up).
+    pub elapsed_s: f64,
+    pub rank: u32,
+    pub world_size: u32,
+    pub device: DeviceInfo<'a>,
+    /// Core scalars computed for this step, when some sink was due.
+    pub scalars: RSlice<'a, Scalar<'a>>,
+    pub tensors: StepTensors,
+    pub params: RSlice<'a, NamedTensor<'a>>,
+    pub grads: RSlice<'a, NamedTensor<'a>>,
+}
+
+impl StepContext<'_> {
+    /// A core scalar by name (`train/loss`, `eval/loss`, ...), if computed this step.
+    pub fn scalar(&self, name: &str) -> Option<f64> {
+        self.scalars.iter().find(|s| s.name.as_str() == name).map(|s| s.value)
+    }
+}
+
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    LanguageModel,
+    Classification,
+}
+
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Linear,
+    Embedding,
+    /// Scaled dot-product attention over `seq_len` positions.
+    Attention,
+    Conv2d,
+    Norm,
+}
+
+/// One layer of the model, enough to count its FLOPs exactly.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct LayerSpec<'a> {
+    pub name: RStr<'a>,
+    pub kind: LayerKind,
+    pub in_features: u64,
+    pub out_features: u64,
+    /// How many times the layer is applied per sample (sequence positions for a
+    /// token-wise linear layer, 1 for a classifier's).
+    pub positions: u64,
+    pub heads: u64,
+    pub head_dim: u64,
+    pub seq_len: u64,
+    /// Whether the layer's input needs a gradient (false for a first layer on data).
+    pub input_grad: bool,
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct ModelInfo<'a> {
+    pub kind: RStr<'a>,
+    pub task: Task,
+    pub n_params: u64,
+    /// Empty when the model cannot describe itself (TorchScript).
+    pub layers: RSlice<'a, LayerSpec<'a>>,
+}
+
+/// What a plugin learns once at the start of the run.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct RunInfo<'a> {
+    pub run_dir: RStr<'a>,
+    pub run_name: RStr<'a>,
+    /// The fully resolved configuration, as TOML.
+    pub config_toml: RStr<'a>,
+    pub seed: u64,
+    /// The step the run resumes after (0 for a fresh run) and the last step.
+    pub start_step: u64,
+    pub total_steps: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    pub device: DeviceInfo<'a>,
+    pub model: ModelInfo<'a>,
+    /// Dataset names; a batch's `dataset_ids` index into this.
+    pub datasets: RSlice<'a, RStr<'a>>,
+    pub batch_size: u64,
+    pub seq_len: u64,
+    pub accum_steps: u64,
+    /// `fp32` or `bf16`.
+    pub precision: RStr<'a>,
+    /// Unix time of the run start, seconds.
+    pub start_time: f64,
+}
+
+/// What a plugin learns at the end; it may answer with a JSON summary fragment.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct RunEnd<'a> {
+    pub step: u64,
+    /// 0 on success, 130/143 when interrupted, 1 on failure.
+    pub exit_code: i32,
+    pub wall_s: f64,
+    /// Final core scalars (`train/loss`, `eval/loss`, ...).
+    pub scalars: RSlice<'a, Scalar<'a>>,
+}

@@ -1,0 +1,78 @@
+//! Services the host offers plugins: logging, stopping the run, and collectives.
+
+use abi_stable::{
+    std_types::{RResult, RStr, RString},
+    StableAbi,
+};
+
+use crate::context::TensorRef;
+
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+/// Function table into the host, handed to every plugin when it is created.
+///
+/// Collectives (`all_reduce_sum`, `broadcast`) act in place on a host-device tensor
+/// and must be called by every rank at the same point; in a single-process run they
+/// return at once. Call them only from inline plugins, on the training thread.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct HostApi {
+    pub ctx: *const (),
+    pub log: extern "C" fn(ctx: *const (), level: LogLevel, plugin: RStr<'_>, message: RStr<'_>),
+    pub request_stop: extern "C" fn(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>),
+    pub all_reduce_sum: extern "C" fn(ctx: *const (), tensor: TensorRef) -> RResult<(), RString>,
+    pub broadcast: extern "C" fn(ctx: *const (), tensor: TensorRef, root: u32) -> RResult<(), RString>,
+}
+
+// The host's context is a `'static` object that is itself thread-safe.
+unsafe impl Send for HostApi {}
+unsafe impl Sync for HostApi {}
+
+impl HostApi {
+    pub fn log(&self, level: LogLevel, plugin: &str, message: &str) {
+        (self.log)(self.ctx, level, plugin.into(), message.into())
+    }
+
+    /// Asks the host to stop after the current step (saving a final checkpoint).
+    pub fn request_stop(&self, plugin: &str, reason: &str) {
+        (self.request_stop)(self.ctx, plugin.into(), reason.into())
+    }
+
+    pub fn all_reduce_sum(&self, tensor: TensorRef) -> Result<(), String> {
+        (self.all_reduce_sum)(self.ctx, tensor).into_result().map_err(RString::into_string)
+    }
+
+    pub fn broadcast(&self, tensor: TensorRef, root: u32) -> Result<(), String> {
+        (self.broadcast)(self.ctx, tensor, root).into_result().map_err(RString::into_string)
+    }
+
+    /// A host that only logs to stderr: for tests of plugins outside ptrain.
+    pub fn standalone() -> HostApi {
+        extern "C" fn log(_: *const (), level: LogLevel, plugin: RStr<'_>, message: RStr<'_>) {
+            eprintln!("[{level:?}] {plugin}: {message}");
+        }
+        extern "C" fn request_stop(_: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
+            eprintln!("{plugin} asked to stop: {reason}");
+        }
+        extern "C" fn no_reduce(_: *const (), _: TensorRef) -> RResult<(), RString> {
+            RResult::ROk(())
+        }
+        extern "C" fn no_broadcast(_: *const (), _: TensorRef, _: u32) -> RResult<(), RString> {
+            RResult::ROk(())
+        }
+        HostApi {
+            ctx: std::ptr::null(),
+            log,
+            request_stop,
+            all_reduce_sum: no_reduce,
+            broadcast: no_broadcast,
+        }
+    }
+}

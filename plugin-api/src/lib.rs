@@ -1,0 +1,40 @@
+//! The stable ABI between `ptrain` and its plugins.
+//!
+//! Plugins are `cdylib` crates loaded at run time. Authors implement the Rust-level
+//! [`Plugin`] trait and call [`export_plugin!`]; everything that crosses the library
+//! boundary is an `abi_stable` type defined here, and every entry point is wrapped in
+//! `catch_unwind` so a panicking plugin is disabled instead of aborting the run.
+//!
+//! Plugins declare *attachments*: a [`Hook`] (where in the loop) and a [`Cadence`]
+//! (which steps). The host calls a plugin only when one of its attachments is due.
+//!
+//! Libraries are never unloaded: a loaded plugin stays mapped until the process exits.
+
+mod abi;
+mod checkpoint;
+mod context;
+pub mod export;
+mod host;
+mod metrics;
+mod plugin;
+mod schedule;
+#[cfg(feature = "tch")]
+mod tensor;
+
+pub use abi::{FfiPlugin, FfiPlugin_TO, PluginBox, PluginMod, PluginModRef, ROOT_MODULE_NAME};
+pub use checkpoint::{CheckpointPayload, CheckpointReason, DType, NamedBlob, TensorBlob};
+pub use context::{
+    DeviceInfo, DeviceKind, LayerKind, LayerSpec, ModelInfo, NamedTensor, PhaseTimes, RunEnd,
+    RunInfo, StepContext, StepTensors, Task, TensorRef,
+};
+pub use host::{HostApi, LogLevel};
+pub use metrics::{Histogram, Metric, MetricBatch, MetricValue, Outbox, Scalar};
+pub use plugin::{guard, parse_options, Adapter, Plugin, PluginError, PluginResult};
+pub use schedule::{Attachment, Cadence, Descriptor, Hook, Needs, Threading};
+
+/// Re-exported so that [`export_plugin!`] works without authors naming abi_stable.
+#[doc(hidden)]
+pub use abi_stable as __abi_stable;
+
+/// The plugin-api version a plugin was built against, checked by the host on load.
+pub const API_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,177 @@
+//! The Rust-level plugin trait authors implement, and the adapter that puts it
+//! behind the stable ABI with every call guarded by `catch_unwind`.
+
+use std::{
+    any::Any,
+    cell::RefCell,
+    fmt,
+    panic::{catch_unwind, AssertUnwindSafe},
+    sync::Once,
+};
+
+use abi_stable::std_types::{RResult, RSlice, RString, RVec};
+
+use crate::{
+    abi::FfiPlugin, checkpoint::CheckpointPayload, context::{RunEnd, RunInfo, StepContext},
+    host::HostApi, metrics::{MetricBatch, Outbox}, schedule::Descriptor,
+};
+
+/// The error a plugin call returns; the host disables the plugin and logs it.
+#[derive(Debug)]
+pub struct PluginError(String);
+
+impl PluginError {
+    pub fn msg(message: impl fmt::Display) -> PluginError {
+        PluginError(message.to_string())
+    }
+
+    pub fn message(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PluginError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+// Like anyhow: any std error converts with `?`, so PluginError itself is not one.
+impl<E: std::error::Error> From<E> for PluginError {
+    fn from(error: E) -> PluginError {
+        let mut message = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        PluginError(message)
+    }
+}
+
+pub type PluginResult<T = ()> = Result<T, PluginError>;
+
+/// A ptrain plugin. Implement it, then `ptrain_plugin_api::export_plugin!(MyPlugin);`.
+///
+/// Only the methods of hooks named in [`Plugin::DESCRIPTOR`] are called. Inline
+/// plugins are called on the training thread and may read tensors (never block
+/// there); worker plugins are called on their own thread.
+pub trait Plugin: Send + Sized + 'static {
+    const DESCRIPTOR: Descriptor;
+
+    /// Creates the plugin from its options: the plugin's config table minus the
+    /// host's cadence keys, as a JSON object. Reject unknown options here.
+    fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self>;
+
+    fn on_run_start(&mut self, _run: &RunInfo<'_>) -> PluginResult {
+        Ok(())
+    }
+
+    /// Scheduled step hooks and [`crate::Hook::Eval`]; `ctx.hook` says which.
+    fn on_step(&mut self, _ctx: &StepContext<'_>, _out: &mut Outbox) -> PluginResult {
+        Ok(())
+    }
+
+    fn on_metrics(&mut self, _batch: &MetricBatch) -> PluginResult {
+        Ok(())
+    }
+
+    fn on_checkpoint(&mut self, _payload: &CheckpointPayload) -> PluginResult {
+        Ok(())
+    }
+
+    /// State to keep in checkpoints; handed back through `load_state` on resume.
+    fn save_state(&mut self) -> PluginResult<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn load_state(&mut self, _state: &[u8]) -> PluginResult {
+        Ok(())
+    }
+
+    /// Flush and close. A returned JSON value goes into summary.json under the
+    /// plugin's name.
+    fn on_run_end(&mut self, _end: &RunEnd<'_>) -> PluginResult<Option<serde_json::Value>> {
+        Ok(None)
+    }
+}
+
+/// Deserializes plugin options, naming the offending key on error.
+pub fn parse_options<T: serde::de::DeserializeOwned>(options: serde_json::Value) -> PluginResult<T> {
+    serde_json::from_value(options).map_err(|e| PluginError(format!("invalid options: {e}")))
+}
+
+thread_local! {
+    static PANIC_LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Replaces this library's panic hook (each cdylib has its own std) so a panic is
+/// reported once, by the host, as one line naming the plugin.
+fn install_quiet_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let location = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
+            PANIC_LOCATION.with(|slot| *slot.borrow_mut() = location);
+        }))
+    });
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_string());
+    match PANIC_LOCATION.with(|slot| slot.borrow_mut().take()) {
+        Some(location) => format!("panicked at {location}: {what}"),
+        None => format!("panicked: {what}"),
+    }
+}
+
+/// Runs `f`, turning both errors and panics into an error string for the host.
+pub fn guard<T>(f: impl FnOnce() -> PluginResult<T>) -> RResult<T, RString> {
+    install_quiet_panic_hook();
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(value)) => RResult::ROk(value),
+        Ok(Err(error)) => RResult::RErr(error.0.into()),
+        Err(payload) => RResult::RErr(panic_message(&*payload).into()),
+    }
+}
+
+/// Puts a [`Plugin`] behind the [`FfiPlugin`] trait object.
+pub struct Adapter<P>(pub P);
+
+impl<P: Plugin> FfiPlugin for Adapter<P> {
+    fn on_run_start(&mut self, run: &RunInfo<'_>) -> RResult<(), RString> {
+        guard(|| self.0.on_run_start(run))
+    }
+
+    fn on_step(&mut self, ctx: &StepContext<'_>, out: &mut Outbox) -> RResult<(), RString> {
+        guard(|| self.0.on_step(ctx, out))
+    }
+
+    fn on_metrics(&mut self, batch: &MetricBatch) -> RResult<(), RString> {
+        guard(|| self.0.on_metrics(batch))
+    }
+
+    fn on_checkpoint(&mut self, payload: &CheckpointPayload) -> RResult<(), RString> {
+        guard(|| self.0.on_checkpoint(payload))
+    }
+
+    fn save_state(&mut self) -> RResult<RVec<u8>, RString> {
+        guard(|| self.0.save_state().map(RVec::from))
+    }
+
+    fn load_state(&mut self, state: RSlice<'_, u8>) -> RResult<(), RString> {
+        guard(|| self.0.load_state(state.as_slice()))
+    }
+
+    fn on_run_end(&mut self, end: &RunEnd<'_>) -> RResult<RString, RString> {
+        guard(|| {
+            let summary = self.0.on_run_end(end)?;
+            Ok(summary.map(|v| v.to_string()).unwrap_or_default().into())
+        })
+    }
+}

@@ -1,0 +1,244 @@
+//! What a plugin declares about itself: which hooks it attaches to and how often.
+
+use abi_stable::{
+    std_types::{RSlice, RStr},
+    StableAbi,
+};
+
+/// A point in the run where the host can call plugins.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Hook {
+    /// Once, before the first step, with the resolved configuration.
+    RunStart,
+    /// Before the batch of a due step is fetched.
+    StepStart,
+    /// After the forward pass: loss, logits, labels and dataset ids are alive.
+    AfterForward,
+    /// After the backward pass, before gradient clipping: gradients are alive.
+    AfterBackward,
+    /// After the optimizer step.
+    StepEnd,
+    /// After an evaluation pass, with `eval/*` scalars.
+    Eval,
+    /// A checkpoint payload to persist (worker plugins), at the attachment's cadence
+    /// and on emergencies (signals, non-finite stop).
+    Checkpoint,
+    /// A batch of emitted metrics (sinks).
+    Metrics,
+    /// Once, after the last step; the plugin may return a summary fragment.
+    RunEnd,
+}
+
+impl Hook {
+    pub const ALL: [Hook; 9] = [
+        Hook::RunStart,
+        Hook::StepStart,
+        Hook::AfterForward,
+        Hook::AfterBackward,
+        Hook::StepEnd,
+        Hook::Eval,
+        Hook::Checkpoint,
+        Hook::Metrics,
+        Hook::RunEnd,
+    ];
+
+    /// Hooks whose calls are selected by a cadence; the others fire on their event.
+    pub const fn is_scheduled(self) -> bool {
+        matches!(
+            self,
+            Hook::StepStart | Hook::AfterForward | Hook::AfterBackward | Hook::StepEnd | Hook::Checkpoint | Hook::Metrics
+        )
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Hook::RunStart => "run_start",
+            Hook::StepStart => "step_start",
+            Hook::AfterForward => "after_forward",
+            Hook::AfterBackward => "after_backward",
+            Hook::StepEnd => "step_end",
+            Hook::Eval => "eval",
+            Hook::Checkpoint => "checkpoint",
+            Hook::Metrics => "metrics",
+            Hook::RunEnd => "run_end",
+        }
+    }
+
+    /// The bit of this hook in a per-step due mask.
+    pub const fn bit(self) -> u32 {
+        1 << (self as u8)
+    }
+}
+
+/// Which steps a scheduled attachment is due on. Steps are numbered from 1; the
+/// predicates are OR-ed. `every_steps = 0` and `every_secs = 0.0` switch those off.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq)]
+pub struct Cadence {
+    pub every_steps: u64,
+    pub every_secs: f64,
+    pub first_step: bool,
+    pub at_eval: bool,
+    pub at_checkpoint: bool,
+    pub at_end: bool,
+}
+
+impl Cadence {
+    pub const NEVER: Cadence = Cadence {
+        every_steps: 0,
+        every_secs: 0.0,
+        first_step: false,
+        at_eval: false,
+        at_checkpoint: false,
+        at_end: false,
+    };
+
+    pub const fn every(steps: u64) -> Cadence {
+        Cadence { every_steps: steps, ..Cadence::NEVER }
+    }
+
+    pub const fn every_secs(secs: f64) -> Cadence {
+        Cadence { every_secs: secs, ..Cadence::NEVER }
+    }
+
+    pub const fn with_first_step(self) -> Cadence {
+        Cadence { first_step: true, ..self }
+    }
+
+    pub const fn with_end(self) -> Cadence {
+        Cadence { at_end: true, ..self }
+    }
+
+    pub const fn with_eval(self) -> Cadence {
+        Cadence { at_eval: true, ..self }
+    }
+
+    pub const fn with_checkpoint(self) -> Cadence {
+        Cadence { at_checkpoint: true, ..self }
+    }
+
+    pub fn is_never(&self) -> bool {
+        self.every_steps == 0
+            && self.every_secs <= 0.0
+            && !self.first_step
+            && !self.at_eval
+            && !self.at_checkpoint
+            && !self.at_end
+    }
+}
+
+impl std::fmt::Display for Cadence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.every_steps > 0 {
+            parts.push(format!("every {} steps", self.every_steps));
+        }
+        if self.every_secs > 0.0 {
+            parts.push(format!("every {}s", self.every_secs));
+        }
+        for (on, what) in [
+            (self.first_step, "first step"),
+            (self.at_eval, "at eval"),
+            (self.at_checkpoint, "at checkpoint"),
+            (self.at_end, "at end"),
+        ] {
+            if on {
+                parts.push(what.to_string());
+            }
+        }
+        if parts.is_empty() {
+            f.write_str("never")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
+/// What an attachment asks the host to provide when it is due. Tensors are only
+/// handed over when asked for; core metrics are only computed when some sink asks.
+#[repr(transparent)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Needs(pub u32);
+
+impl Needs {
+    pub const NONE: Needs = Needs(0);
+    pub const LOSS: Needs = Needs(1 << 0);
+    pub const LOGITS: Needs = Needs(1 << 1);
+    pub const LABELS: Needs = Needs(1 << 2);
+    pub const DATASET_IDS: Needs = Needs(1 << 3);
+    pub const INPUTS: Needs = Needs(1 << 4);
+    pub const PARAMS: Needs = Needs(1 << 5);
+    pub const GRADS: Needs = Needs(1 << 6);
+    /// `train/loss`, `train/lr`, `train/tokens_per_s`, ... in the metrics batch.
+    pub const BASIC_METRICS: Needs = Needs(1 << 8);
+    /// `train/grad_norm`, phase times and memory in the metrics batch.
+    pub const DETAILED_METRICS: Needs = Needs(1 << 9);
+    /// Parameter and gradient histograms in the metrics batch.
+    pub const HISTOGRAMS: Needs = Needs(1 << 10);
+
+    pub const fn union(self, other: Needs) -> Needs {
+        Needs(self.0 | other.0)
+    }
+
+    pub const fn contains(self, other: Needs) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    pub const fn intersects(self, other: Needs) -> bool {
+        self.0 & other.0 != 0
+    }
+}
+
+impl std::ops::BitOr for Needs {
+    type Output = Needs;
+    fn bitor(self, rhs: Needs) -> Needs {
+        self.union(rhs)
+    }
+}
+
+/// One hook a plugin attaches to, with its default cadence. `name` identifies the
+/// attachment in configuration: `[plugins.<plugin>.<name>] every = 100`.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct Attachment {
+    pub name: RStr<'static>,
+    pub hook: Hook,
+    pub cadence: Cadence,
+    pub needs: Needs,
+}
+
+impl Attachment {
+    pub const fn new(name: &'static str, hook: Hook, cadence: Cadence) -> Attachment {
+        Attachment { name: RStr::from_str(name), hook, cadence, needs: Needs::NONE }
+    }
+
+    pub const fn needs(self, needs: Needs) -> Attachment {
+        Attachment { needs, ..self }
+    }
+}
+
+/// Where a plugin's calls run.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threading {
+    /// On the training thread, synchronously. For cheap device-side work only:
+    /// such plugins may read tensors but must not do I/O.
+    Inline,
+    /// On the plugin's own worker thread behind a bounded queue. For I/O. Workers
+    /// never see tensors; they get metrics batches and checkpoint payloads.
+    Worker,
+}
+
+/// What a plugin says about itself. All of it is static data in the plugin library.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy)]
+pub struct Descriptor {
+    pub name: RStr<'static>,
+    pub version: RStr<'static>,
+    pub description: RStr<'static>,
+    pub threading: Threading,
+    /// Runs on every rank of a distributed run, not only rank 0.
+    pub per_rank: bool,
+    pub attachments: RSlice<'static, Attachment>,
+}

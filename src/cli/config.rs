@@ -1,0 +1,27 @@
+//! `ptrain config`.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Print the commented default configuration instead.
+    #[arg(long)]
+    default: bool,
+    /// TOML file layered over the default.
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Override one key.
+    #[arg(short, long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+}
+
+pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
+    if args.default {
+        print!("{}", ptrain_core::config::DEFAULT_TOML);
+    } else {
+        print!("{}", super::run::build_config(args.config.as_deref(), &args.set)?.to_toml());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,108 @@
+//! `ptrain run`.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::Args;
+use ptrain_core::{config::DeviceChoice, ConfigBuilder, Resume, Trainer};
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// TOML file layered over the embedded default (`ptrain config --default` shows it).
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Plugins to load, by name or .so path (replaces `run.plugins`).
+    #[arg(short, long, value_delimiter = ',', value_name = "A,B")]
+    plugins: Option<Vec<String>>,
+    /// Override one key, e.g. `--set optim.lr=3e-4` or `--set plugins.flops.every=500`.
+    #[arg(short, long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+    /// Optimizer steps (`train.steps`).
+    #[arg(long, value_name = "N")]
+    steps: Option<u64>,
+    /// Device (`run.device`).
+    #[arg(long, value_enum)]
+    device: Option<DeviceChoice>,
+    /// Output directory (`run.run_dir`).
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+    /// Random seed (`run.seed`).
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Resume from a checkpoint directory, or from the newest valid checkpoint of a run directory.
+    #[arg(long, value_name = "PATH", conflicts_with = "auto_resume")]
+    resume: Option<PathBuf>,
+    /// Resume from the newest valid checkpoint in --run-dir, if there is one.
+    #[arg(long)]
+    auto_resume: bool,
+    /// No progress bar or progress lines.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn toml_string(s: &str) -> String {
+    serde_json::to_string(s).expect("strings serialize")
+}
+
+impl RunArgs {
+    /// The flags as `--set` assignments, applied after the explicit ones.
+    fn assignments(&self) -> Vec<String> {
+        let mut out = self.set.clone();
+        if let Some(plugins) = &self.plugins {
+            let list: Vec<String> = plugins.iter().filter(|p| !p.is_empty()).map(|p| toml_string(p)).collect();
+            out.push(format!("run.plugins=[{}]", list.join(", ")));
+        }
+        if let Some(n) = self.steps {
+            out.push(format!("train.steps={n}"));
+        }
+        if let Some(d) = self.device {
+            out.push(format!("run.device={}", toml_string(&format!("{d:?}").to_lowercase())));
+        }
+        if let Some(dir) = &self.run_dir {
+            out.push(format!("run.run_dir={}", toml_string(&dir.display().to_string())));
+        }
+        if let Some(seed) = self.seed {
+            out.push(format!("run.seed={seed}"));
+        }
+        out
+    }
+}
+
+pub fn build_config(file: Option<&std::path::Path>, sets: &[String]) -> anyhow::Result<ptrain_core::Config> {
+    let mut builder = ConfigBuilder::default();
+    if let Some(path) = file {
+        builder = builder.file(path)?;
+    }
+    for set in sets {
+        builder = builder.set(set)?;
+    }
+    Ok(builder.build()?)
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let config = build_config(args.config.as_deref(), &args.assignments())?;
+    let resume = match (&args.resume, args.auto_resume) {
+        (Some(path), _) => Some(Resume::Path(path.clone())),
+        (None, true) => Some(Resume::Auto),
+        _ => None,
+    };
+    let outcome = Trainer::new(config).resume(resume).handle_signals(true).progress(!args.quiet).run()?;
+    let s = &outcome.summary;
+    let loss = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
+    println!(
+        "{}: {} steps in {:.1}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}",
+        s.status,
+        s.steps,
+        s.wall_s,
+        s.steps_per_s,
+        s.tokens_per_s,
+        s.device,
+        loss(s.first_loss),
+        loss(s.final_loss),
+        loss(s.final_eval_loss)
+    );
+    for failure in &s.plugin_failures {
+        println!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
+    }
+    println!("summary: {}", outcome.run_dir.join("summary.json").display());
+    Ok(ExitCode::from(outcome.exit_code as u8))
+}

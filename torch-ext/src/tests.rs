@@ -1,0 +1,59 @@
+use tch::{Device, Kind, Tensor};
+
+use super::*;
+
+fn t(values: &[f32]) -> Tensor {
+    Tensor::from_slice(values)
+}
+
+#[test]
+fn clip_grad_norm_scales_to_max_norm_and_returns_the_norm() {
+    let grads = TensorList::new(vec![t(&[3.0, 0.0]), t(&[0.0, 4.0])]);
+    let norm = clip_grad_norm(&grads, 1.0).unwrap();
+    assert!((norm.double_value(&[]) - 5.0).abs() < 1e-6);
+    let clipped: Vec<f32> = Vec::try_from(Tensor::cat(grads.tensors(), 0)).unwrap();
+    let expected = [0.6, 0.0, 0.0, 0.8];
+    for (a, b) in clipped.iter().zip(expected) {
+        assert!((a - b).abs() < 1e-5, "{clipped:?}");
+    }
+}
+
+#[test]
+fn fused_adamw_matches_the_adamw_formula_and_skips_on_found_inf() {
+    let p = t(&[1.0, -2.0]);
+    let g = t(&[0.5, 0.25]);
+    let (m, v, step) = (p.zeros_like(), p.zeros_like(), Tensor::zeros([], (Kind::Float, Device::Cpu)));
+    let lists = [p.shallow_clone(), g.shallow_clone(), m.shallow_clone(), v.shallow_clone()].map(|x| TensorList::new(vec![x]));
+    let steps = TensorList::repeat(&step, 1);
+    let hp = AdamW { lr: 0.1, beta1: 0.9, beta2: 0.999, weight_decay: 0.0, eps: 1e-8 };
+
+    let skip = Tensor::from(1.0f32);
+    fused_adamw(&lists[0], &lists[1], &lists[2], &lists[3], &steps, hp, Some(&skip)).unwrap();
+    assert_eq!(Vec::<f32>::try_from(&p).unwrap(), vec![1.0, -2.0], "found_inf skips the update");
+
+    let _ = step.shallow_clone().g_add_scalar_(1.0);
+    fused_adamw(&lists[0], &lists[1], &lists[2], &lists[3], &steps, hp, Some(&Tensor::from(0.0f32))).unwrap();
+    // First AdamW step moves every coordinate by lr * sign(grad).
+    let after: Vec<f32> = Vec::try_from(&p).unwrap();
+    assert!((after[0] - 0.9).abs() < 1e-5 && (after[1] + 2.1).abs() < 1e-5, "{after:?}");
+}
+
+#[test]
+fn profiler_counts_matmul_flops() {
+    let a = Tensor::ones([8, 16], (Kind::Float, Device::Cpu));
+    let b = Tensor::ones([16, 4], (Kind::Float, Device::Cpu));
+    profiler::start().unwrap();
+    let _c = a.mm(&b);
+    let (flops, ops) = profiler::stop().unwrap();
+    assert_eq!(flops, 2 * 8 * 16 * 4);
+    assert_eq!(ops, 1);
+}
+
+#[test]
+fn cuda_helpers_are_harmless_without_a_gpu() {
+    if tch::Cuda::is_available() {
+        return;
+    }
+    assert!(cuda::empty_cache().is_ok());
+    assert_eq!(cuda::memory(0).unwrap_or_default(), cuda::Memory::default());
+}
