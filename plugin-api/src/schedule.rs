@@ -242,3 +242,28 @@ pub struct Descriptor {
     pub per_rank: bool,
     pub attachments: RSlice<'static, Attachment>,
 }
+
+impl Descriptor {
+    /// A descriptor for `Plugin::DESCRIPTOR`; pass `env!("CARGO_PKG_VERSION")` as version.
+    pub const fn new(
+        name: &'static str,
+        version: &'static str,
+        description: &'static str,
+        threading: Threading,
+        attachments: &'static [Attachment],
+    ) -> Descriptor {
+        Descriptor {
+            name: RStr::from_str(name),
+            version: RStr::from_str(version),
+            description: RStr::from_str(description),
+            threading,
+            per_rank: false,
+            attachments: RSlice::from_slice(attachments),
+        }
+    }
+
+    /// Runs on every rank of a distributed run (worker plugins default to rank 0).
+    pub const fn per_rank(self) -> Descriptor {
+        Descriptor { per_rank: true, ..self }
+    }
+}

@@ -1,0 +1,15 @@
+//! `checkpoint`: atomic asynchronous checkpoints with retention (skeleton, being written).
+
+use ptrain_plugin_api::{export_plugin, Descriptor, HostApi, Plugin, PluginResult, Threading};
+
+pub struct Skeleton;
+
+impl Plugin for Skeleton {
+    const DESCRIPTOR: Descriptor = Descriptor::new("checkpoint", env!("CARGO_PKG_VERSION"), "atomic asynchronous checkpoints with retention", Threading::Worker, &[]);
+
+    fn new(_options: serde_json::Value, _host: HostApi) -> PluginResult<Self> {
+        Ok(Skeleton)
+    }
+}
+
+export_plugin!(Skeleton);

@@ -1,0 +1,102 @@
+//! Helpers shared by the integration tests: they run the built `ptrain` binary
+//! (and the venv's Python for the upstream readers) and read what it wrote.
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ptrain"))
+}
+
+/// The directory the binary and the workspace's plugins are built into.
+pub fn build_dir() -> PathBuf {
+    bin().parent().expect("binary has a directory").to_path_buf()
+}
+
+/// A `ptrain` command that finds only the workspace's plugins and logs quietly.
+pub fn ptrain() -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.env_remove("PTRAIN_PLUGIN_PATH").env("PTRAIN_LOG", "warn").current_dir(repo());
+    cmd
+}
+
+/// The venv's Python (the upstream readers live there).
+pub fn python() -> Command {
+    let python = std::env::var_os("PTRAIN_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo().join(".venv/bin/python"));
+    assert!(python.exists(), "no Python at {}: run scripts/bootstrap.sh", python.display());
+    let mut cmd = Command::new(python);
+    cmd.current_dir(repo());
+    cmd
+}
+
+/// Arguments for a small, fast GPT run (a few seconds on 2 CPU cores).
+pub fn tiny_gpt(steps: u64) -> Vec<String> {
+    [
+        "run".to_string(),
+        "--quiet".into(),
+        "--steps".into(),
+        steps.to_string(),
+        "--device".into(),
+        "cpu".into(),
+        "--set".into(),
+        "model.n_embd=32".into(),
+        "--set".into(),
+        "model.n_head=2".into(),
+        "--set".into(),
+        "model.block_size=32".into(),
+        "--set".into(),
+        "data.batch_size=8".into(),
+        "--set".into(),
+        "train.eval_batches=2".into(),
+        "--set".into(),
+        "run.threads=1".into(),
+    ]
+    .into()
+}
+
+/// Runs `cmd`, printing its output if the exit code is not `expected`.
+pub fn run_expect(cmd: &mut Command, expected: i32) -> Output {
+    let output = cmd.output().expect("spawn ptrain");
+    let code = output.status.code().unwrap_or(-1);
+    assert_eq!(
+        code,
+        expected,
+        "exit code {code}, expected {expected}\n--- stdout\n{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn summary(run_dir: &Path) -> serde_json::Value {
+    let path = run_dir.join("summary.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("summary.json is JSON")
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
+}
+
+/// Asserts a plugin library was built (by `cargo build --release --workspace`).
+pub fn plugin_path(name: &str) -> PathBuf {
+    let path = build_dir().join(format!("libptrain_plugin_{}.so", name.replace('-', "_")));
+    assert!(path.exists(), "{} missing: build the workspace first (cargo build --release --workspace)", path.display());
+    path
+}
