@@ -187,6 +187,9 @@ impl Config {
         if self.model.kind == ModelKind::Gpt && self.model.n_embd % self.model.n_head.max(1) != 0 {
             return Err(bad("model.n_embd", format!("{} is not divisible by n_head = {}", self.model.n_embd, self.model.n_head)));
         }
+        if self.model.kind == ModelKind::Gpt && self.model.vocab_size < 2 {
+            return Err(bad("model.vocab_size", "must be at least 2".into()));
+        }
         if !(0.0..1.0).contains(&self.data.val_fraction) {
             return Err(bad("data.val_fraction", "must be in [0, 1)".into()));
         }

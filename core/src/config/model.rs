@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     pub kind: ModelKind,
+    pub vocab_size: i64,
     pub n_layer: i64,
     pub n_head: i64,
     pub n_embd: i64,

@@ -29,6 +29,15 @@ impl Store {
         }
     }
 
+    /// The largest token id, scanned once at start-up (a few GB/s).
+    fn max_token(&self) -> u32 {
+        match self {
+            Store::Bytes(b) => b.iter().copied().max().unwrap_or(0) as u32,
+            Store::MappedBytes(m) => m.iter().copied().max().unwrap_or(0) as u32,
+            Store::MappedU16(m) => m.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).max().unwrap_or(0) as u32,
+        }
+    }
+
     fn copy_window(&self, start: usize, out: &mut [i64]) {
         match self {
             Store::Bytes(b) => out.iter_mut().zip(&b[start..]).for_each(|(o, &x)| *o = x as i64),
@@ -93,6 +102,15 @@ impl TokenWindows {
             "" => (open(&data.path, "data file")?, true),
             p => (open(p, "validation file")?, false),
         };
+        for (store, path) in [(&train, &data.path), (&val, if same { &data.path } else { &data.val_path })] {
+            let max = store.max_token() as i64;
+            if max >= config.model.vocab_size {
+                return Err(Error::Data {
+                    path: path.into(),
+                    message: format!("token id {max} does not fit model.vocab_size = {} (set model.vocab_size, e.g. 50304 for GPT-2 tokens)", config.model.vocab_size),
+                });
+            }
+        }
         let windows = Self::split(config, seq_len, train, Some(val), same);
         for (split, (store, span)) in [("training", &windows.train), ("validation", &windows.val)] {
             if span.end.saturating_sub(span.start) < windows.seq_len + 2 || store.len() < span.end {

@@ -1,12 +1,10 @@
-//! A decoder-only transformer over bytes (vocabulary 256), laid out as nanoGPT so
-//! parameter names match: `transformer.h.0.attn.c_attn.weight`, ...
+//! A decoder-only transformer (bytes by default: vocabulary 256), laid out as
+//! nanoGPT so parameter names match: `transformer.h.0.attn.c_attn.weight`, ...
 
 use tch::{nn, nn::Module, Kind, Tensor};
 
 use super::{Layer, LayerKind, Model, Task};
 use crate::config::ModelConfig;
-
-pub const VOCAB: i64 = 256;
 
 fn init_linear(vs: nn::Path, inp: i64, out: i64, bias: bool, stdev: f64) -> nn::Linear {
     let config = nn::LinearConfig {
@@ -75,7 +73,7 @@ impl Gpt {
         let t = vs / "transformer";
         let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
         Gpt {
-            wte: nn::embedding(&t / "wte", VOCAB, c.n_embd, emb),
+            wte: nn::embedding(&t / "wte", c.vocab_size, c.n_embd, emb),
             wpe: nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb),
             blocks: (0..c.n_layer).map(|i| Block::new(&t / "h" / i, c)).collect(),
             ln_f: layer_norm(&t / "ln_f", c.n_embd),
@@ -121,7 +119,7 @@ impl Model for Gpt {
             layers.push(Layer::linear(name("mlp.c_fc"), d, 4 * d, t, true));
             layers.push(Layer::linear(name("mlp.c_proj"), 4 * d, d, t, true));
         }
-        layers.push(Layer::linear("lm_head", d, VOCAB, t, true));
+        layers.push(Layer::linear("lm_head", d, self.config.vocab_size, t, true));
         layers
     }
 }

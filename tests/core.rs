@@ -1,0 +1,205 @@
+//! The core loop, run through the built binary: training works, is reproducible,
+//! and bad input is refused with exit code 2 before anything trains.
+
+mod common;
+
+use common::*;
+
+fn run_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+fn losses(run_dir: &std::path::Path) -> Vec<(u64, f64)> {
+    read_jsonl(&run_dir.join("metrics.jsonl"))
+        .iter()
+        .filter_map(|row| Some((row["step"].as_u64()?, row["train/loss"].as_f64()?)))
+        .collect()
+}
+
+#[test]
+fn loss_falls_on_synthetic_data_within_100_steps() {
+    let dir = run_dir();
+    run_expect(ptrain().args(tiny_gpt(100)).arg("--run-dir").arg(dir.path()), 0);
+    let s = summary(dir.path());
+    let (first, last) = (s["first_loss"].as_f64().unwrap(), s["final_loss"].as_f64().unwrap());
+    assert!(last < 0.7 * first, "loss did not fall enough: {first} -> {last}");
+    assert!(s["final_eval_loss"].as_f64().unwrap() < 0.75 * first);
+    assert_eq!(s["status"], "completed");
+}
+
+#[test]
+fn the_same_seed_gives_bitwise_identical_losses_and_another_seed_does_not() {
+    let run = |seed: u64| {
+        let dir = run_dir();
+        run_expect(
+            ptrain()
+                .args(tiny_gpt(30))
+                .args(["--plugins", "jsonl", "--set", "plugins.jsonl.every=1", "--set", "model.dropout=0.1", "--seed"])
+                .arg(seed.to_string())
+                .arg("--run-dir")
+                .arg(dir.path()),
+            0,
+        );
+        (losses(dir.path()), summary(dir.path()))
+    };
+    let (a, sa) = run(7);
+    let (b, sb) = run(7);
+    let (c, _) = run(8);
+    assert_eq!(a.len(), 30);
+    // Bit for bit: compare the f64 bit patterns, not approximately.
+    let bits = |v: &[(u64, f64)]| v.iter().map(|(s, l)| (*s, l.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(&a), bits(&b));
+    assert_eq!(sa["final_eval_loss"], sb["final_eval_loss"]);
+    assert_ne!(bits(&a), bits(&c), "a different seed must change the losses");
+}
+
+#[test]
+fn summary_and_resolved_config_are_written() {
+    let dir = run_dir();
+    let out = run_expect(ptrain().args(tiny_gpt(12)).args(["--set", "optim.accum_steps=2", "--set", "optim.name=\"sgd\""]).arg("--run-dir").arg(dir.path()), 0);
+    assert!(stdout(&out).contains("completed: 12 steps"), "{}", stdout(&out));
+    let s = summary(dir.path());
+    for key in [
+        "steps", "samples", "tokens", "wall_s", "steps_per_s", "tokens_per_s", "first_loss", "final_loss", "final_eval_loss", "phase_times",
+        "peak_memory_bytes", "device", "plugins_loaded",
+    ] {
+        assert!(!s[key].is_null(), "summary lacks {key}: {s}");
+    }
+    assert_eq!(s["steps"], 12);
+    assert_eq!(s["samples"], 12 * 2 * 8, "accumulation doubles the samples per step");
+    assert_eq!(s["tokens"], 12 * 2 * 8 * 32);
+    assert_eq!(s["device"], "cpu");
+    let phases = &s["phase_times"];
+    assert!(["data_s", "forward_s", "backward_s", "optimizer_s"].iter().all(|k| phases[k].as_f64().unwrap() > 0.0), "{phases}");
+    let resolved: toml::Table = std::fs::read_to_string(dir.path().join("config.toml")).unwrap().parse().unwrap();
+    assert_eq!(resolved["optim"]["accum_steps"].as_integer(), Some(2));
+    assert_eq!(resolved["optim"]["name"].as_str(), Some("sgd"));
+    assert_eq!(resolved["model"]["n_embd"].as_integer(), Some(32));
+}
+
+#[test]
+fn an_unknown_config_key_exits_2_naming_the_key_and_the_file() {
+    let dir = run_dir();
+    let config = dir.path().join("typo.toml");
+    std::fs::write(&config, "[model]\nn_layers = 3\n").unwrap();
+    let runs = dir.path().join("run");
+    let out = run_expect(ptrain().args(tiny_gpt(5)).arg("--config").arg(&config).arg("--run-dir").arg(&runs), 2);
+    let err = stderr(&out);
+    assert!(err.contains("`model.n_layers`") && err.contains(&config.display().to_string()), "{err}");
+    assert!(!runs.exists(), "nothing may be written before training starts");
+
+    let out = run_expect(ptrain().args(tiny_gpt(5)).args(["--set", "optim.betas=0.9"]), 2);
+    assert!(stderr(&out).contains("`optim.betas` in --set optim.betas=0.9"), "{}", stderr(&out));
+}
+
+#[test]
+fn missing_files_exit_2_naming_the_path() {
+    let out = run_expect(ptrain().args(tiny_gpt(5)).args(["--config", "/no/such/config.toml"]), 2);
+    assert!(stderr(&out).contains("/no/such/config.toml"), "{}", stderr(&out));
+    let out = run_expect(ptrain().args(tiny_gpt(5)).args(["--set", "data.kind=\"tokens\"", "--set", "data.path=\"/no/such/train.bin\""]), 2);
+    assert!(stderr(&out).contains("/no/such/train.bin"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_unknown_plugin_exits_2_listing_the_available_ones() {
+    let out = run_expect(ptrain().args(tiny_gpt(5)).args(["--plugins", "nosuch"]), 2);
+    let err = stderr(&out);
+    assert!(err.contains("nosuch") && err.contains("available:") && err.contains("jsonl"), "{err}");
+}
+
+#[test]
+fn text_token_and_jsonl_data_train() {
+    let dir = run_dir();
+    let text = dir.path().join("corpus.txt");
+    std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(400)).unwrap();
+    let out_dir = dir.path().join("text");
+    run_expect(ptrain().args(tiny_gpt(8)).args(["--set", "data.kind=\"text\"", "--set"]).arg(format!("data.path={:?}", text.display().to_string())).arg("--run-dir").arg(&out_dir), 0);
+    assert_eq!(summary(&out_dir)["steps"], 8);
+
+    // A nanoGPT-style uint16 file with ids past the byte vocabulary: refused until
+    // model.vocab_size covers them.
+    let tokens = dir.path().join("train.bin");
+    let data: Vec<u8> = (0..20_000u32).flat_map(|i| ((i * 7 % 300) as u16).to_le_bytes()).collect();
+    std::fs::write(&tokens, data).unwrap();
+    let data_args = |cmd: &mut std::process::Command| {
+        cmd.args(tiny_gpt(8)).args(["--set", "data.kind=\"tokens\"", "--set"]).arg(format!("data.path={:?}", tokens.display().to_string()));
+    };
+    let mut refused = ptrain();
+    data_args(&mut refused);
+    let out = run_expect(&mut refused, 2);
+    assert!(stderr(&out).contains("token id 299") && stderr(&out).contains("model.vocab_size"), "{}", stderr(&out));
+    let out_dir = dir.path().join("tokens");
+    let mut cmd = ptrain();
+    data_args(&mut cmd);
+    run_expect(cmd.args(["--set", "model.vocab_size=300", "--run-dir"]).arg(&out_dir), 0);
+    assert_eq!(summary(&out_dir)["steps"], 8);
+
+    let rows = dir.path().join("rows.jsonl");
+    let mut lines = String::new();
+    for i in 0..400 {
+        let (name, label) = if i % 3 == 0 { ("news", i % 2) } else { ("forum", (i / 2) % 2) };
+        let x = if label == 1 { 1.0 } else { -1.0 };
+        lines.push_str(&format!("{{\"dataset\": \"{name}\", \"features\": [{x}, {}, 0.5], \"label\": {label}}}\n", i as f64 / 400.0));
+    }
+    std::fs::write(&rows, lines).unwrap();
+    let out_dir = dir.path().join("jsonl");
+    run_expect(
+        ptrain()
+            .args(["run", "--quiet", "--steps", "40", "--device", "cpu", "--set", "model.kind=\"mlp\"", "--set", "data.kind=\"jsonl\"", "--set"])
+            .arg(format!("data.path={:?}", rows.display().to_string()))
+            .arg("--run-dir")
+            .arg(&out_dir),
+        0,
+    );
+    let s = summary(&out_dir);
+    assert!(s["evals"][0]["accuracy"].as_f64().unwrap() > 0.9, "a separable problem: {s}");
+}
+
+#[test]
+fn bad_jsonl_rows_are_refused_with_the_line_number() {
+    let dir = run_dir();
+    let rows = dir.path().join("rows.jsonl");
+    std::fs::write(&rows, "{\"dataset\": \"a\", \"features\": [1, 2], \"label\": 0}\n{\"dataset\": \"a\", \"features\": [1], \"label\": 1}\n").unwrap();
+    let out = run_expect(
+        ptrain().args(["run", "--steps", "3", "--set", "model.kind=\"mlp\"", "--set", "data.kind=\"jsonl\"", "--set"]).arg(format!("data.path={:?}", rows.display().to_string())),
+        2,
+    );
+    assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_torchscript_module_from_python_trains() {
+    let dir = run_dir();
+    let module = dir.path().join("classifier.pt");
+    let status = python().arg("tests/support/make_torchscript.py").arg(&module).args(["32", "4"]).status().unwrap();
+    assert!(status.success());
+    let out_dir = dir.path().join("run");
+    run_expect(
+        ptrain()
+            .args(["run", "--quiet", "--steps", "60", "--device", "cpu", "--config", "configs/mlp-multi.toml", "--set", "model.kind=\"torchscript\"", "--set"])
+            .arg(format!("model.path={:?}", module.display().to_string()))
+            .arg("--run-dir")
+            .arg(&out_dir),
+        0,
+    );
+    let s = summary(&out_dir);
+    assert_eq!(s["model"], "torchscript");
+    assert!(s["parameters"].as_u64().unwrap() == (32 * 64 + 64 + 64 * 4 + 4) as u64, "the module's parameters are trained: {s}");
+    assert!(s["final_loss"].as_f64().unwrap() < 0.8 * s["first_loss"].as_f64().unwrap(), "{s}");
+}
+
+#[test]
+fn bf16_on_the_cpu_warns_and_trains_in_fp32() {
+    let dir = run_dir();
+    let out = run_expect(ptrain().args(tiny_gpt(3)).args(["--set", "train.precision=\"bf16\""]).arg("--run-dir").arg(dir.path()).env("PTRAIN_LOG", "warn"), 0);
+    assert!(stderr(&out).contains("CUDA only"), "{}", stderr(&out));
+}
+
+#[test]
+fn the_default_config_is_printed_commented() {
+    let out = run_expect(ptrain().args(["config", "--default"]), 0);
+    let text = stdout(&out);
+    assert!(text.contains("# ") && text.contains("[optim]"));
+    let parsed: toml::Table = text.parse().expect("the default parses");
+    assert!(parsed.contains_key("train"));
+}
