@@ -1,0 +1,231 @@
+//! The plugin system through the built binary: discovery, refusal of libraries that
+//! are not compatible plugins, isolation of failing plugins, queue policies, and a
+//! third-party plugin built from source and loaded by path.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+
+fn fixture(name: &str) -> PathBuf {
+    let path = build_dir().join(format!("libptrain_fixture_{}.so", name.replace('-', "_")));
+    assert!(path.exists(), "{} missing: build the workspace first", path.display());
+    path
+}
+
+fn with_plugins(steps: u64, plugins: &str) -> Vec<String> {
+    let mut args = tiny_gpt(steps);
+    args.extend(["--plugins".to_string(), plugins.to_string()]);
+    args
+}
+
+#[test]
+fn a_garbage_file_is_refused_before_training_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("libptrain_plugin_garbage.so");
+    std::fs::write(&garbage, b"\x7fELF but not really; plugin bytes that are not a library".repeat(20)).unwrap();
+    let run = dir.path().join("run");
+    let out = run_expect(ptrain().args(with_plugins(5, &garbage.display().to_string())).arg("--run-dir").arg(&run), 2);
+    let err = stderr(&out);
+    assert!(err.contains(&garbage.display().to_string()) && err.contains("not a loadable shared library"), "{err}");
+    assert!(!run.exists(), "nothing may be written before training");
+}
+
+#[test]
+fn a_foreign_shared_library_is_refused() {
+    let gomp = std::fs::read_dir(std::env::var("PTRAIN_TORCH_LIB").map(PathBuf::from).unwrap_or_else(|_| repo().join(".venv/lib/python3.11/site-packages/torch/lib")))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("libgomp"))
+        .expect("torch ships libgomp");
+    let out = run_expect(ptrain().args(with_plugins(5, &gomp.display().to_string())), 2);
+    assert!(stderr(&out).contains("not a ptrain plugin"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_plugin_built_against_another_plugin_api_is_refused_naming_both_versions() {
+    let old = fixture("old-api");
+    let out = run_expect(ptrain().args(with_plugins(5, &old.display().to_string())), 2);
+    let err = stderr(&out);
+    let line = err.lines().find(|l| l.contains("error:")).unwrap_or_default();
+    assert!(line.contains(&old.display().to_string()), "{err}");
+    assert!(line.contains("ptrain-plugin-api 0.0.1") && line.contains(&format!("ptrain-plugin-api {}", env!("CARGO_PKG_VERSION"))), "{line}");
+}
+
+#[test]
+fn a_panicking_inline_plugin_is_disabled_with_one_line_and_training_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("inline-faults").display().to_string();
+    let out = run_expect(
+        ptrain().args(with_plugins(12, &format!("{faults},jsonl"))).args(["--set", "plugins.inline-faults.panic_at=5", "--set", "plugins.jsonl.every=1"]).arg("--run-dir").arg(dir.path()),
+        0,
+    );
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("inline-faults")).collect();
+    assert_eq!(lines.len(), 1, "one error line naming the plugin:\n{err}");
+    assert!(lines[0].contains("deliberate panic at step 5") && lines[0].contains("disabled"), "{}", lines[0]);
+    let s = summary(dir.path());
+    assert_eq!(s["steps"], 12);
+    assert_eq!(s["plugin_failures"][0]["plugin"], "inline-faults");
+    assert_eq!(s["plugin_failures"][0]["step"], 5);
+    assert_eq!(s["plugin_failures"][0]["hook"], "step_end");
+    // It emitted until it failed, and never after.
+    let alive: Vec<u64> = read_jsonl(&dir.path().join("metrics.jsonl")).iter().filter_map(|r| r["faults/alive"].as_f64()).map(|v| v as u64).collect();
+    assert_eq!(alive, vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn an_erroring_inline_plugin_is_disabled_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("inline-faults").display().to_string();
+    run_expect(ptrain().args(with_plugins(8, &faults)).args(["--set", "plugins.inline-faults.error_at=3"]).arg("--run-dir").arg(dir.path()), 0);
+    let s = summary(dir.path());
+    assert_eq!(s["plugin_failures"][0]["error"], "deliberate error at step 3");
+    assert_eq!(s["steps"], 8);
+}
+
+#[test]
+fn a_panicking_sink_is_disabled_and_other_sinks_keep_receiving() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("worker-faults").display().to_string();
+    run_expect(
+        ptrain().args(with_plugins(10, &format!("{faults},jsonl"))).args(["--set", "plugins.worker-faults.panic_at=4", "--set", "plugins.jsonl.every=1"]).arg("--run-dir").arg(dir.path()),
+        0,
+    );
+    let s = summary(dir.path());
+    assert_eq!(s["plugin_failures"][0]["plugin"], "worker-faults");
+    assert_eq!(s["plugin_failures"][0]["hook"], "metrics");
+    assert!(s["plugin_failures"][0]["error"].as_str().unwrap().contains("deliberate panic in a sink at step 4"));
+    assert_eq!(read_jsonl(&dir.path().join("metrics.jsonl")).len(), 10, "jsonl got every step");
+}
+
+#[test]
+fn a_slow_sink_with_a_full_queue_drops_the_oldest_and_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("worker-faults").display().to_string();
+    run_expect(
+        ptrain()
+            .args(with_plugins(60, &faults))
+            .args(["--set", "plugins.worker-faults.sleep_ms=40", "--set", "plugins.worker-faults.queue=2"])
+            .arg("--run-dir")
+            .arg(dir.path()),
+        0,
+    );
+    let s = summary(dir.path());
+    let received = s["plugins"]["worker-faults"]["received"].as_u64().unwrap();
+    let dropped = s["queue_drops"]["worker-faults"].as_u64().unwrap();
+    assert!(dropped > 0, "60 batches into a queue of 2 at 40 ms each must drop: {s}");
+    assert_eq!(received + dropped, 60, "every batch was either delivered or counted as dropped");
+    let steps: Vec<u64> = s["plugins"]["worker-faults"]["steps"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(*steps.last().unwrap(), 60, "the newest batch survives");
+}
+
+#[test]
+fn a_blocking_queue_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("worker-faults").display().to_string();
+    run_expect(
+        ptrain()
+            .args(with_plugins(20, &faults))
+            .args(["--set", "plugins.worker-faults.sleep_ms=10", "--set", "plugins.worker-faults.queue=1", "--set", "plugins.worker-faults.on_full=\"block\""])
+            .arg("--run-dir")
+            .arg(dir.path()),
+        0,
+    );
+    let s = summary(dir.path());
+    assert_eq!(s["plugins"]["worker-faults"]["received"], 20);
+    assert_eq!(s["queue_drops"]["worker-faults"], 0);
+}
+
+#[test]
+fn cadences_are_overridden_from_toml_and_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "[plugins.jsonl]\nevery = 4\nat_end = false\n").unwrap();
+    let run = dir.path().join("run");
+    run_expect(ptrain().args(with_plugins(13, "jsonl")).arg("--config").arg(&config).arg("--run-dir").arg(&run), 0);
+    let steps: Vec<u64> = read_jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    // Step 13 is still there: eval at the last step reaches every sink.
+    assert_eq!(steps, vec![4, 8, 12, 13]);
+
+    let run = dir.path().join("run2");
+    run_expect(ptrain().args(with_plugins(13, "jsonl")).arg("--config").arg(&config).args(["--set", "plugins.jsonl.every=6"]).arg("--run-dir").arg(&run), 0);
+    let steps: Vec<u64> = read_jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![6, 12, 13]);
+}
+
+#[test]
+fn unknown_plugin_options_exit_2_naming_them() {
+    let out = run_expect(ptrain().args(with_plugins(5, "jsonl")).args(["--set", "plugins.jsonl.colour=\"red\""]), 2);
+    let err = stderr(&out);
+    assert!(err.contains("jsonl") && err.contains("colour"), "{err}");
+    let out = run_expect(ptrain().args(with_plugins(5, "jsonl")).args(["--set", "plugins.jsonl.every=\"often\""]), 2);
+    assert!(stderr(&out).contains("plugins.jsonl.every"), "{}", stderr(&out));
+}
+
+#[test]
+fn names_resolve_through_ptrain_plugin_path_first() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(plugin_path("jsonl"), dir.path().join("libptrain_plugin_journal.so")).unwrap();
+    let run = dir.path().join("run");
+    let out = run_expect(ptrain().env("PTRAIN_PLUGIN_PATH", dir.path()).args(with_plugins(10, "journal")).arg("--run-dir").arg(&run), 0);
+    assert!(run.join("metrics.jsonl").exists(), "{}", stderr(&out));
+    let path = summary(&run)["plugins_loaded"][0]["path"].as_str().unwrap().to_string();
+    assert!(path.starts_with(&dir.path().canonicalize().unwrap().display().to_string()), "{path}");
+
+    let listed = run_expect(ptrain().env("PTRAIN_PLUGIN_PATH", dir.path()).args(["plugins", "list"]), 0);
+    assert!(stdout(&listed).contains("libptrain_plugin_journal.so"), "{}", stdout(&listed));
+}
+
+#[test]
+fn plugins_list_and_info_describe_hooks_and_cadences() {
+    let out = run_expect(ptrain().args(["plugins", "list"]), 0);
+    let text = stdout(&out);
+    for name in ["jsonl", "tensorboard", "wandb", "flops", "dataset-metrics", "perf", "checkpoint"] {
+        assert!(text.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing from:\n{text}");
+    }
+    let out = run_expect(ptrain().args(["plugins", "info", "jsonl"]), 0);
+    let text = stdout(&out);
+    assert!(text.contains(&format!("jsonl {}", env!("CARGO_PKG_VERSION"))), "{text}");
+    assert!(text.contains("hook metrics") && text.contains("every 10 steps, at end"), "{text}");
+    assert!(text.contains("libptrain_plugin_jsonl.so"), "{text}");
+    let out = run_expect(ptrain().args(["plugins", "info", "nosuch"]), 2);
+    assert!(stderr(&out).contains("unknown plugin"), "{}", stderr(&out));
+}
+
+/// A third-party author's path: build the example crate, load it by path.
+#[test]
+fn the_example_plugin_builds_and_loads_by_path() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["build", "--release", "--quiet", "-p", "ptrain-example-plugin-entropy", "--message-format=json"])
+        .current_dir(repo())
+        .output()
+        .expect("run cargo");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let library = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["target"]["name"] == "ptrain_plugin_entropy")
+        .flat_map(|m| m["filenames"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|f| f.extension().is_some_and(|e| e == "so"))
+        .expect("cargo reports the built library");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("libmy_entropy.so");
+    std::fs::copy(&library, &copy).unwrap();
+    run_expect(
+        ptrain()
+            .args(with_plugins(30, &format!("{},jsonl", copy.display())))
+            .args(["--set", "plugins.entropy.every=10", "--set", "plugins.jsonl.every=1"])
+            .arg("--run-dir")
+            .arg(dir.path()),
+        0,
+    );
+    let rows = read_jsonl(&dir.path().join("metrics.jsonl"));
+    let measured: Vec<u64> = rows.iter().filter(|r| r["entropy/mean"].is_number()).map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(measured, vec![1, 10, 20, 30], "first step, then every 10 as overridden");
+    let first = rows[0]["entropy/mean"].as_f64().unwrap();
+    assert!(first > 0.0 && first <= (256f64).ln() + 1e-6, "entropy of a 256-way prediction: {first}");
+}
