@@ -1,15 +1,222 @@
-//! `checkpoint`: atomic asynchronous checkpoints with retention (skeleton, being written).
+//! `checkpoint`: saves the run every `every` steps (default 1000) and at the end,
+//! atomically and off the training thread, and keeps the `keep_last` newest plus the
+//! `keep_best` best by a metric.
+//!
+//! The loop blocks only while the host copies tensors to host memory; this plugin's
+//! worker thread writes them (see `ptrain_checkpoint` for the format and why a crash
+//! never corrupts the latest checkpoint). A save that is due while the previous one
+//! is still being written waits for it: saves never overlap and are never dropped.
+//!
+//! Options (`[plugins.checkpoint]`): `keep_last` (3), `keep_best` (1), `metric`
+//! ("eval/loss"), `mode` ("min" | "max"), `dir` (default `<run-dir>/checkpoints`),
+//! `on_save_error` ("continue" | "stop").
 
-use ptrain_plugin_api::{export_plugin, Descriptor, HostApi, Plugin, PluginResult, Threading};
+mod retention;
 
-pub struct Skeleton;
+use std::{
+    path::PathBuf,
+    time::Instant,
+};
 
-impl Plugin for Skeleton {
-    const DESCRIPTOR: Descriptor = Descriptor::new("checkpoint", env!("CARGO_PKG_VERSION"), "atomic asynchronous checkpoints with retention", Threading::Worker, &[]);
+use ptrain_plugin_api::{
+    export_plugin, parse_options, Attachment, Cadence, CheckpointPayload, Descriptor, HostApi, Hook, LogLevel, MetricBatch, Plugin,
+    PluginResult, RunEnd, RunInfo, Threading,
+};
+use retention::{Action, Entry, Mode, Retention};
+use serde::{Deserialize, Serialize};
 
-    fn new(_options: serde_json::Value, _host: HostApi) -> PluginResult<Self> {
-        Ok(Skeleton)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+enum OnSaveError {
+    #[default]
+    Continue,
+    Stop,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Options {
+    keep_last: usize,
+    keep_best: usize,
+    metric: String,
+    mode: Mode,
+    dir: Option<PathBuf>,
+    on_save_error: OnSaveError,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { keep_last: 3, keep_best: 1, metric: "eval/loss".into(), mode: Mode::Min, dir: None, on_save_error: OnSaveError::Continue }
     }
 }
 
-export_plugin!(Skeleton);
+/// What survives in checkpoints: the scores of the checkpoints kept so far.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    entries: Vec<Entry>,
+}
+
+pub struct Checkpointer {
+    options: Options,
+    host: HostApi,
+    dir: PathBuf,
+    entries: Vec<Entry>,
+    /// The monitored metric's value and the step it was observed at.
+    last_metric: Option<(u64, f64)>,
+    saved: u64,
+    failed: u64,
+    deleted: u64,
+    write_s: f64,
+    reported_errors: Vec<String>,
+    latest: Option<String>,
+}
+
+const ATTACHMENTS: &[Attachment] = &[
+    Attachment::new("save", Hook::Checkpoint, Cadence::every(1000).with_end()),
+    // Receives eval results (they reach every sink) to score checkpoints.
+    Attachment::new("metrics", Hook::Metrics, Cadence::NEVER),
+    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
+    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
+];
+
+impl Checkpointer {
+    fn retention(&self) -> Retention {
+        Retention { keep_last: self.options.keep_last, keep_best: self.options.keep_best, mode: self.options.mode }
+    }
+
+    fn save_failed(&mut self, step: u64, error: ptrain_checkpoint::Error) {
+        self.failed += 1;
+        let message = error.to_string();
+        // One error line per kind of problem (read-only, no space, ...): a full disk
+        // does not flood the log with one line per save.
+        let kind = match &error {
+            ptrain_checkpoint::Error::Io { source, .. } => format!("{:?}", source.kind()),
+            ptrain_checkpoint::Error::Invalid { message, .. } => message.clone(),
+        };
+        if !self.reported_errors.contains(&kind) {
+            let kept = self.entries.len();
+            self.host.log(LogLevel::Error, "checkpoint", &format!("saving step {step} failed: {message} ({kept} older checkpoint(s) kept)"));
+            self.reported_errors.push(kind);
+        }
+        if self.options.on_save_error == OnSaveError::Stop {
+            self.host.request_stop("checkpoint", &format!("saving step {step} failed: {message}"));
+        }
+    }
+
+    fn apply_retention(&mut self, latest: u64) {
+        for Action::Delete(step) in self.retention().plan(&self.entries, latest) {
+            let path = self.dir.join(ptrain_checkpoint::dir_name(step));
+            match ptrain_checkpoint::delete(&path) {
+                Ok(()) => {
+                    self.deleted += 1;
+                    self.entries.retain(|e| e.step != step);
+                }
+                Err(e) => self.host.log(LogLevel::Warn, "checkpoint", &format!("could not delete {}: {e}", path.display())),
+            }
+        }
+    }
+}
+
+impl Plugin for Checkpointer {
+    const DESCRIPTOR: Descriptor = Descriptor::new(
+        "checkpoint",
+        env!("CARGO_PKG_VERSION"),
+        "atomic asynchronous checkpoints with keep-last and keep-best retention",
+        Threading::Worker,
+        ATTACHMENTS,
+    );
+
+    fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self> {
+        let options: Options = parse_options(options)?;
+        Ok(Checkpointer {
+            options,
+            host,
+            dir: PathBuf::new(),
+            entries: Vec::new(),
+            last_metric: None,
+            saved: 0,
+            failed: 0,
+            deleted: 0,
+            write_s: 0.0,
+            reported_errors: Vec::new(),
+            latest: None,
+        })
+    }
+
+    fn on_run_start(&mut self, run: &RunInfo<'_>) -> PluginResult {
+        self.dir = self.options.dir.clone().unwrap_or_else(|| ptrain_checkpoint::checkpoints_dir(std::path::Path::new(run.run_dir.as_str())));
+        // Leftovers of a writer that crashed: never committed, safe to remove.
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with(".tmp-") || name.starts_with(".trash-") {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        // Checkpoints already here (a resumed run) take part in retention; their
+        // scores come from the state restored with the checkpoint.
+        for (step, _) in ptrain_checkpoint::list(&self.dir) {
+            if !self.entries.iter().any(|e| e.step == step) {
+                self.entries.push(Entry { step, score: None });
+            }
+        }
+        self.entries.retain(|e| self.dir.join(ptrain_checkpoint::dir_name(e.step)).is_dir());
+        Ok(())
+    }
+
+    fn on_metrics(&mut self, batch: &MetricBatch) -> PluginResult {
+        if let Some(value) = batch.scalar(&self.options.metric) {
+            self.last_metric = Some((batch.step, value));
+        }
+        Ok(())
+    }
+
+    fn on_checkpoint(&mut self, payload: &CheckpointPayload) -> PluginResult {
+        let started = Instant::now();
+        let written = ptrain_checkpoint::write(&self.dir, payload).and_then(|path| {
+            let name = ptrain_checkpoint::dir_name(payload.step);
+            ptrain_checkpoint::commit_latest(&self.dir, &name)?;
+            Ok((path, name))
+        });
+        self.write_s += started.elapsed().as_secs_f64();
+        match written {
+            Ok((_, name)) => {
+                self.saved += 1;
+                self.latest = Some(name);
+                // Only a metric observed at this very step scores this checkpoint.
+                let score = self.last_metric.filter(|(step, _)| *step == payload.step).map(|(_, v)| v);
+                self.entries.retain(|e| e.step != payload.step);
+                self.entries.push(Entry { step: payload.step, score });
+                self.apply_retention(payload.step);
+            }
+            Err(e) => self.save_failed(payload.step, e),
+        }
+        Ok(())
+    }
+
+    fn save_state(&mut self) -> PluginResult<Vec<u8>> {
+        Ok(serde_json::to_vec(&State { entries: self.entries.clone() })?)
+    }
+
+    fn load_state(&mut self, state: &[u8]) -> PluginResult {
+        self.entries = serde_json::from_slice::<State>(state)?.entries;
+        Ok(())
+    }
+
+    fn on_run_end(&mut self, _end: &RunEnd<'_>) -> PluginResult<Option<serde_json::Value>> {
+        let best = self.retention().best(&self.entries).first().copied();
+        Ok(Some(serde_json::json!({
+            "dir": self.dir.display().to_string(),
+            "saved": self.saved,
+            "failed": self.failed,
+            "deleted": self.deleted,
+            "write_s": self.write_s,
+            "latest": self.latest,
+            "kept": self.entries.iter().map(|e| e.step).collect::<Vec<_>>(),
+            "best": best.map(|e| serde_json::json!({"step": e.step, "metric": self.options.metric, "value": e.score})),
+        })))
+    }
+}
+
+export_plugin!(Checkpointer);
