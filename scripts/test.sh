@@ -8,4 +8,8 @@ scripts/bootstrap.sh
 # One profile for the binary, the plugins, the tests and the benches: libtorch's
 # bindings compile once.
 cargo build --release --workspace --all-targets
-cargo nextest run --release --workspace --no-fail-fast "$@"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --release --workspace --no-fail-fast "$@"
+else
+  cargo test --release --workspace --no-fail-fast "$@"
+fi
