@@ -24,6 +24,8 @@ extern "C" {
     fn ptx_foreach_zero(ts: *const Raw, n: i64) -> *mut c_char;
     fn ptx_profiler_start() -> *mut c_char;
     fn ptx_profiler_stop(flops: *mut u64, counted_ops: *mut u64) -> *mut c_char;
+    fn ptx_flop_count_start() -> *mut c_char;
+    fn ptx_flop_count_stop(out: *mut u64) -> *mut c_char;
     fn ptx_autocast_set_bf16() -> *mut c_char;
     fn ptx_cuda_compiled() -> bool;
     fn ptx_cuda_device_count() -> i64;
@@ -123,16 +125,22 @@ pub fn fused_adamw(
     })
 }
 
+/// Hyper-parameters of one fused SGD call.
+#[derive(Debug, Clone, Copy)]
+pub struct Sgd {
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+}
+
 /// `torch._fused_sgd_` with zero-initialised momentum buffers (ignored when
 /// `momentum` is 0).
-pub fn fused_sgd(
-    params: &TensorList, grads: &TensorList, momentum_bufs: &TensorList, lr: f64, momentum: f64, weight_decay: f64,
-    nesterov: bool, found_inf: Option<&Tensor>,
-) -> Result<(), TorchError> {
+pub fn fused_sgd(params: &TensorList, grads: &TensorList, momentum_bufs: &TensorList, hp: Sgd, found_inf: Option<&Tensor>) -> Result<(), TorchError> {
     let n = params.len();
-    assert!(grads.len() == n && (momentum == 0.0 || momentum_bufs.len() == n));
+    assert!(grads.len() == n && (hp.momentum == 0.0 || momentum_bufs.len() == n));
     check(unsafe {
-        ptx_fused_sgd(params.ptr(), grads.ptr(), momentum_bufs.ptr(), n as i64, lr, momentum, weight_decay, nesterov, opt(found_inf))
+        ptx_fused_sgd(params.ptr(), grads.ptr(), momentum_bufs.ptr(), n as i64, hp.lr, hp.momentum, hp.weight_decay, hp.nesterov, opt(found_inf))
     })
 }
 
@@ -164,6 +172,33 @@ pub mod profiler {
         let (mut flops, mut ops) = (0, 0);
         check(unsafe { ptx_profiler_stop(&mut flops, &mut ops) })?;
         Ok((flops, ops))
+    }
+
+    /// FLOPs of the operators run between [`count_start`] and [`count_stop`].
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct FlopCounts {
+        /// mm, addmm, bmm, baddbmm and conv2d, by libtorch's formulas.
+        pub matmul: u64,
+        /// add and mul (one per output element), by libtorch's formulas.
+        pub elementwise: u64,
+        /// Fused scaled-dot-product attention, forward and backward, from the
+        /// recorded shapes (libtorch has no formula for these kernels).
+        pub attention: u64,
+        /// Operator calls counted in `matmul` or `elementwise`.
+        pub counted_ops: u64,
+        pub attention_ops: u64,
+    }
+
+    /// Starts counting FLOPs on this thread (and the autograd threads it feeds)
+    /// with the legacy CPU profiler, which unlike Kineto needs no GPU tracer.
+    pub fn count_start() -> Result<(), TorchError> {
+        check(unsafe { ptx_flop_count_start() })
+    }
+
+    pub fn count_stop() -> Result<FlopCounts, TorchError> {
+        let mut out = [0u64; 5];
+        check(unsafe { ptx_flop_count_stop(out.as_mut_ptr()) })?;
+        Ok(FlopCounts { matmul: out[0], elementwise: out[1], attention: out[2], counted_ops: out[3], attention_ops: out[4] })
     }
 }
 

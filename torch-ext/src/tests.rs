@@ -50,6 +50,27 @@ fn profiler_counts_matmul_flops() {
 }
 
 #[test]
+fn flop_count_splits_matmul_elementwise_and_attention() {
+    let opts = (Kind::Float, Device::Cpu);
+    let a = Tensor::ones([8, 16], opts);
+    let b = Tensor::ones([16, 4], opts);
+    // [batch 2, heads 3, T 5, E 4]; keys and values over S 7 positions.
+    let q = Tensor::ones([2, 3, 5, 4], opts).set_requires_grad(true);
+    let kv = Tensor::ones([2, 3, 7, 4], opts);
+    profiler::count_start().unwrap();
+    let _c = a.mm(&b);
+    let _d = &a + &a;
+    let y = Tensor::scaled_dot_product_attention::<Tensor>(&q, &kv, &kv, None, 0.0, false, None, false);
+    y.sum(Kind::Float).backward();
+    let counts = profiler::count_stop().unwrap();
+    assert_eq!(counts.matmul, 2 * 8 * 16 * 4);
+    assert_eq!(counts.elementwise, 8 * 16);
+    let forward = 2 * 2 * 3 * 5 * 7 * (4 + 4);
+    assert_eq!(counts.attention, 3 * forward, "forward plus a backward of twice the forward");
+    assert_eq!(counts.attention_ops, 2);
+}
+
+#[test]
 fn cuda_helpers_are_harmless_without_a_gpu() {
     if tch::Cuda::is_available() {
         return;

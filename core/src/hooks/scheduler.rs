@@ -109,7 +109,7 @@ impl Scheduler {
     }
 
     pub fn is_eval_step(&self, step: u64) -> bool {
-        step == self.last_step || (self.eval_every > 0 && step % self.eval_every == 0)
+        step == self.last_step || (self.eval_every > 0 && step.is_multiple_of(self.eval_every))
     }
 
     fn next_eval_after(&self, step: u64) -> u64 {

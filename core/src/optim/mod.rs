@@ -73,6 +73,12 @@ impl Optimizer {
         Ok(Optimizer { config: config.clone(), groups, all_grads, step })
     }
 
+    /// Every parameter's gradient, in a fixed order, for the whole run (backward
+    /// accumulates into these tensors in place).
+    pub fn grads(&self) -> &TensorList {
+        &self.all_grads
+    }
+
     pub fn zero_grad(&self) -> Result<()> {
         ext::zero_all(&self.all_grads).map_err(torch_err)
     }
@@ -98,7 +104,8 @@ impl Optimizer {
             }
             OptimName::Sgd => {
                 for g in &self.groups {
-                    ext::fused_sgd(&g.params, &g.grads, &g.momentum, lr, c.momentum, g.weight_decay, c.nesterov, found_inf).map_err(torch_err)?;
+                    let hp = ext::Sgd { lr, momentum: c.momentum, weight_decay: g.weight_decay, nesterov: c.nesterov };
+                    ext::fused_sgd(&g.params, &g.grads, &g.momentum, hp, found_inf).map_err(torch_err)?;
                 }
             }
         }

@@ -1,0 +1,162 @@
+//! Per-dataset sums kept on the device: one `[3, datasets]` float64 tensor of
+//! (loss sum, correct predictions, samples), added to by an `index_add_` keyed by
+//! each sample's dataset id. Nothing here reads a value back to the host.
+
+use tch::{Device, Kind, Reduction, Tensor};
+
+/// Rows of the accumulator.
+pub const LOSS: usize = 0;
+pub const CORRECT: usize = 1;
+pub const SAMPLES: usize = 2;
+
+/// Per-batch scratch, reused while the batch size stays the same.
+struct Scratch {
+    batch: i64,
+    /// `[3, batch]` float64: per-sample loss, correct (0/1) and 1.
+    rows: Tensor,
+    loss: Tensor,
+    correct: Tensor,
+    /// `nll_loss` writes float32 only; the loss row is float64.
+    loss_f32: Tensor,
+    predicted: Tensor,
+}
+
+impl Scratch {
+    fn new(batch: i64, device: Device) -> Result<Scratch, tch::TchError> {
+        let rows = Tensor::f_zeros([3, batch], (Kind::Double, device))?;
+        let _ = rows.f_select(0, SAMPLES as i64)?.f_fill_(1.0)?;
+        Ok(Scratch {
+            batch,
+            loss: rows.f_select(0, LOSS as i64)?,
+            correct: rows.f_select(0, CORRECT as i64)?,
+            rows,
+            loss_f32: Tensor::f_empty([batch], (Kind::Float, device))?,
+            predicted: Tensor::f_empty([batch], (Kind::Int64, device))?,
+        })
+    }
+}
+
+pub struct Accumulator {
+    datasets: i64,
+    sums: Option<Tensor>,
+    scratch: Option<Scratch>,
+}
+
+impl Accumulator {
+    pub fn new(datasets: usize) -> Accumulator {
+        Accumulator { datasets: datasets as i64, sums: None, scratch: None }
+    }
+
+    /// Adds a batch: `logits [B, C]`, `labels [B]` class ids, `ids [B]` dataset
+    /// indices, all on one device. Six kernels and one `[B, C]` temporary.
+    pub fn add(&mut self, logits: &Tensor, labels: &Tensor, ids: &Tensor) -> Result<(), tch::TchError> {
+        let _guard = tch::no_grad_guard();
+        let batch = logits.size()[0];
+        let device = logits.device();
+        if self.scratch.as_ref().is_none_or(|s| s.batch != batch) {
+            self.scratch = Some(Scratch::new(batch, device)?);
+        }
+        if self.sums.is_none() {
+            self.sums = Some(Tensor::f_zeros([3, self.datasets], (Kind::Double, device))?);
+        }
+        let (s, sums) = (self.scratch.as_mut().expect("scratch"), self.sums.as_mut().expect("sums"));
+        // As the trainer's loss: log-softmax in float32 (bf16 logits included).
+        let log_probs = logits.f_log_softmax(-1, Kind::Float)?;
+        let _ = log_probs.f_nll_loss_out(&s.loss_f32, labels, None::<Tensor>, Reduction::None, -100)?;
+        s.loss.f_copy_(&s.loss_f32)?;
+        let _ = log_probs.f_argmax_out(&s.predicted, -1, false)?;
+        let _ = s.predicted.f_eq_tensor_out(&s.correct, labels)?;
+        let _ = sums.f_index_add_(1, ids, &s.rows)?;
+        Ok(())
+    }
+
+    /// The device tensor of sums, `[3, datasets]`, if anything was added; for an
+    /// all-reduce in place before [`Accumulator::take`].
+    pub fn sums(&self) -> Option<&Tensor> {
+        self.sums.as_ref()
+    }
+
+    /// Reads the sums (the one host sync) and zeroes them for the next window:
+    /// `[row][dataset]`.
+    pub fn take(&mut self) -> Result<Option<[Vec<f64>; 3]>, tch::TchError> {
+        let Some(sums) = self.sums.as_mut() else { return Ok(None) };
+        let flat = Vec::<f64>::try_from(sums.f_to_device(Device::Cpu)?.f_view([-1])?)?;
+        let _ = sums.f_zero_()?;
+        let n = self.datasets as usize;
+        Ok(Some([flat[..n].to_vec(), flat[n..2 * n].to_vec(), flat[2 * n..].to_vec()]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Logits, labels and dataset ids of one batch of three-class samples.
+    type Batch<'a> = (&'a [[f32; 3]], &'a [i64], &'a [i64]);
+
+    /// What the host would compute, sample by sample.
+    fn reference(logits: &[[f32; 3]], labels: &[i64], ids: &[i64], datasets: usize) -> [Vec<f64>; 3] {
+        let mut out = [vec![0.0; datasets], vec![0.0; datasets], vec![0.0; datasets]];
+        for ((row, &label), &id) in logits.iter().zip(labels).zip(ids) {
+            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let log_sum = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+            let argmax = (0..3).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+            out[LOSS][id as usize] += log_sum - row[label as usize] as f64;
+            out[CORRECT][id as usize] += (argmax as i64 == label) as u8 as f64;
+            out[SAMPLES][id as usize] += 1.0;
+        }
+        out
+    }
+
+    fn batch(logits: &[[f32; 3]], labels: &[i64], ids: &[i64]) -> (Tensor, Tensor, Tensor) {
+        let flat: Vec<f32> = logits.iter().flatten().copied().collect();
+        (Tensor::from_slice(&flat).view([logits.len() as i64, 3]), Tensor::from_slice(labels), Tensor::from_slice(ids))
+    }
+
+    fn assert_close(got: &[Vec<f64>; 3], want: &[Vec<f64>; 3]) {
+        for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
+            assert!((g - w).abs() < 1e-5 * w.abs().max(1.0), "got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn sums_per_dataset_equal_a_host_computation_over_several_batches() {
+        let batches: [Batch; 2] = [
+            (&[[2.0, 0.5, -1.0], [0.1, 0.2, 0.3], [-3.0, 4.0, 0.0], [1.0, 1.5, 1.2]], &[0, 2, 0, 1], &[0, 2, 2, 0]),
+            (&[[0.0, 0.0, 5.0], [9.0, -9.0, 0.0], [0.3, 0.1, 0.2], [1.0, 2.0, 3.0]], &[2, 1, 0, 2], &[1, 1, 0, 2]),
+        ];
+        let mut acc = Accumulator::new(3);
+        let mut want = [vec![0.0; 3], vec![0.0; 3], vec![0.0; 3]];
+        for (logits, labels, ids) in batches {
+            let (l, y, d) = batch(logits, labels, ids);
+            // The trainer's logits require grad; the accumulator must not record a graph.
+            let l = l.set_requires_grad(true);
+            acc.add(&l, &y, &d).unwrap();
+            let r = reference(logits, labels, ids, 3);
+            for row in 0..3 {
+                for d in 0..3 {
+                    want[row][d] += r[row][d];
+                }
+            }
+        }
+        assert_close(&acc.take().unwrap().unwrap(), &want);
+    }
+
+    #[test]
+    fn taking_starts_a_new_window_and_a_new_batch_size_is_handled() {
+        let mut acc = Accumulator::new(2);
+        let first: &[[f32; 3]] = &[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]];
+        let (l, y, d) = batch(first, &[0, 0], &[0, 1]);
+        acc.add(&l, &y, &d).unwrap();
+        acc.take().unwrap();
+        let second: &[[f32; 3]] = &[[0.0, 0.0, 1.0], [0.5, 0.0, 0.0], [0.0, 2.0, 0.0]];
+        let (l, y, d) = batch(second, &[2, 0, 0], &[1, 1, 0]);
+        acc.add(&l, &y, &d).unwrap();
+        assert_close(&acc.take().unwrap().unwrap(), &reference(second, &[2, 0, 0], &[1, 1, 0], 2));
+    }
+
+    #[test]
+    fn nothing_added_reads_nothing() {
+        assert!(Accumulator::new(3).take().unwrap().is_none());
+    }
+}

@@ -1,0 +1,138 @@
+//! The plugin driven as the host drives it: report arithmetic on given clocks,
+//! and the distributed hand-off through a host whose broadcast is counted.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use abi_stable::std_types::{RResult, RSlice, RStr, RString};
+use ptrain_plugin_api::{
+    DeviceInfo, DeviceKind, HostApi, Hook, LayerKind, LayerSpec, Metric, ModelInfo, Outbox, PhaseTimes, Plugin, RunInfo, StepContext,
+    StepTensors, Task, TensorRef,
+};
+
+use super::Flops;
+
+/// What rank 0 holds in the broadcast test: FLOPs per step and peak FLOP/s.
+const RANK0: [f64; 2] = [1.5e9, 2.0e12];
+
+static BROADCASTS: AtomicUsize = AtomicUsize::new(0);
+static LOGS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn count_log(_: *const (), _: ptrain_plugin_api::LogLevel, _: RStr<'_>, _: RStr<'_>) {
+    LOGS.fetch_add(1, Ordering::SeqCst);
+}
+
+extern "C" fn broadcast_from_rank0(_: *const (), tensor: TensorRef, root: u32) -> RResult<(), RString> {
+    assert_eq!(root, 0);
+    BROADCASTS.fetch_add(1, Ordering::SeqCst);
+    tensor.with(|t| t.shallow_clone().copy_(&tch::Tensor::from_slice(&RANK0)));
+    RResult::ROk(())
+}
+
+fn linear(inp: u64, out: u64, input_grad: bool) -> LayerSpec<'static> {
+    LayerSpec { name: "l".into(), kind: LayerKind::Linear, in_features: inp, out_features: out, positions: 1, heads: 0, head_dim: 0, seq_len: 0, input_grad }
+}
+
+fn start(plugin: &mut Flops, layers: &[LayerSpec<'static>], rank: u32, world_size: u32, accum_steps: u64) -> ptrain_plugin_api::PluginResult {
+    let info = RunInfo {
+        run_dir: "".into(),
+        run_name: "test".into(),
+        config_toml: "".into(),
+        seed: 0,
+        start_step: 0,
+        total_steps: 10,
+        rank,
+        world_size,
+        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: "cpu".into() },
+        model: ModelInfo { kind: "mlp".into(), task: Task::Classification, n_params: 0, layers: layers.into() },
+        datasets: RSlice::EMPTY,
+        batch_size: 8,
+        seq_len: 1,
+        accum_steps,
+        precision: "fp32".into(),
+        start_time: 0.0,
+    };
+    plugin.on_run_start(&info)
+}
+
+fn report(plugin: &mut Flops, steps_run: u64, elapsed_s: f64) -> Vec<(String, f64)> {
+    let ctx = StepContext {
+        hook: Hook::StepEnd,
+        step: steps_run,
+        epoch: 0,
+        lr: 0.0,
+        samples_seen: 0,
+        tokens_seen: 0,
+        step_samples: 8,
+        step_tokens: 8,
+        phases: PhaseTimes::default(),
+        phases_total: PhaseTimes::default(),
+        steps_run,
+        elapsed_s,
+        rank: 0,
+        world_size: 1,
+        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: "cpu".into() },
+        scalars: RSlice::EMPTY,
+        tensors: StepTensors::NONE,
+        params: RSlice::EMPTY,
+        grads: RSlice::EMPTY,
+    };
+    let mut out = Outbox::new();
+    plugin.on_step(&ctx, &mut out).unwrap();
+    let mut metrics: Vec<Metric> = Vec::new();
+    out.drain_into(&mut metrics);
+    metrics.iter().map(|m| (m.name.to_string(), m.as_scalar().unwrap())).collect()
+}
+
+fn get(metrics: &[(String, f64)], name: &str) -> Option<f64> {
+    metrics.iter().find(|(n, _)| n == name).map(|m| m.1)
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * b.abs()
+}
+
+#[test]
+fn reports_count_per_optimizer_step_and_rate_over_each_window() {
+    let mut plugin = Flops::new(serde_json::json!({"peak_tflops": 1.0}), HostApi::standalone()).unwrap();
+    // 16 -> 32 -> 4 with no input gradient at the first layer; 8 samples x 2 micro-batches.
+    start(&mut plugin, &[linear(16, 32, false), linear(32, 4, true)], 0, 1, 2).unwrap();
+    let per_step = (3 * 2 * (16 * 32 + 32 * 4) - 2 * 16 * 32) as f64 * 16.0;
+
+    let first = report(&mut plugin, 1, 5.0);
+    assert_eq!(get(&first, "flops/step"), Some(per_step));
+    assert_eq!(get(&first, "flops/achieved_tflops"), None, "the warm-up step alone is no rate");
+
+    let second = report(&mut plugin, 11, 7.0);
+    let achieved = per_step * 10.0 / 2.0;
+    assert!(close(get(&second, "flops/achieved_tflops").unwrap(), achieved / 1e12), "{second:?}");
+    assert!(close(get(&second, "perf/mfu").unwrap(), achieved / 1e12), "peak 1 TFLOP/s");
+
+    let third = report(&mut plugin, 21, 12.0);
+    assert!(close(get(&third, "flops/achieved_tflops").unwrap(), per_step * 10.0 / 5.0 / 1e12), "{third:?}");
+}
+
+#[test]
+fn other_ranks_take_rank_zeros_figures_from_one_broadcast() {
+    let host = HostApi { broadcast: broadcast_from_rank0, log: count_log, ..HostApi::standalone() };
+    // No layers: the count comes from rank 0's profile.
+    let mut plugin = Flops::new(serde_json::json!({}), host).unwrap();
+    start(&mut plugin, &[], 1, 2, 1).unwrap();
+    assert_eq!(LOGS.load(Ordering::SeqCst), 0, "rank 1 measured no peak of its own");
+    let first = report(&mut plugin, 1, 1.0);
+    assert_eq!(get(&first, "flops/step"), Some(RANK0[0]));
+    let later = report(&mut plugin, 5, 3.0);
+    assert!(close(get(&later, "perf/mfu").unwrap(), RANK0[0] * 4.0 / 2.0 / RANK0[1]), "{later:?}");
+    report(&mut plugin, 9, 5.0);
+    assert_eq!(BROADCASTS.load(Ordering::SeqCst), 1, "one broadcast, once");
+}
+
+#[test]
+fn count_without_layers_and_bad_options_are_errors() {
+    let mut plugin = Flops::new(serde_json::json!({"method": "count"}), HostApi::standalone()).unwrap();
+    let error = start(&mut plugin, &[], 0, 1, 1).expect_err("a model without layers cannot be counted");
+    assert!(error.message().contains("count"), "{}", error.message());
+    for (options, key) in [(serde_json::json!({"every_step": 1}), "every_step"), (serde_json::json!({"peak_tflops": -3.0}), "peak_tflops")] {
+        let error = Flops::new(options, HostApi::standalone()).err().expect("rejected");
+        assert!(error.message().contains(key), "{}", error.message());
+    }
+}
