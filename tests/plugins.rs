@@ -96,6 +96,7 @@ fn a_panicking_sink_is_disabled_and_other_sinks_keep_receiving() {
     let s = summary(dir.path());
     assert_eq!(s["plugin_failures"][0]["plugin"], "worker-faults");
     assert_eq!(s["plugin_failures"][0]["hook"], "metrics");
+    assert_eq!(s["plugin_failures"][0]["step"], 4, "reported at the step whose batch failed");
     assert!(s["plugin_failures"][0]["error"].as_str().unwrap().contains("deliberate panic in a sink at step 4"));
     assert_eq!(read_jsonl(&dir.path().join("metrics.jsonl")).len(), 10, "jsonl got every step");
 }

@@ -203,9 +203,9 @@ impl PluginHost {
         for (index, instance) in self.instances.iter_mut().enumerate() {
             if let (Runner::Worker(w), false) = (&instance.runner, instance.failed) {
                 if w.shared.failed.load(std::sync::atomic::Ordering::Relaxed) {
-                    let (hook, error) = w.shared.failure.lock().expect("failure lock").clone().unwrap_or_default();
+                    let (hook, error, failed_at) = w.shared.failure.lock().expect("failure lock").clone().unwrap_or((String::new(), String::new(), step));
                     instance.failed = true;
-                    self.failures.push(Failure { plugin: instance.info.name.clone(), hook, step, error });
+                    self.failures.push(Failure { plugin: instance.info.name.clone(), hook, step: failed_at, error });
                     scheduler.disable_plugin(index, gate);
                 }
             }
@@ -412,9 +412,9 @@ impl PluginHost {
         }
         for instance in &mut self.instances {
             if let (Runner::Worker(w), false) = (&instance.runner, instance.failed) {
-                if let Some((hook, error)) = w.shared.failure.lock().expect("failure lock").clone() {
+                if let Some((hook, error, step)) = w.shared.failure.lock().expect("failure lock").clone() {
                     instance.failed = true;
-                    self.failures.push(Failure { plugin: instance.info.name.clone(), hook, step: end.step, error });
+                    self.failures.push(Failure { plugin: instance.info.name.clone(), hook, step, error });
                 }
             }
         }

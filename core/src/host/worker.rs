@@ -26,6 +26,16 @@ pub enum WorkerEvent {
 }
 
 impl WorkerEvent {
+    /// The step the event belongs to, so a failure is reported at the step that failed.
+    fn step(&self) -> u64 {
+        match self {
+            WorkerEvent::RunStart(run) => run.start_step,
+            WorkerEvent::Metrics(batch) => batch.step,
+            WorkerEvent::Checkpoint(payload) => payload.step,
+            WorkerEvent::RunEnd(end) => end.step,
+        }
+    }
+
     fn hook(&self) -> &'static str {
         match self {
             WorkerEvent::RunStart(_) => "run_start",
@@ -72,7 +82,8 @@ impl SaveTracker {
 pub struct Shared {
     pub plugin: Mutex<PluginBox>,
     pub failed: AtomicBool,
-    pub failure: Mutex<Option<(String, String)>>,
+    /// Hook, error and step of the failure.
+    pub failure: Mutex<Option<(String, String, u64)>>,
     pub summary: Mutex<Option<String>>,
     pub saves: SaveTracker,
 }
@@ -145,7 +156,7 @@ fn run(name: &str, queue: &BoundedQueue<WorkerEvent>, shared: &Shared) {
             };
             if let RResult::RErr(message) = result {
                 tracing::error!("plugin `{name}` failed in {hook} and was disabled: {message}");
-                *shared.failure.lock().expect("failure lock") = Some((hook.to_string(), message.into_string()));
+                *shared.failure.lock().expect("failure lock") = Some((hook.to_string(), message.into_string(), event.step()));
                 shared.failed.store(true, Ordering::Relaxed);
             }
         }
