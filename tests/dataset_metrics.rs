@@ -7,14 +7,16 @@ use common::{plugin_path, ptrain, read_jsonl, run_expect, stderr, tiny_gpt};
 
 const DATASETS: [&str; 3] = ["clean", "noisy", "noisier"];
 
-#[test]
-fn per_dataset_losses_recombine_into_the_step_loss() {
+/// With `accum` micro-batches per step, every micro-batch is counted and the
+/// per-dataset figures recombine into the step's loss (the mean over all of them).
+fn recombines_into_the_step_loss(accum: u64) {
     plugin_path("dataset-metrics");
     let dir = tempfile::tempdir().unwrap();
     run_expect(
         ptrain()
             .args(["run", "--quiet", "--steps", "6", "--device", "cpu", "--config", "configs/mlp-multi.toml", "--plugins", "dataset-metrics,jsonl"])
-            .args(["--set", "run.threads=1", "--set", "plugins.jsonl.every=1", "--set", "plugins.dataset-metrics.every=1"])
+            .args(["--set", "run.threads=1", "--set", "plugins.jsonl.every=1", "--set", "plugins.dataset-metrics.every=1", "--set"])
+            .arg(format!("optim.accum_steps={accum}"))
             .arg("--run-dir")
             .arg(dir.path()),
         0,
@@ -24,7 +26,7 @@ fn per_dataset_losses_recombine_into_the_step_loss() {
     for row in &rows {
         let get = |d: &str, what: &str| row[format!("dataset/{d}/{what}")].as_f64().unwrap_or(0.0);
         let samples: f64 = DATASETS.iter().map(|d| get(d, "samples")).sum();
-        assert_eq!(samples, 64.0, "every sample of the batch is counted once: {row}");
+        assert_eq!(samples, 64.0 * accum as f64, "every sample of the step is counted once: {row}");
         // The count-weighted mean of per-dataset losses is the batch's mean loss.
         let weighted: f64 = DATASETS.iter().map(|d| get(d, "loss") * get(d, "samples")).sum::<f64>() / samples;
         let loss = row["train/loss"].as_f64().unwrap();
@@ -37,6 +39,16 @@ fn per_dataset_losses_recombine_into_the_step_loss() {
             assert!((hits - hits.round()).abs() < 1e-6, "{row}");
         }
     }
+}
+
+#[test]
+fn per_dataset_losses_recombine_into_the_step_loss() {
+    recombines_into_the_step_loss(1);
+}
+
+#[test]
+fn with_gradient_accumulation_every_micro_batch_is_counted() {
+    recombines_into_the_step_loss(3);
 }
 
 #[test]

@@ -16,7 +16,10 @@ pub trait DataParallel: Send {
     /// Makes every rank start from rank 0's parameters.
     fn broadcast_params(&self, params: &[Tensor]) -> Result<(), String>;
     /// Averages gradients across ranks, in place, before the optimizer step.
-    fn all_reduce_grads(&mut self, optimizer: &Optimizer) -> Result<(), String>;
+    /// `found_inf` (a float device scalar, 1 when this rank's loss was not finite)
+    /// becomes 1 on every rank if it was on any: otherwise the ranks that saw a
+    /// finite loss would apply the NaN gradients the others skip, and diverge.
+    fn all_reduce_grads(&mut self, optimizer: &Optimizer, found_inf: &Tensor) -> Result<(), String>;
     /// Seconds spent waiting in collectives so far.
     fn collective_secs(&self) -> f64;
 }

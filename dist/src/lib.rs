@@ -1,1 +1,93 @@
-//! Data-parallel training on c10d (skeleton, being written).
+//! Data-parallel training for ptrain on libtorch's own distributed engine (c10d):
+//! a TCPStore rendezvous, Gloo for CPU tensors and NCCL for CUDA tensors, driven
+//! through a small C++ shim. Ranks come from the torchrun (or Slurm) environment
+//! ([`env`]); [`launch`] starts a one-node job the way torchrun does.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), ptrain_core::Error> {
+//! let config = ptrain_core::Config::default();
+//! let mut trainer = ptrain_core::Trainer::new(config.clone());
+//! if let Some(dp) = ptrain_dist::from_env(&config)? {
+//!     trainer = trainer.data_parallel(dp);
+//! }
+//! # Ok(()) }
+//! ```
+
+mod buckets;
+mod data_parallel;
+pub mod env;
+mod ffi;
+pub mod group;
+pub mod launch;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use ptrain_core::{
+    config::{Config, DistBackend},
+    dist::DataParallel,
+    ConfigError, Error,
+};
+
+pub use data_parallel::C10dDataParallel;
+pub use group::{nccl_compiled, Backend, Group, GroupSpec};
+
+fn usage(origin: &str, key: &str, message: impl Into<String>) -> Error {
+    Error::Config(ConfigError { origin: origin.into(), key: key.into(), message: message.into() })
+}
+
+/// Joins the process group the environment describes, or `None` for a
+/// single-process run. Bad variables or settings are usage errors (exit 2,
+/// nothing contacted); a failed rendezvous is [`Error::Dist`].
+pub fn from_env(config: &Config) -> Result<Option<Box<dyn DataParallel>>, Error> {
+    let placement = env::placement().map_err(|e| usage("the environment", e.key, e.message))?;
+    let Some(p) = placement else { return Ok(None) };
+    let d = &config.dist;
+    if d.timeout_s == 0 {
+        return Err(usage("[dist]", "dist.timeout_s", "must be at least 1 second"));
+    }
+    if !d.bucket_mb.is_finite() || d.bucket_mb < 0.0 {
+        return Err(usage("[dist]", "dist.bucket_mb", format!("{} is not a size in MB", d.bucket_mb)));
+    }
+    let device = ptrain_core::device::select(config.run.device, p.local_rank as usize)?;
+    let backend = match d.backend {
+        DistBackend::Gloo => Backend::Gloo,
+        DistBackend::Auto if device.is_cuda() => Backend::Nccl,
+        DistBackend::Auto => Backend::Gloo,
+        DistBackend::Nccl if !device.is_cuda() => {
+            return Err(usage("[dist]", "dist.backend", "nccl needs CUDA devices, but this run trains on the CPU (use gloo)"));
+        }
+        DistBackend::Nccl if !nccl_compiled() => {
+            return Err(usage("[dist]", "dist.backend", "this build of ptrain has no NCCL (it was built against a libtorch without CUDA)"));
+        }
+        DistBackend::Nccl => Backend::Nccl,
+    };
+    let spec = GroupSpec {
+        master_addr: p.master_addr.clone(),
+        master_port: p.master_port,
+        rank: p.rank,
+        world_size: p.world_size,
+        timeout: Duration::from_secs(d.timeout_s),
+        backend,
+        device,
+        gloo_ifname: std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()),
+        agent_store: env::agent_store_prefix(),
+    };
+    tracing::info!(
+        "rank {} of {} (local rank {}): {} process group via {}:{}",
+        p.rank,
+        p.world_size,
+        p.local_rank,
+        backend.name(),
+        p.master_addr,
+        p.master_port
+    );
+    let group = Group::connect(spec).map_err(|e| {
+        Error::Dist(format!(
+            "rank {} could not join the process group at {}:{} within dist.timeout_s = {}: {e}",
+            p.rank, p.master_addr, p.master_port, d.timeout_s
+        ))
+    })?;
+    Ok(Some(Box::new(C10dDataParallel::new(group, p.local_rank, d.bucket_mb))))
+}

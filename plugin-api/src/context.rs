@@ -106,6 +106,9 @@ pub struct StepContext<'a> {
     pub hook: Hook,
     /// The optimizer step, from 1.
     pub step: u64,
+    /// The micro-batch within the step (from 0): `AfterForward` is called for each
+    /// of the `accum_steps` micro-batches of a due step.
+    pub micro_batch: u64,
     pub epoch: u64,
     pub lr: f64,
     pub samples_seen: u64,

@@ -13,7 +13,8 @@ pub enum Hook {
     RunStart,
     /// Before the batch of a due step is fetched.
     StepStart,
-    /// After the forward pass: loss, logits, labels and dataset ids are alive.
+    /// After the forward pass of each micro-batch: loss, logits, labels and dataset
+    /// ids are alive.
     AfterForward,
     /// After the backward pass, before gradient clipping: gradients are alive.
     AfterBackward,

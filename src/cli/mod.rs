@@ -2,6 +2,7 @@
 
 mod checkpoints;
 mod config;
+mod launch;
 mod plugins;
 mod run;
 
@@ -21,6 +22,8 @@ pub struct Cli {
 enum Command {
     /// Train a model (no --plugins: fast mode, nothing but the loop).
     Run(run::RunArgs),
+    /// Start a data-parallel job on this machine: N ranks of `ptrain <COMMAND>`.
+    Launch(launch::LaunchArgs),
     /// List and inspect plugins.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
@@ -35,6 +38,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_logging();
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Launch(args) => launch::run(args),
         Command::Plugins(cmd) => plugins::run(cmd),
         Command::Config(args) => config::run(args),
         Command::Checkpoints(cmd) => checkpoints::run(cmd),

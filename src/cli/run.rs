@@ -85,11 +85,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         (None, true) => Some(Resume::Auto),
         _ => None,
     };
-    let outcome = Trainer::new(config).resume(resume).handle_signals(true).progress(!args.quiet).run()?;
+    // One rank of several (torchrun, Slurm, `ptrain launch`): join the process group.
+    let dist = ptrain_dist::from_env(&config)?;
+    let rank = dist.as_ref().map_or(0, |d| d.rank());
+    let mut trainer = Trainer::new(config).resume(resume).handle_signals(true).progress(!args.quiet);
+    if let Some(dist) = dist {
+        trainer = trainer.data_parallel(dist);
+    }
+    let outcome = trainer.run()?;
     let s = &outcome.summary;
     let loss = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     println!(
-        "{}: {} steps in {:.1}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}",
+        "{}: {} steps in {:.2}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}",
         s.status,
         s.steps,
         s.wall_s,
@@ -103,6 +110,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     for failure in &s.plugin_failures {
         println!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
     }
-    println!("summary: {}", outcome.run_dir.join("summary.json").display());
+    if rank == 0 {
+        println!("summary: {}", outcome.run_dir.join("summary.json").display());
+    }
     Ok(ExitCode::from(outcome.exit_code as u8))
 }

@@ -6,4 +6,8 @@ use serde::{Deserialize, Serialize};
 pub struct DebugConfig {
     /// Steps whose loss is replaced by NaN (exercises `train.nan_policy`).
     pub nonfinite_loss_at: Vec<u64>,
+    /// Every rank writes its final parameters to `<run-dir>/params-rank<r>.safetensors`
+    /// (checks that data-parallel ranks stayed identical).
+    #[serde(default)]
+    pub dump_params: bool,
 }

@@ -69,6 +69,16 @@ pub struct PluginHost {
     outbox: Outbox,
     failures: Vec<Failure>,
     services: &'static HostServices,
+    /// In a distributed run a failed plugin keeps its slots (its calls are simply
+    /// skipped): every rank must keep the same schedule, since metric emission and
+    /// plugin collectives are collective operations.
+    keep_schedule: bool,
+}
+
+fn unschedule(keep_schedule: bool, plugin: usize, scheduler: &mut Scheduler, gate: &Gate) {
+    if !keep_schedule {
+        scheduler.disable_plugin(plugin, gate);
+    }
 }
 
 fn apply(cadence: Cadence, o: &CadenceOverride) -> Cadence {
@@ -103,7 +113,7 @@ impl PluginHost {
     /// Loads the requested plugins (names or paths) and returns their scheduled
     /// attachments. Every problem here is a usage error: nothing has trained yet.
     pub fn load(requests: &[String], tables: &BTreeMap<String, toml::Table>, services: &'static HostServices, rank: u32) -> Result<(PluginHost, Vec<SlotSpec>)> {
-        let mut host = PluginHost { instances: Vec::new(), outbox: Outbox::new(), failures: Vec::new(), services };
+        let mut host = PluginHost { instances: Vec::new(), outbox: Outbox::new(), failures: Vec::new(), services, keep_schedule: false };
         let mut slots = Vec::new();
         for request in requests {
             let path = loader::resolve(request)?;
@@ -172,6 +182,11 @@ impl PluginHost {
         self.instances.is_empty()
     }
 
+    /// Distributed runs keep every rank's schedule identical, failures included.
+    pub fn keep_schedule_on_failure(&mut self, keep: bool) {
+        self.keep_schedule = keep;
+    }
+
     pub fn loaded(&self) -> Vec<LoadedInfo> {
         self.instances.iter().map(|i| i.info.clone()).collect()
     }
@@ -206,7 +221,7 @@ impl PluginHost {
                     let (hook, error, failed_at) = w.shared.failure.lock().expect("failure lock").clone().unwrap_or((String::new(), String::new(), step));
                     instance.failed = true;
                     self.failures.push(Failure { plugin: instance.info.name.clone(), hook, step: failed_at, error });
-                    scheduler.disable_plugin(index, gate);
+                    unschedule(self.keep_schedule, index, scheduler, gate);
                 }
             }
         }
@@ -253,7 +268,7 @@ impl PluginHost {
         }
         for (index, e) in failed {
             self.fail(index, hook.name(), ctx.step, e);
-            scheduler.disable_plugin(index, gate);
+            unschedule(self.keep_schedule, index, scheduler, gate);
         }
     }
 
@@ -273,7 +288,7 @@ impl PluginHost {
         }
         for (index, e) in failed {
             self.fail(index, "eval", ctx.step, e);
-            scheduler.disable_plugin(index, gate);
+            unschedule(self.keep_schedule, index, scheduler, gate);
         }
     }
 
@@ -303,7 +318,7 @@ impl PluginHost {
         }
         for (index, e) in failed {
             self.fail(index, "metrics", batch.step, e);
-            scheduler.disable_plugin(index, gate);
+            unschedule(self.keep_schedule, index, scheduler, gate);
         }
         self.poll_workers(batch.step, scheduler, gate);
     }

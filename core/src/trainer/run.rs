@@ -87,6 +87,8 @@ pub struct Run {
     reseed: bool,
     nonfinite: NonFinite,
     resumed_from: Option<String>,
+    /// A stop request seen by this rank, not yet agreed with the others.
+    pending_stop: Option<Stop>,
     // Counters and measurements.
     step_samples: u64,
     step_tokens: u64,
@@ -159,10 +161,22 @@ struct Counters {
     world_size: u32,
 }
 
-fn context<'a>(run_data: &'a RunData, c: Counters, hook: Hook, step: u64, lr: f64, phases: PhaseTimes, tensors: StepTensors, scalars: &'a [Scalar<'a>]) -> StepContext<'a> {
+/// Where in the run a hook is called.
+#[derive(Clone, Copy)]
+struct At {
+    hook: Hook,
+    step: u64,
+    micro_batch: u64,
+    lr: f64,
+    phases: PhaseTimes,
+}
+
+fn context<'a>(run_data: &'a RunData, c: Counters, at: At, tensors: StepTensors, scalars: &'a [Scalar<'a>]) -> StepContext<'a> {
+    let At { hook, step, micro_batch, lr, phases } = at;
     StepContext {
         hook,
         step,
+        micro_batch,
         epoch: c.epoch,
         lr,
         samples_seen: c.samples_seen,
@@ -223,11 +237,6 @@ impl Run {
             message: e.to_string(),
         })?;
 
-        if rank == 0 {
-            std::fs::create_dir_all(&run_dir).map_err(io_err(&run_dir))?;
-            let config_path = run_dir.join("config.toml");
-            std::fs::write(&config_path, config.to_toml()).map_err(io_err(&config_path))?;
-        }
         if config.run.threads > 0 {
             tch::set_num_threads(config.run.threads as i32);
         }
@@ -288,6 +297,12 @@ impl Run {
         let gate = Arc::new(Gate::new(0));
         let services = HostServices::leak(gate.clone(), dist.as_ref().map(|d| d.collectives()));
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, services, rank)?;
+        // Only now, with every usage error ruled out, does the run leave traces.
+        if rank == 0 {
+            std::fs::create_dir_all(&run_dir).map_err(io_err(&run_dir))?;
+            let config_path = run_dir.join("config.toml");
+            std::fs::write(&config_path, config.to_toml()).map_err(io_err(&config_path))?;
+        }
         let t = &config.train;
         slots.push(core_slot(CoreTask::Eval, Cadence::NEVER.with_eval()));
         if config.run.log_every > 0 {
@@ -296,6 +311,15 @@ impl Run {
         slots.push(core_slot(CoreTask::NonFiniteCheck, Cadence::every(t.nonfinite_check_every.max(1)).with_end()));
         if t.empty_cache_every > 0 && device.is_cuda() {
             slots.push(core_slot(CoreTask::EmptyCache, Cadence::every(t.empty_cache_every)));
+        }
+        if world > 1 {
+            host.keep_schedule_on_failure(true);
+            // Clocks differ between ranks, and what is due must be the same on all of
+            // them (emitting metrics is a collective).
+            for slot in slots.iter_mut().filter(|s| s.cadence.every_secs > 0.0) {
+                tracing::warn!("time-based cadences (every_secs) are ignored in distributed runs; use every = N steps");
+                slot.cadence.every_secs = 0.0;
+            }
         }
         let scheduler = Scheduler::new(slots, start_step + 1, total_steps, t.eval_every);
         gate.set(scheduler.next_due());
@@ -366,6 +390,7 @@ impl Run {
             schedule: LrSchedule::new(&config.optim, total_steps),
             progress: progress::Progress::new(start_step, total_steps, show_progress && rank == 0),
             resumed_from: checkpoint.as_ref().map(|c| c.path.display().to_string()),
+            pending_stop: None,
             unix_start: unix_now(),
             setup_s: started.elapsed().as_secs_f64(),
             config,
@@ -443,8 +468,12 @@ impl Run {
         for step in self.start_step + 1..=self.total_steps {
             let plan = if self.gate.is_due(step) {
                 if let Some(reason) = self.stop_reason() {
-                    stop = Some(reason);
-                    break;
+                    if self.world == 1 {
+                        stop = Some(reason);
+                        break;
+                    }
+                    // Ranks must stop at the same step: agreed at the next check.
+                    self.pending_stop.get_or_insert(reason);
                 }
                 self.plan(step)
             } else {
@@ -457,8 +486,9 @@ impl Run {
             let detailed = plan.needs.contains(Needs::DETAILED_METRICS);
             let mut clock = PhaseClock::start(self.device, detailed);
             let mut phases = PhaseTimes::default();
+            let at = |hook, micro_batch, phases| At { hook, step, micro_batch, lr, phases };
             if plan.has(Hook::StepStart) {
-                self.call_hook(Hook::StepStart, step, lr, phases, StepTensors::NONE);
+                self.call_hook(at(Hook::StepStart, 0, phases), StepTensors::NONE);
             }
             self.optimizer.zero_grad()?;
             let mut step_loss: Option<Tensor> = None;
@@ -468,13 +498,13 @@ impl Run {
                 let logits = if self.autocast { tch::autocast(true, || self.model.forward(&batch.inputs, true)) } else { self.model.forward(&batch.inputs, true) };
                 let mut loss = model::loss(self.task, &logits, &batch.targets);
                 if debug_nan && self.nonfinite.inject.contains(&step) {
-                    loss = loss * f64::NAN;
+                    loss *= f64::NAN;
                 }
                 if accum > 1 {
-                    loss = loss / accum as f64;
+                    loss /= accum as f64;
                 }
                 phases.forward_s += clock.lap();
-                if micro + 1 == accum && plan.has(Hook::AfterForward) {
+                if plan.has(Hook::AfterForward) {
                     let tensors = StepTensors {
                         loss: TensorRef::of(&loss),
                         logits: TensorRef::of(&logits),
@@ -482,7 +512,7 @@ impl Run {
                         dataset_ids: batch.dataset_ids.as_ref().map_or(TensorRef::NULL, TensorRef::of),
                         inputs: TensorRef::of(&batch.inputs),
                     };
-                    self.call_hook(Hook::AfterForward, step, lr, phases, tensors);
+                    self.call_hook(at(Hook::AfterForward, micro, phases), tensors);
                 }
                 loss.backward();
                 phases.backward_s += clock.lap();
@@ -494,17 +524,17 @@ impl Run {
             }
             let step_loss = step_loss.expect("at least one micro-batch");
             if plan.has(Hook::AfterBackward) {
-                self.call_hook(Hook::AfterBackward, step, lr, phases, StepTensors { loss: TensorRef::of(&step_loss), ..StepTensors::NONE });
-            }
-            if let Some(dist) = self.dist.as_mut() {
-                dist.all_reduce_grads(&self.optimizer).map_err(Error::Dist)?;
-            }
-            if self.config.optim.grad_clip > 0.0 || detailed {
-                self.last_grad_norm = Some(self.optimizer.clip_grad_norm()?);
+                self.call_hook(at(Hook::AfterBackward, accum - 1, phases), StepTensors { loss: TensorRef::of(&step_loss), ..StepTensors::NONE });
             }
             let ring = (step % self.nonfinite.slots.len() as u64) as usize;
             let found_inf = &self.nonfinite.slots[ring];
             let _ = step_loss.isfinite().logical_not_out(found_inf);
+            if let Some(dist) = self.dist.as_mut() {
+                dist.all_reduce_grads(&self.optimizer, found_inf).map_err(Error::Dist)?;
+            }
+            if self.config.optim.grad_clip > 0.0 || detailed {
+                self.last_grad_norm = Some(self.optimizer.clip_grad_norm()?);
+            }
             self.optimizer.step(lr, Some(found_inf))?;
             phases.optimizer_s += clock.lap();
             phases.step_s = phases.data_s + phases.forward_s + phases.backward_s + phases.optimizer_s;
@@ -529,10 +559,11 @@ impl Run {
         self.finish(last_done, stop, started)
     }
 
-    fn call_hook(&mut self, hook: Hook, step: u64, lr: f64, phases: PhaseTimes, tensors: StepTensors) {
+    fn call_hook(&mut self, at: At, tensors: StepTensors) {
+        let (hook, step) = (at.hook, at.step);
         let mut emitted = std::mem::take(&mut self.emitted);
         let run_data = self.run_data.clone();
-        let mut ctx = context(&run_data, self.counters(step), hook, step, lr, phases, tensors, &[]);
+        let mut ctx = context(&run_data, self.counters(step), at, tensors, &[]);
         let wants_params = self.scheduler.due().any(|(_, s)| s.hook == hook && s.needs.intersects(Needs::PARAMS.union(Needs::GRADS)));
         // Parameter handles are only gathered for the (rare) calls that asked.
         let grads: Vec<Tensor> = if wants_params { self.params.iter().map(|(_, t)| t.grad()).collect() } else { Vec::new() };
@@ -547,11 +578,15 @@ impl Run {
     /// Everything a due step does after the update. Returns a reason to stop.
     fn after_step(&mut self, step: u64, lr: f64, phases: PhaseTimes, plan: StepPlan) -> Result<Option<Stop>> {
         if plan.has(Hook::StepEnd) {
-            self.call_hook(Hook::StepEnd, step, lr, phases, StepTensors { loss: self.last_loss.as_ref().map_or(TensorRef::NULL, TensorRef::of), ..StepTensors::NONE });
+            let at = At { hook: Hook::StepEnd, step, micro_batch: self.config.optim.accum_steps - 1, lr, phases };
+            self.call_hook(at, StepTensors { loss: self.last_loss.as_ref().map_or(TensorRef::NULL, TensorRef::of), ..StepTensors::NONE });
         }
         let mut stop = None;
         if plan.core(CoreTask::NonFiniteCheck) {
             stop = self.check_nonfinite(step);
+            if stop.is_none() && self.world > 1 {
+                stop = self.agree_stop()?;
+            }
         }
         if plan.core(CoreTask::Eval) && stop.is_none() {
             self.evaluate(step, lr, phases)?;
@@ -559,16 +594,29 @@ impl Run {
         if plan.core(CoreTask::EmptyCache) {
             let _ = ptrain_torch_ext::cuda::empty_cache();
         }
-        if plan.has(Hook::Checkpoint) && stop.is_none() {
-            self.save(step, if step == self.total_steps { CheckpointReason::End } else { CheckpointReason::Scheduled })?;
-        }
+        // Metrics first: a checkpoint plugin scores this step's checkpoint by them.
         if plan.has(Hook::Metrics) || !self.emitted.is_empty() {
             self.emit_metrics(step, lr, plan);
+        }
+        if plan.has(Hook::Checkpoint) && stop.is_none() {
+            self.save(step, if step == self.total_steps { CheckpointReason::End } else { CheckpointReason::Scheduled })?;
         }
         if plan.core(CoreTask::Progress) {
             self.show_progress(step, lr);
         }
         Ok(stop)
+    }
+
+    /// Distributed runs: one all-reduce of "does any rank want to stop", at a step
+    /// every rank checks (the non-finite check is step-based, so ranks agree on it).
+    fn agree_stop(&mut self) -> Result<Option<Stop>> {
+        let Some(dist) = &self.dist else { return Ok(None) };
+        let mut flag = Tensor::from(if self.pending_stop.is_some() { 1.0f64 } else { 0.0 }).to_device(self.device);
+        dist.collectives().all_reduce_sum(&mut flag).map_err(Error::Dist)?;
+        if flag.double_value(&[]) < 0.5 {
+            return Ok(None);
+        }
+        Ok(Some(self.pending_stop.take().unwrap_or_else(|| Stop::Requested("another rank asked to stop".into()))))
     }
 
     fn check_nonfinite(&mut self, step: u64) -> Option<Stop> {
@@ -614,7 +662,7 @@ impl Run {
                     Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
                     Task::LanguageModel => Tensor::zeros([], (Kind::Double, self.device)),
                 };
-                acc = acc + Tensor::stack(&[loss, right, Tensor::from(batch.targets.size()[0] as f64).to_device(self.device)], 0);
+                acc += Tensor::stack(&[loss, right, Tensor::from(batch.targets.size()[0] as f64).to_device(self.device)], 0);
             }
             acc
         });
@@ -641,7 +689,8 @@ impl Run {
         let scalars: Vec<Scalar<'_>> = metrics.iter().filter_map(|m| Some(Scalar { name: m.name.as_rstr(), value: m.as_scalar()? })).collect();
         let mut emitted = std::mem::take(&mut self.emitted);
         let run_data = self.run_data.clone();
-        let ctx = context(&run_data, self.counters(step), Hook::Eval, step, lr, phases, StepTensors::NONE, &scalars);
+        let at = At { hook: Hook::Eval, step, micro_batch: 0, lr, phases };
+        let ctx = context(&run_data, self.counters(step), at, StepTensors::NONE, &scalars);
         self.host.eval(&ctx, &mut self.scheduler, &self.gate, &mut emitted);
         emitted.extend(metrics);
         self.emitted = emitted;
@@ -804,9 +853,9 @@ impl Run {
         self.host.wait_saves();
         self.loader = None;
         let wall_s = started.elapsed().as_secs_f64();
-        let read = |t: &Option<Tensor>| t.as_ref().map(|l| l.double_value(&[]));
-        let first_loss = read(&self.first_loss);
-        let final_loss = read(&self.last_loss);
+        // Every distributed stop is agreed (see `agree_stop`), so all ranks end at
+        // the same step and can meet in one more collective.
+        let (first_loss, final_loss) = self.mean_losses(true)?;
         self.progress.finish();
         let final_eval_loss = self.evals.last().map(|e| e.loss);
         let mut end_scalars = vec![];
@@ -857,11 +906,40 @@ impl Run {
             queue_drops: self.host.queue_drops(),
             plugins: plugin_summaries,
         };
+        if self.config.debug.dump_params {
+            self.dump_params()?;
+        }
         if self.rank == 0 {
             let path = self.run_dir.join("summary.json");
             summary.write(&path).map_err(io_err(&path))?;
         }
         Ok(Outcome { summary, run_dir: self.run_dir.clone(), exit_code })
+    }
+}
+
+impl Run {
+    /// The first and last training loss, averaged over the ranks when `together`
+    /// (otherwise this rank's own).
+    fn mean_losses(&self, together: bool) -> Result<(Option<f64>, Option<f64>)> {
+        let (Some(first), Some(last)) = (&self.first_loss, &self.last_loss) else {
+            return Ok((None, None));
+        };
+        let mut both = Tensor::stack(&[first.to_kind(Kind::Double), last.to_kind(Kind::Double)], 0);
+        if let (Some(d), true) = (&self.dist, together) {
+            d.collectives().all_reduce_sum(&mut both).map_err(Error::Dist)?;
+            both /= self.world as f64;
+        }
+        let v = Vec::<f64>::try_from(both.to_device(Device::Cpu)).unwrap_or_default();
+        Ok((v.first().copied(), v.get(1).copied()))
+    }
+
+    /// `[debug] dump_params`: this rank's final parameters, so tests can compare ranks.
+    fn dump_params(&self) -> Result<()> {
+        std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
+        let path = self.run_dir.join(format!("params-rank{}.safetensors", self.rank));
+        let host: Vec<(&str, Tensor)> = self.params.iter().map(|(n, t)| (n.as_str(), t.to_device(Device::Cpu))).collect();
+        Tensor::write_safetensors(&host, &path)?;
+        Ok(())
     }
 }
 

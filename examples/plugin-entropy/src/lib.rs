@@ -50,6 +50,11 @@ impl Plugin for Entropy {
     }
 
     fn on_step(&mut self, ctx: &StepContext<'_>, out: &mut Outbox) -> PluginResult {
+        // With gradient accumulation AfterForward comes once per micro-batch; one
+        // sample of the step is enough here.
+        if ctx.micro_batch > 0 {
+            return Ok(());
+        }
         let entropy = ctx.tensors.logits.with(|logits| {
             // Entropy of softmax(logits) over the last dimension, averaged over every
             // prediction; computed on the device, read once (this is a due step).

@@ -64,6 +64,7 @@ fn step(hook: Hook, step: u64, tensors: StepTensors) -> StepContext<'static> {
     StepContext {
         hook,
         step,
+        micro_batch: 0,
         epoch: 0,
         lr: 0.0,
         samples_seen: 0,

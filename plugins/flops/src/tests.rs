@@ -58,6 +58,7 @@ fn report(plugin: &mut Flops, steps_run: u64, elapsed_s: f64) -> Vec<(String, f6
     let ctx = StepContext {
         hook: Hook::StepEnd,
         step: steps_run,
+        micro_batch: 0,
         epoch: 0,
         lr: 0.0,
         samples_seen: 0,

@@ -62,7 +62,7 @@ impl Plugin for Jsonl {
         let mut row = serde_json::Map::new();
         row.insert("step".into(), batch.step.into());
         for (name, value) in batch.scalars() {
-            if !detailed && !(name.starts_with("train/") || name.starts_with("eval/")) {
+            if !(detailed || name.starts_with("train/") || name.starts_with("eval/")) {
                 continue;
             }
             // JSON has no NaN or infinity: they are written as null.

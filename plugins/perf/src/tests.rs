@@ -19,6 +19,7 @@ fn report(plugin: &mut Perf, step: u64, elapsed_s: f64, totals: PhaseTimes) -> V
     let ctx = StepContext {
         hook: Hook::StepEnd,
         step,
+        micro_batch: 0,
         epoch: 0,
         lr: 0.0,
         samples_seen: 0,

@@ -67,7 +67,7 @@ fn a_lowered_gate_plans_nothing_extra_and_reopens() {
 fn time_cadence_fires_when_its_period_passed() {
     let mut s = Scheduler::new(vec![spec(Owner::Plugin(0), Hook::Metrics, Cadence::every_secs(0.01))], 1, 100, 0);
     let gate = Gate::new(s.next_due());
-    assert_eq!(gate.is_due(1), false);
+    assert!(!gate.is_due(1));
     std::thread::sleep(std::time::Duration::from_millis(15));
     gate.lower();
     assert!(s.plan(1, &gate).has(Hook::Metrics));

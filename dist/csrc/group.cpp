@@ -1,0 +1,164 @@
+// Rendezvous (TCPStore), the Gloo process group, and the few operations the Rust
+// side drives: asynchronous all-reduce and broadcast, waiting, and the foreach
+// copies that fill and drain gradient buckets.
+#include "pd.h"
+#include "backend.h"
+
+#include <ATen/ops/_foreach_copy.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+struct pd_group {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+struct pd_work {
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+static char* pd_error(const std::string& message) {
+  char* out = static_cast<char*>(std::malloc(message.size() + 1));
+  std::memcpy(out, message.c_str(), message.size() + 1);
+  return out;
+}
+
+// c10 errors carry a C++ backtrace in what(); the message alone is what users need.
+#define PD_TRY try {
+#define PD_CATCH                                  \
+  }                                               \
+  catch (const c10::Error& e) {                   \
+    return pd_error(e.what_without_backtrace());  \
+  }                                               \
+  catch (const std::exception& e) {               \
+    return pd_error(e.what());                    \
+  }                                               \
+  catch (...) {                                   \
+    return pd_error("unknown C++ exception");     \
+  }                                               \
+  return nullptr;
+
+static at::Tensor& tensor(pd_tensor t) { return *static_cast<at::Tensor*>(t); }
+
+static std::vector<at::Tensor> list(pd_tensor* ts, int64_t n) {
+  std::vector<at::Tensor> out;
+  out.reserve(n);
+  for (int64_t i = 0; i < n; i++) out.push_back(tensor(ts[i]));
+  return out;
+}
+
+#ifndef PD_NCCL
+namespace pd {
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>&, int, int,
+                                            std::chrono::milliseconds, int) {
+  throw std::runtime_error("this build of ptrain has no NCCL (libtorch had no CUDA at build time)");
+}
+}  // namespace pd
+#endif
+
+extern "C" void pd_free(char* message) { std::free(message); }
+
+extern "C" bool pd_nccl_compiled() {
+#ifdef PD_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   int rank, int world,
+                                                   std::chrono::milliseconds timeout,
+                                                   const std::string& iface, bool loopback) {
+  // The options' timeout bounds every Gloo operation, so a dead or stuck peer
+  // surfaces as an exception from wait() instead of a hang.
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  if (!iface.empty()) {
+    std::stringstream names(iface);
+    std::string name;
+    while (std::getline(names, name, ','))
+      if (!name.empty())
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+  } else if (loopback) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+}
+
+extern "C" char* pd_group_new(const char* host, uint16_t port, int32_t rank, int32_t world,
+                              int64_t timeout_ms, int32_t backend, bool agent_store,
+                              const char* prefix, const char* iface, bool loopback,
+                              int32_t device, pd_group** out) {
+  PD_TRY
+  auto timeout = std::chrono::milliseconds(timeout_ms);
+  c10d::TCPStoreOptions options;
+  options.port = port;
+  options.isServer = rank == 0 && !agent_store;
+  options.numWorkers = static_cast<size_t>(world);
+  options.waitWorkers = !agent_store;
+  options.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(host, options);
+  if (prefix[0] != 0) store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+  auto group = std::make_unique<pd_group>();
+  group->store = store;
+  group->backend = backend == 1 ? pd::make_nccl(store, rank, world, timeout, device)
+                                : make_gloo(store, rank, world, timeout, iface, loopback);
+  *out = group.release();
+  PD_CATCH
+}
+
+extern "C" void pd_group_free(pd_group* group) {
+  try {
+    group->backend->shutdown();
+  } catch (...) {
+  }
+  delete group;
+}
+
+extern "C" char* pd_allreduce(pd_group* group, pd_tensor t, pd_work** out) {
+  PD_TRY
+  std::vector<at::Tensor> tensors{tensor(t)};
+  *out = new pd_work{group->backend->allreduce(tensors)};
+  PD_CATCH
+}
+
+extern "C" char* pd_broadcast(pd_group* group, pd_tensor t, int32_t root, pd_work** out) {
+  PD_TRY
+  std::vector<at::Tensor> tensors{tensor(t)};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  *out = new pd_work{group->backend->broadcast(tensors, options)};
+  PD_CATCH
+}
+
+extern "C" char* pd_work_wait(pd_work* work) {
+  std::unique_ptr<pd_work> owned(work);
+  PD_TRY
+  owned->work->wait();
+  PD_CATCH
+}
+
+extern "C" void pd_work_free(pd_work* work) { delete work; }
+
+extern "C" char* pd_copy(pd_tensor* dst, pd_tensor* src, int64_t n) {
+  PD_TRY
+  at::_foreach_copy_(list(dst, n), list(src, n));
+  PD_CATCH
+}
+
+extern "C" char* pd_scale_copy(pd_tensor flat, double scale, pd_tensor* grads, pd_tensor* views,
+                               int64_t n) {
+  PD_TRY
+  tensor(flat).mul_(scale);
+  at::_foreach_copy_(list(grads, n), list(views, n));
+  PD_CATCH
+}

@@ -1,0 +1,32 @@
+// C ABI of ptrain-dist's c10d shim. Tensors are tch handles (`at::Tensor*`).
+// Functions return nullptr on success or a malloc'ed message (free with pd_free).
+#pragma once
+#include <cstdint>
+
+typedef void* pd_tensor;
+struct pd_group;
+struct pd_work;
+
+extern "C" {
+void pd_free(char* message);
+bool pd_nccl_compiled();
+// Rendezvous on a TCPStore at host:port, then a Gloo (backend 0) or NCCL (backend 1)
+// process group. Rank 0 serves the store unless `agent_store` (torchrun's agent
+// already serves it); keys go under `prefix` (may be empty). `iface` (may be empty)
+// names the network interfaces Gloo binds to; `loopback` binds Gloo to 127.0.0.1.
+// `device` is this rank's CUDA device (NCCL only).
+char* pd_group_new(const char* host, uint16_t port, int32_t rank, int32_t world,
+                   int64_t timeout_ms, int32_t backend, bool agent_store, const char* prefix,
+                   const char* iface, bool loopback, int32_t device, pd_group** out);
+void pd_group_free(pd_group* group);
+// Starts an in-place sum all-reduce / broadcast; finish it with pd_work_wait.
+char* pd_allreduce(pd_group* group, pd_tensor tensor, pd_work** out);
+char* pd_broadcast(pd_group* group, pd_tensor tensor, int32_t root, pd_work** out);
+// Waits for the work and frees it (also on error).
+char* pd_work_wait(pd_work* work);
+void pd_work_free(pd_work* work);
+// dst[i].copy_(src[i]) for all i, in one foreach call.
+char* pd_copy(pd_tensor* dst, pd_tensor* src, int64_t n);
+// flat *= scale, then grads[i].copy_(views[i]).
+char* pd_scale_copy(pd_tensor flat, double scale, pd_tensor* grads, pd_tensor* views, int64_t n);
+}

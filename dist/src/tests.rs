@@ -1,0 +1,108 @@
+//! Two ranks in one process (one thread each) over a real Gloo group on loopback.
+
+use std::{net::TcpListener, time::Duration};
+
+use ptrain_core::{dist::DataParallel, host::Collectives};
+use tch::{Device, Kind, Tensor};
+
+use crate::{Backend, C10dDataParallel, Group, GroupSpec};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Runs `body(rank, dp)` on two ranks and returns what each returned.
+fn on_two_ranks<T: Send>(bucket_mb: f64, body: impl Fn(u32, &mut C10dDataParallel) -> T + Sync) -> Vec<T> {
+    let port = free_port();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let body = &body;
+                s.spawn(move || {
+                    let spec = GroupSpec {
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                        rank,
+                        world_size: 2,
+                        timeout: Duration::from_secs(20),
+                        backend: Backend::Gloo,
+                        device: Device::Cpu,
+                        gloo_ifname: None,
+                        agent_store: None,
+                    };
+                    let mut dp = C10dDataParallel::new(Group::connect(spec).expect("group"), rank, bucket_mb);
+                    body(rank, &mut dp)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    })
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    Vec::try_from(t.flatten(0, -1)).expect("f32 values")
+}
+
+#[test]
+fn gradients_are_averaged_across_buckets_and_the_inf_flag_is_shared() {
+    // A 1e-5 MB cap (10 bytes) puts each of the three gradients in its own bucket.
+    let out = on_two_ranks(1e-5, |rank, dp| {
+        let r = rank as f64;
+        let grads = [
+            Tensor::full([2, 3], 1.0 + r, (Kind::Float, Device::Cpu)),
+            Tensor::arange(4, (Kind::Float, Device::Cpu)) * (1.0 + 2.0 * r),
+            Tensor::full([5], 10.0 * r, (Kind::Float, Device::Cpu)),
+        ];
+        let found_inf = Tensor::from(r as f32);
+        dp.all_reduce(&grads, &found_inf).expect("all-reduce");
+        let first = (grads.iter().map(values).collect::<Vec<_>>(), found_inf.double_value(&[]));
+        // A second step reuses the buckets; nobody saw inf this time.
+        for g in &grads {
+            let _ = g.shallow_clone().fill_(r + 1.0);
+        }
+        let _ = found_inf.shallow_clone().fill_(0.0);
+        dp.all_reduce(&grads, &found_inf).expect("all-reduce");
+        (first, values(&grads[2]), found_inf.double_value(&[]))
+    });
+    for (rank, ((grads, inf), second, inf2)) in out.into_iter().enumerate() {
+        assert_eq!(grads[0], vec![1.5; 6], "rank {rank}");
+        assert_eq!(grads[1], vec![0.0, 2.0, 4.0, 6.0], "rank {rank}");
+        assert_eq!(grads[2], vec![5.0; 5], "rank {rank}");
+        assert_eq!(inf, 1.0, "rank {rank}: rank 1's non-finite loss must skip the step everywhere");
+        assert_eq!(second, vec![1.5; 5], "rank {rank}");
+        assert_eq!(inf2, 0.0, "rank {rank}");
+    }
+}
+
+#[test]
+fn collectives_work_on_views_and_broadcast_from_any_root() {
+    let out = on_two_ranks(25.0, |rank, dp| {
+        let group = dp.group();
+        // A transposed (non-contiguous) view is reduced through a staging copy.
+        let base = Tensor::arange(6, (Kind::Double, Device::Cpu)).view([2, 3]) + rank as f64;
+        let mut view = base.tr();
+        group.all_reduce_sum(&mut view).expect("all-reduce");
+        let mut b = Tensor::from_slice(&[rank as f64 + 7.0]);
+        group.broadcast(&mut b, 1).expect("broadcast");
+        (Vec::<f64>::try_from(base.flatten(0, -1)).unwrap(), b.double_value(&[0]), group.broadcast(&mut b, 2).is_err())
+    });
+    for (rank, (reduced, broadcast, bad_root)) in out.into_iter().enumerate() {
+        assert_eq!(reduced, vec![1.0, 3.0, 5.0, 7.0, 9.0, 11.0], "rank {rank}");
+        assert_eq!(broadcast, 8.0, "rank {rank}");
+        assert!(bad_root, "rank {rank}");
+    }
+}
+
+#[test]
+fn parameters_start_from_rank_zeros_values() {
+    let out = on_two_ranks(25.0, |rank, dp| {
+        let params = [Tensor::full([3, 2], rank as f64 + 1.0, (Kind::Float, Device::Cpu)), Tensor::from_slice(&[rank as i64 * 5])];
+        dp.broadcast_params(&params).expect("broadcast");
+        (values(&params[0]), params[1].int64_value(&[0]), dp.collective_secs())
+    });
+    for (rank, (first, second, secs)) in out.into_iter().enumerate() {
+        assert_eq!(first, vec![1.0; 6], "rank {rank}");
+        assert_eq!(second, 0, "rank {rank}");
+        assert!(secs > 0.0, "rank {rank}: time in collectives is counted");
+    }
+}

@@ -1,0 +1,353 @@
+//! Data-parallel training across real processes on 127.0.0.1 (Gloo): ranks stay
+//! identical, 2 ranks x B follow 1 rank x 2B, a dead or stalled rank fails the
+//! others within the timeout, and both launchers (`ptrain launch`, torchrun) work.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+/// The dead-rank bound of the spec is `dist.timeout_s` + 10 s.
+const TIMEOUT_S: u64 = 5;
+
+/// Variables that would place a process in some outer job.
+const PLACEMENT_VARS: &[&str] = &[
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID",
+    "SLURM_LOCALID", "TORCHELASTIC_USE_AGENT_STORE",
+];
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+/// `ptrain` outside any job.
+fn single() -> Command {
+    let mut cmd = ptrain();
+    for var in PLACEMENT_VARS {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// `ptrain` as rank `rank` of `world`, the way torchrun would start it.
+fn rank_cmd(rank: u32, world: u32, port: u16) -> Command {
+    let mut cmd = single();
+    cmd.env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string());
+    cmd
+}
+
+/// A tiny GPT run with per-rank batch `batch`, no dropout, every step's metrics in
+/// metrics.jsonl and each rank's final parameters dumped.
+fn job(steps: u64, batch: u32, run_dir: &Path) -> Vec<String> {
+    let mut args = tiny_gpt(steps);
+    for set in [
+        format!("data.batch_size={batch}"),
+        "model.dropout=0.0".into(),
+        "plugins.jsonl.every=1".into(),
+        "debug.dump_params=true".into(),
+        format!("dist.timeout_s={TIMEOUT_S}"),
+    ] {
+        args.extend(["--set".to_string(), set]);
+    }
+    args.extend(["--plugins".into(), "jsonl".into(), "--run-dir".into(), run_dir.display().to_string()]);
+    args
+}
+
+fn params(run_dir: &Path, rank: u32) -> Vec<u8> {
+    let path = run_dir.join(format!("params-rank{rank}.safetensors"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The tensor names in a safetensors file's JSON header.
+fn tensor_names(file: &[u8]) -> Vec<String> {
+    let len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + len]).expect("safetensors header");
+    header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect()
+}
+
+/// Both ranks hold bit-identical parameters (with different data shards, they
+/// would not unless gradients were averaged).
+fn assert_ranks_identical(run_dir: &Path) {
+    let (p0, p1) = (params(run_dir, 0), params(run_dir, 1));
+    assert!(tensor_names(&p0).len() > 2, "{:?}", tensor_names(&p0));
+    assert!(p0 == p1, "rank 0 and rank 1 ended with different parameters");
+}
+
+fn losses(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {
+    read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|row| Some((row["step"].as_u64()?, row[key].as_f64()?))).collect()
+}
+
+fn torchrun() -> PathBuf {
+    let venv_bin = std::env::var_os("PTRAIN_PYTHON").map(PathBuf::from).and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_else(|| repo().join(".venv/bin"));
+    let torchrun = venv_bin.join("torchrun");
+    assert!(torchrun.exists(), "no torchrun at {}: run scripts/bootstrap.sh", torchrun.display());
+    torchrun
+}
+
+#[test]
+fn ptrain_launch_trains_two_ranks_that_end_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = single();
+    cmd.args(["launch", "--nproc", "2", "--"]).args(job(20, 8, dir.path()));
+    let out = run_expect(&mut cmd, 0);
+    let s = summary(dir.path());
+    assert_eq!(s["status"], "completed");
+    assert_eq!(s["world_size"], 2);
+    assert_eq!(s["samples"], 20 * 2 * 8, "samples count every rank's");
+    assert!(s["collective_s"].as_f64().unwrap() > 0.0, "{s}");
+    assert_ranks_identical(dir.path());
+    let text = stdout(&out);
+    assert!(text.lines().any(|l| l.starts_with("[rank0] completed")) && text.lines().any(|l| l.starts_with("[rank1] completed")), "{text}");
+}
+
+#[test]
+fn torchrun_launches_the_binary_as_its_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(torchrun());
+    for var in PLACEMENT_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.env_remove("PTRAIN_PLUGIN_PATH").env("PTRAIN_LOG", "warn").current_dir(repo());
+    cmd.args(["--no-python", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port"])
+        .arg(free_port().to_string())
+        .arg(bin())
+        .args(job(20, 8, dir.path()));
+    run_expect(&mut cmd, 0);
+    let s = summary(dir.path());
+    assert_eq!((s["status"].as_str(), s["world_size"].as_u64()), (Some("completed"), Some(2)));
+    assert_ranks_identical(dir.path());
+}
+
+#[test]
+fn two_ranks_follow_one_rank_with_twice_the_batch() {
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    run_expect(single().args(job(30, 16, one.path())), 0);
+    run_expect(single().args(["launch", "--nproc", "2", "--"]).args(job(30, 8, two.path())), 0);
+    let (a, b) = (losses(one.path(), "train/loss"), losses(two.path(), "train/loss"));
+    assert_eq!(a.len(), 30);
+    assert_eq!(a.iter().map(|r| r.0).collect::<Vec<_>>(), b.iter().map(|r| r.0).collect::<Vec<_>>());
+    for ((step, x), (_, y)) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5, "step {step}: 1 rank x 16 {x}, 2 ranks x 8 {y}");
+    }
+    assert!(a.last().unwrap().1 < a[0].1, "the loss fell");
+    // Adam hides a wrong gradient scale from the loss; the norm (taken after the
+    // all-reduce) shows it.
+    let (ga, gb) = (losses(one.path(), "train/grad_norm"), losses(two.path(), "train/grad_norm"));
+    assert_eq!(ga.len(), 30);
+    for ((step, x), (_, y)) in ga.iter().zip(&gb) {
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "step {step}: gradient norm {x} vs {y}");
+    }
+    let (ea, eb) = (losses(one.path(), "eval/loss"), losses(two.path(), "eval/loss"));
+    assert_eq!(ea.len(), 1);
+    assert!((ea[0].1 - eb[0].1).abs() <= 1e-5, "{ea:?} vs {eb:?}");
+    let (sa, sb) = (summary(one.path()), summary(two.path()));
+    for key in ["first_loss", "final_loss"] {
+        let (x, y) = (sa[key].as_f64().unwrap(), sb[key].as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-5, "{key}: {x} vs {y} (the summary averages the ranks)");
+    }
+    assert_eq!(sa["samples"], sb["samples"]);
+}
+
+#[test]
+fn a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // Only rank 1 sees a NaN loss, at step 4.
+    let rank0 = rank_cmd(0, 2, port).args(job(8, 8, dir.path())).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let rank1 = rank_cmd(1, 2, port).args(job(8, 8, dir.path())).args(["--set", "debug.nonfinite_loss_at=[4]"]).output().unwrap();
+    assert_eq!(rank1.status.code(), Some(0), "{}", stderr(&rank1));
+    let rank0 = rank0.wait_with_output().unwrap();
+    assert_eq!(rank0.status.code(), Some(0), "{}", stderr(&rank0));
+    let s = summary(dir.path());
+    assert_eq!(s["nonfinite_steps"], 1, "rank 0 learned of rank 1's non-finite loss: {s}");
+    assert!(s["final_loss"].as_f64().is_some_and(f64::is_finite), "{s}");
+    assert_ranks_identical(dir.path());
+}
+
+/// Rank 0's stderr, line by line, from a reader thread.
+fn lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let reader = BufReader::new(child.stderr.take().expect("piped stderr"));
+    thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits until a line matches, for at most a minute (a generous bound for a
+/// start-up that takes about a second); false when none came.
+fn wait_for_line(rx: &mpsc::Receiver<String>, matches: impl Fn(&str) -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if matches(&line) {
+            return true;
+        }
+    }
+    false
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("sh").arg("-c").arg(format!("kill -{sig} {pid}")).status().expect("sh");
+    assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// Waits for `child` at most `limit` (and kills it after that).
+fn wait_within(mut child: Child, limit: Duration) -> Option<ExitStatus> {
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = rx.recv_timeout(limit).ok().map(|r| r.expect("wait"));
+    if status.is_none() {
+        signal(pid, "KILL");
+    }
+    status
+}
+
+/// Starts a long two-rank job and returns (rank 0, its stderr lines, rank 1) once
+/// rank 0 reports training progress (so both are inside the step loop).
+fn training_pair(dir: &Path) -> (Child, mpsc::Receiver<String>, Child) {
+    let port = free_port();
+    let args = job(1_000_000, 8, dir);
+    let start = |rank, stderr| {
+        rank_cmd(rank, 2, port).args(&args).args(["--set", "run.log_every=1"]).env("PTRAIN_LOG", "info").stdout(Stdio::null()).stderr(stderr).spawn().unwrap()
+    };
+    let mut rank0 = start(0, Stdio::piped());
+    let rank1 = start(1, Stdio::null());
+    let rx = lines(&mut rank0);
+    assert!(wait_for_line(&rx, |l| l.contains("step 3/")), "rank 0 did not start training");
+    (rank0, rx, rank1)
+}
+
+/// Rank 0 exits 1 within the bound, with one error line naming itself and, in
+/// lower case, one of `expect`.
+fn assert_fails_within_bound(rank0: Child, rx: mpsc::Receiver<String>, expect: &[&str]) {
+    let killed = Instant::now();
+    let status = wait_within(rank0, Duration::from_secs(TIMEOUT_S + 10));
+    let waited = killed.elapsed();
+    let status = status.unwrap_or_else(|| panic!("rank 0 still running {waited:?} after its peer went away"));
+    // The reader ends at the pipe's end, so this holds every line rank 0 wrote.
+    let log: Vec<String> = rx.iter().collect();
+    assert_eq!(status.code(), Some(1), "{log:#?}");
+    let error = log.iter().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("no error line: {log:#?}"));
+    assert!(error.contains("rank 0 of 2") && expect.iter().any(|e| error.to_lowercase().contains(e)), "{error}");
+}
+
+#[test]
+fn killing_a_rank_makes_the_other_exit_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rank0, rx, mut rank1) = training_pair(dir.path());
+    rank1.kill().unwrap();
+    let _ = rank1.wait();
+    assert_fails_within_bound(rank0, rx, &["dist.timeout_s"]);
+}
+
+#[test]
+fn a_stalled_rank_makes_the_other_exit_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rank0, rx, mut rank1) = training_pair(dir.path());
+    // Stopped, rank 1 keeps its sockets open: only the timeout can notice.
+    signal(rank1.id(), "STOP");
+    // Gloo words it either way, depending on where the wait was.
+    assert_fails_within_bound(rank0, rx, &["timed out", "timeout caused"]);
+    rank1.kill().unwrap();
+    let _ = rank1.wait();
+}
+
+/// Children of `pid` (from /proc) whose environment has `RANK=<rank>`.
+fn child_with_rank(pid: u32, rank: u32) -> Option<u32> {
+    let want = format!("RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        let ppid: u32 = stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()?;
+        let environ = std::fs::read(entry.path().join("environ")).ok()?;
+        (ppid == pid && environ.split(|&b| b == 0).any(|v| v == want.as_bytes())).then_some(child)
+    })
+}
+
+#[test]
+fn ptrain_launch_fails_when_a_rank_dies_and_leaves_no_rank_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut launcher = single()
+        .args(["launch", "--nproc", "2", "--"])
+        .args(job(1_000_000, 8, dir.path()))
+        .args(["--set", "run.log_every=1"])
+        .env("PTRAIN_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = lines(&mut launcher);
+    assert!(wait_for_line(&rx, |l| l.starts_with("[rank0]") && l.contains("step 3/")), "the job did not start training");
+    let pid = launcher.id();
+    let (rank0, rank1) = (child_with_rank(pid, 0).expect("rank 0 process"), child_with_rank(pid, 1).expect("rank 1 process"));
+    signal(rank1, "KILL");
+    let status = wait_within(launcher, Duration::from_secs(TIMEOUT_S + 10)).expect("launcher still running after a rank died");
+    assert!(!status.success());
+    let log: Vec<String> = rx.iter().collect();
+    assert!(log.iter().any(|l| l.contains("ptrain launch: rank") && l.contains("failed")), "{log:#?}");
+    assert!(!Path::new(&format!("/proc/{rank0}")).exists(), "rank 0 outlived the launcher");
+}
+
+#[test]
+fn a_bad_environment_is_refused_with_exit_2_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let cases: [(&[(&str, &str)], &str); 3] = [
+        (&[("WORLD_SIZE", "2"), ("RANK", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")], "RANK"),
+        (&[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_PORT", "29500")], "MASTER_ADDR"),
+        (&[("WORLD_SIZE", "two"), ("RANK", "0")], "WORLD_SIZE"),
+    ];
+    for (vars, key) in cases {
+        let mut cmd = single();
+        cmd.args(tiny_gpt(5)).arg("--run-dir").arg(&run_dir).envs(vars.iter().copied());
+        let err = stderr(&run_expect(&mut cmd, 2));
+        assert!(err.contains(&format!("`{key}`")) && err.lines().filter(|l| l.starts_with("error")).count() == 1, "{err}");
+        assert!(!run_dir.exists(), "nothing is written before the environment is checked");
+    }
+}
+
+#[test]
+fn ptrain_launch_forwards_sigint_to_every_rank_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut launcher = single()
+        .args(["launch", "--nproc", "2", "--"])
+        .args(job(1_000_000, 8, dir.path()))
+        .args(["--set", "run.log_every=1"])
+        .env("PTRAIN_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = lines(&mut launcher);
+    assert!(wait_for_line(&rx, |l| l.starts_with("[rank1]") && l.contains("step 3/")), "the job did not start training");
+    let pid = launcher.id();
+    let ranks = [child_with_rank(pid, 0).expect("rank 0 process"), child_with_rank(pid, 1).expect("rank 1 process")];
+    signal(pid, "INT");
+    let status = wait_within(launcher, Duration::from_secs(TIMEOUT_S + 10)).expect("launcher still running after SIGINT");
+    assert_eq!(status.code(), Some(130));
+    let log: Vec<String> = rx.iter().collect();
+    for (rank, pid) in ranks.iter().enumerate() {
+        assert!(log.iter().any(|l| l.starts_with(&format!("[rank{rank}] received signal 2"))), "rank {rank} got no SIGINT: {log:#?}");
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "rank {rank} outlived the launcher");
+    }
+}
