@@ -189,12 +189,14 @@ impl FusedAdamW {
 
 /// `--nonfinite-guard`: ptrain's non-finite loss guard, written out, to measure
 /// what it costs apart from the rest of the framework. One device flag per step
-/// in a ring (`isnan|isinf` of the loss), handed to the fused kernel to skip the
+/// in a ring (set by libtorch's AMP non-finite check, one kernel), handed to the
+/// fused kernel to skip the
 /// update; the ring is read on the host every `train.nonfinite_check_every`
 /// steps and at the last step.
 struct Guard {
     ring: Tensor,
     slots: Vec<Tensor>,
+    one: Tensor,
     skipped: u64,
 }
 
@@ -202,12 +204,13 @@ impl Guard {
     fn new(every: u64, device: Device) -> Guard {
         let ring = Tensor::zeros([every.max(1) as i64], (Kind::Float, device));
         let slots = (0..every.max(1) as i64).map(|i| ring.select(0, i)).collect();
-        Guard { ring, slots, skipped: 0 }
+        Guard { ring, slots, one: Tensor::ones([], (Kind::Float, device)), skipped: 0 }
     }
 
     fn flag(&self, step: u64, loss: &Tensor) -> &Tensor {
         let slot = &self.slots[(step % self.slots.len() as u64) as usize];
-        let _ = loss.isfinite().logical_not_out(slot);
+        let (mut loss, mut flag) = (loss.shallow_clone(), slot.shallow_clone());
+        loss.internal_amp_non_finite_check_and_unscale(&mut flag, &self.one);
         slot
     }
 

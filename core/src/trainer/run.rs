@@ -46,6 +46,7 @@ pub struct Outcome {
 struct NonFinite {
     ring: Tensor,
     slots: Vec<Tensor>,
+    one: Tensor,
     last_checked: u64,
     run: u64,
     total: u64,
@@ -143,6 +144,18 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+impl NonFinite {
+    /// Sets this step's flag to 1.0 when `loss` is NaN or infinite, in one kernel
+    /// (libtorch's AMP check, which only ever sets it: the ring is zeroed when read,
+    /// and each slot is used once between reads).
+    fn flag(&mut self, step: u64, loss: &mut Tensor) -> &Tensor {
+        let i = (step % self.slots.len() as u64) as usize;
+        // Also multiplies the (detached) loss by one, in place.
+        loss.internal_amp_non_finite_check_and_unscale(&mut self.slots[i], &self.one);
+        &self.slots[i]
+    }
 }
 
 /// Everything a hook's context says besides the tensors, copied out of the run so
@@ -341,6 +354,7 @@ impl Run {
         let ring = Tensor::zeros([k], (Kind::Float, device));
         let nonfinite = NonFinite {
             slots: (0..k).map(|i| ring.select(0, i)).collect(),
+            one: Tensor::ones([], (Kind::Float, device)),
             ring,
             last_checked: start_step,
             run: counters.3,
@@ -459,8 +473,12 @@ impl Run {
     }
 
     pub fn train(mut self) -> Result<Outcome> {
-        let started = Instant::now();
+        // Plugins' start-up (opening files, the flops plugin's peak measurement) is
+        // set-up, not training.
+        let plugins_started = Instant::now();
         self.host.run_start(&self.run_data);
+        self.setup_s += plugins_started.elapsed().as_secs_f64();
+        let started = Instant::now();
         let accum = self.config.optim.accum_steps;
         let mut stop: Option<Stop> = None;
         let mut last_done = self.start_step;
@@ -522,13 +540,11 @@ impl Run {
                     Some(sum) => sum + detached,
                 });
             }
-            let step_loss = step_loss.expect("at least one micro-batch");
+            let mut step_loss = step_loss.expect("at least one micro-batch");
             if plan.has(Hook::AfterBackward) {
                 self.call_hook(at(Hook::AfterBackward, accum - 1, phases), StepTensors { loss: TensorRef::of(&step_loss), ..StepTensors::NONE });
             }
-            let ring = (step % self.nonfinite.slots.len() as u64) as usize;
-            let found_inf = &self.nonfinite.slots[ring];
-            let _ = step_loss.isfinite().logical_not_out(found_inf);
+            let found_inf = self.nonfinite.flag(step, &mut step_loss);
             if let Some(dist) = self.dist.as_mut() {
                 dist.all_reduce_grads(&self.optimizer, found_inf).map_err(Error::Dist)?;
             }
