@@ -351,3 +351,37 @@ fn ptrain_launch_forwards_sigint_to_every_rank_and_exits_130() {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "rank {rank} outlived the launcher");
     }
 }
+
+#[test]
+fn a_signal_to_one_rank_stops_every_rank_after_the_same_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut launcher = single()
+        .args(["launch", "--nproc", "2", "--"])
+        .args(job(1_000_000, 8, dir.path()))
+        .args(["--plugins", "checkpoint", "--set", "run.log_every=1", "--set", "train.nonfinite_check_every=5"])
+        .env("PTRAIN_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = lines(&mut launcher);
+    assert!(wait_for_line(&rx, |l| l.starts_with("[rank1]") && l.contains("step 3/")), "the job did not start training");
+    let rank1 = child_with_rank(launcher.id(), 1).expect("rank 1 process");
+    signal(rank1, "INT");
+    let status = wait_within(launcher, Duration::from_secs(TIMEOUT_S + 30)).expect("the job did not stop");
+    assert!(!status.success(), "one rank was interrupted");
+    let log: Vec<String> = rx.iter().collect();
+    let stopped_after = |rank: u32| -> u64 {
+        let line = log.iter().find(|l| l.starts_with(&format!("[rank{rank}]")) && l.contains("stopping after step")).unwrap_or_else(|| panic!("rank {rank} did not stop: {log:#?}"));
+        line.split("stopping after step ").nth(1).unwrap().split(':').next().unwrap().trim().parse().unwrap()
+    };
+    let step = stopped_after(0);
+    assert_eq!(stopped_after(1), step, "both ranks stop after the same step");
+    assert_eq!(step % 5, 0, "stops are agreed at the non-finite check");
+    let s = summary(dir.path());
+    assert_eq!(s["last_step"], step);
+    assert!(s["stop_reason"].as_str().unwrap().contains("another rank"), "{s}");
+    let manifest = dir.path().join(format!("checkpoints/step-{step:08}/manifest.json"));
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    assert_eq!(manifest["reason"], "interrupted", "rank 0 saved the step every rank stopped after");
+}

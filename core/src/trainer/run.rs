@@ -929,6 +929,13 @@ impl Run {
             let path = self.run_dir.join("summary.json");
             summary.write(&path).map_err(io_err(&path))?;
         }
+        // A barrier: launchers tear the job down when any rank exits non-zero (an
+        // interrupted one exits 130), so no rank leaves before rank 0 has written
+        // its checkpoint and summary.
+        if let Some(d) = &self.dist {
+            let mut done = Tensor::zeros([1], (Kind::Float, self.device));
+            d.collectives().all_reduce_sum(&mut done).map_err(Error::Dist)?;
+        }
         Ok(Outcome { summary, run_dir: self.run_dir.clone(), exit_code })
     }
 }
