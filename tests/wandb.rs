@@ -147,7 +147,9 @@ fn sync(dir: &Path, backend: &Backend, extra: &[&str]) {
         .env("WANDB_CONFIG_DIR", home.path().join("config"))
         .env("WANDB_CACHE_DIR", home.path().join("cache"))
         .env("WANDB_DATA_DIR", home.path().join("data"))
-        .env("HOME", home.path());
+        .env("HOME", home.path())
+        // The CLI writes its debug logs under ./wandb: keep them out of the repository.
+        .current_dir(home.path());
     let out = cmd.output().expect("run wandb sync");
     assert!(out.status.success(), "wandb sync failed to run:\n{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -3,7 +3,7 @@
 //! schedule, plugins, checkpoints) from the configuration.
 //!
 //! ```sh
-//! cargo run --release -p ptrain-example-custom-model -- [--plugins jsonl]
+//! cargo run --release -p ptrain-example-custom-model -- [--plugins jsonl] [--run-dir DIR]
 //! ```
 
 use ptrain_core::{
@@ -68,14 +68,18 @@ impl Model for ResidualMlp {
 }
 
 fn main() -> anyhow::Result<()> {
-    let plugins: Vec<String> = std::env::args().skip_while(|a| a != "--plugins").nth(1).map(|p| p.split(',').map(String::from).collect()).unwrap_or_default();
+    let flag = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
+    let plugins: Vec<String> = flag("--plugins").map(|p| p.split(',').map(String::from).collect()).unwrap_or_default();
     let list = plugins.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(",");
-    let config = ConfigBuilder::default()
+    let mut config = ConfigBuilder::default()
         .file("configs/mlp-multi.toml".as_ref())?
         .set("run.name=\"custom-model\"")?
         .set("train.steps=150")?
-        .set(&format!("run.plugins=[{list}]"))?
-        .build()?;
+        .set(&format!("run.plugins=[{list}]"))?;
+    if let Some(dir) = flag("--run-dir") {
+        config = config.set(&format!("run.run_dir={dir:?}"))?;
+    }
+    let config = config.build()?;
     let outcome = Trainer::new(config)
         .with_model(|vs, data| Ok(Box::new(ResidualMlp::new(vs, data.input_dim(), 64, 2, data.num_classes())) as Box<dyn Model>))
         .run()?;
