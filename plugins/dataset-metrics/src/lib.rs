@@ -88,7 +88,7 @@ impl DatasetMetrics {
 
     fn report(&mut self, out: &mut Outbox) -> PluginResult {
         let Some(acc) = self.acc.as_mut() else { return Ok(()) };
-        if let Some(sums) = acc.sums() {
+        if let Some(sums) = acc.sums()? {
             // Every rank reaches this at the same step: one collective per report.
             self.host.all_reduce_sum(TensorRef::of(sums)).map_err(PluginError::msg)?;
         }
