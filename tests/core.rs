@@ -71,6 +71,7 @@ fn summary_and_resolved_config_are_written() {
     assert_eq!(s["device"], "cpu");
     let phases = &s["phase_times"];
     assert!(["data_s", "forward_s", "backward_s", "optimizer_s"].iter().all(|k| phases[k].as_f64().unwrap() > 0.0), "{phases}");
+    assert_eq!(phases["hooks_s"], 0.0, "fast mode calls no hooks: {phases}");
     let resolved: toml::Table = std::fs::read_to_string(dir.path().join("config.toml")).unwrap().parse().unwrap();
     assert_eq!(resolved["optim"]["accum_steps"].as_integer(), Some(2));
     assert_eq!(resolved["optim"]["name"].as_str(), Some("sgd"));

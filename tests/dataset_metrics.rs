@@ -21,6 +21,8 @@ fn recombines_into_the_step_loss(accum: u64) {
             .arg(dir.path()),
         0,
     );
+    let phases = &common::summary(dir.path())["phase_times"];
+    assert!(phases["hooks_s"].as_f64().unwrap() > 0.0, "time in the accumulate hook is its own phase: {phases}");
     let rows = read_jsonl(&dir.path().join("metrics.jsonl"));
     assert_eq!(rows.len(), 6);
     for row in &rows {

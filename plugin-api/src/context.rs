@@ -80,6 +80,7 @@ pub struct PhaseTimes {
     pub forward_s: f64,
     pub backward_s: f64,
     pub optimizer_s: f64,
+    /// The whole step, including time spent in inline plugins' step hooks.
     pub step_s: f64,
 }
 

@@ -96,6 +96,8 @@ pub struct Run {
     samples_seen: u64,
     tokens_seen: u64,
     phases_total: PhaseTimes,
+    /// Time spent in step hooks (inline plugins), kept out of the phases.
+    hooks_total_s: f64,
     last_emit: (Instant, u64, PhaseTimes),
     last_progress: (Instant, u64),
     first_loss: Option<Tensor>,
@@ -433,6 +435,7 @@ impl Run {
             reseed,
             nonfinite,
             phases_total: PhaseTimes::default(),
+            hooks_total_s: 0.0,
             last_emit: (Instant::now(), start_step, PhaseTimes::default()),
             last_progress: (Instant::now(), start_step),
             first_loss: None,
@@ -505,8 +508,11 @@ impl Run {
             let mut clock = PhaseClock::start(self.device, detailed);
             let mut phases = PhaseTimes::default();
             let at = |hook, micro_batch, phases| At { hook, step, micro_batch, lr, phases };
+            // Time in step hooks is its own lap, so it never inflates a phase.
+            let mut hooks_s = 0.0;
             if plan.has(Hook::StepStart) {
                 self.call_hook(at(Hook::StepStart, 0, phases), StepTensors::NONE);
+                hooks_s += clock.lap();
             }
             self.optimizer.zero_grad()?;
             let mut step_loss: Option<Tensor> = None;
@@ -531,6 +537,7 @@ impl Run {
                         inputs: TensorRef::of(&batch.inputs),
                     };
                     self.call_hook(at(Hook::AfterForward, micro, phases), tensors);
+                    hooks_s += clock.lap();
                 }
                 loss.backward();
                 phases.backward_s += clock.lap();
@@ -543,6 +550,7 @@ impl Run {
             let mut step_loss = step_loss.expect("at least one micro-batch");
             if plan.has(Hook::AfterBackward) {
                 self.call_hook(at(Hook::AfterBackward, accum - 1, phases), StepTensors { loss: TensorRef::of(&step_loss), ..StepTensors::NONE });
+                hooks_s += clock.lap();
             }
             let found_inf = self.nonfinite.flag(step, &mut step_loss);
             if let Some(dist) = self.dist.as_mut() {
@@ -553,8 +561,9 @@ impl Run {
             }
             self.optimizer.step(lr, Some(found_inf))?;
             phases.optimizer_s += clock.lap();
-            phases.step_s = phases.data_s + phases.forward_s + phases.backward_s + phases.optimizer_s;
+            phases.step_s = phases.data_s + phases.forward_s + phases.backward_s + phases.optimizer_s + hooks_s;
             timing::add(&mut self.phases_total, &phases);
+            self.hooks_total_s += hooks_s;
             self.samples_seen += self.step_samples * self.world as u64;
             self.tokens_seen += self.step_tokens * self.world as u64;
             if self.first_loss.is_none() {
@@ -905,7 +914,7 @@ impl Run {
             final_loss,
             final_eval_loss,
             evals: self.evals.clone(),
-            phase_times: PhaseSummary { data_s: p.data_s, forward_s: p.forward_s, backward_s: p.backward_s, optimizer_s: p.optimizer_s },
+            phase_times: PhaseSummary { data_s: p.data_s, forward_s: p.forward_s, backward_s: p.backward_s, optimizer_s: p.optimizer_s, hooks_s: self.hooks_total_s },
             peak_memory_bytes: device::peak_memory(self.device),
             device: device::label(self.device),
             device_name: self.device_name.clone(),

@@ -12,6 +12,8 @@ pub struct PhaseSummary {
     pub forward_s: f64,
     pub backward_s: f64,
     pub optimizer_s: f64,
+    /// Inside inline plugins' step hooks.
+    pub hooks_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
