@@ -565,7 +565,8 @@ def write_markdown(results, path, device_results=None):
             lines += model_table(model, spec, contenders("cuda", spec["plugins"]), None, "cuda")
     lines += ["## What differs between the sides", "",
               "- **Data.** ptrain and the bare loops draw the same batches (ptrain_core's synthetic datasets, keyed by "
-              "step); ptrain makes them on a loader thread, the bare loop inline. The Python contenders generate data of "
+              "step), both inline on the training thread (ptrain's CPU default; the *num_workers=1* row uses a loader "
+              "thread). The Python contenders generate data of "
               "the same shapes and recipe with numpy/torch (other random numbers), inline; their losses are close to "
               "ptrain's but not equal.",
               "- **Optimizer.** Fused AdamW everywhere (libtorch's `_fused_adamw_`, torch's `AdamW(fused=True)`), with "
@@ -579,6 +580,10 @@ def write_markdown(results, path, device_results=None):
               "through LearningRateMonitor, ptrain the learning rate, throughput and epoch.",
               "- **Progress.** ptrain (`--quiet`) still writes a log line every 50 steps; the bare loop and the eager "
               "script read the loss at that cadence; Lightning reads it for its logger every 10 steps.", ""]
+    # Figures from other commands (micro-benchmarks, distributed), kept by hand.
+    other = ROOT / "bench" / "other-measurements.md"
+    if other.exists():
+        lines += [other.read_text().rstrip(), ""]
     Path(path).write_text("\n".join(lines))
 
 
