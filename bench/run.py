@@ -604,6 +604,8 @@ def main():
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each contender")
     p.add_argument("--write", action="store_true", help="regenerate BENCHMARKS.md from this run")
     p.add_argument("--template", action="store_true", help="write BENCHMARKS.md with placeholders; run nothing")
+    p.add_argument("--render", action="store_true",
+                   help="rewrite BENCHMARKS.md from the saved bench/out/results*.json (and bench/other-measurements.md); run nothing")
     p.add_argument("--no-build", action="store_true", help="do not run cargo build first")
     p.add_argument("--no-install", action="store_true", help="do not pip install bench/requirements.txt when Lightning is missing")
     p.add_argument("--keep-runs", action="store_true", help="keep run directories (checkpoints, event files) under bench/out/runs")
@@ -612,6 +614,10 @@ def main():
     if args.template:
         write_markdown(None, ROOT / "BENCHMARKS.md")
         print("wrote BENCHMARKS.md (placeholders)")
+        return
+    if args.render:
+        write_markdown(_load(OUT / "results.json"), ROOT / "BENCHMARKS.md", _load(OUT / "results-cuda.json"))
+        print("wrote BENCHMARKS.md from the saved results")
         return
 
     ensure_environment(args)
