@@ -18,6 +18,7 @@ mod host;
 mod metrics;
 mod plugin;
 mod schedule;
+pub mod testing;
 #[cfg(feature = "tch")]
 mod tensor;
 

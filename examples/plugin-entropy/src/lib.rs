@@ -83,3 +83,37 @@ impl Plugin for Entropy {
 }
 
 export_plugin!(Entropy);
+
+#[cfg(test)]
+mod tests {
+    use ptrain_plugin_api::{testing, StepTensors, TensorRef};
+
+    use super::*;
+
+    fn measure(plugin: &mut Entropy, logits: &tch::Tensor, step: u64) -> Option<f64> {
+        let tensors = StepTensors { logits: TensorRef::of(logits), ..StepTensors::NONE };
+        let mut out = Outbox::new();
+        plugin.on_step(&StepContext { tensors, ..testing::step(Hook::AfterForward, step) }, &mut out).unwrap();
+        testing::scalar(&testing::scalars(&mut out), "entropy/mean")
+    }
+
+    #[test]
+    fn uniform_predictions_have_the_entropy_of_a_fair_die_and_certain_ones_warn_once() {
+        let mut plugin = Entropy::new(serde_json::json!({ "warn_below": 0.1 }), HostApi::standalone()).unwrap();
+        let uniform = tch::Tensor::zeros([4, 6], (Kind::Float, tch::Device::Cpu));
+        assert!((measure(&mut plugin, &uniform, 1).unwrap() - 6f64.ln()).abs() < 1e-6);
+        assert!(!plugin.warned);
+        let certain = tch::Tensor::from_slice(&[100f32, 0.0, 0.0]).view([1, 3]);
+        assert!(measure(&mut plugin, &certain, 2).unwrap() < 1e-6);
+        assert!(plugin.warned);
+        assert_eq!(plugin.save_state().unwrap(), [1], "a resumed run does not warn again");
+    }
+
+    #[test]
+    fn a_step_without_logits_emits_nothing() {
+        let mut plugin = Entropy::new(serde_json::json!({}), HostApi::standalone()).unwrap();
+        let mut out = Outbox::new();
+        plugin.on_step(&testing::step(Hook::AfterForward, 1), &mut out).unwrap();
+        assert!(testing::scalars(&mut out).is_empty());
+    }
+}

@@ -4,8 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use abi_stable::std_types::{RResult, RSlice, RStr, RString};
-use ptrain_plugin_api::{
-    DeviceInfo, DeviceKind, HostApi, Hook, LogLevel, Metric, ModelInfo, Outbox, PhaseTimes, Plugin, RunInfo, StepContext, StepTensors, Task,
+use ptrain_plugin_api::{testing, HostApi, Hook, LogLevel, ModelInfo, Outbox, Plugin, RunInfo, StepContext, StepTensors, Task,
     TensorRef,
 };
 use tch::Tensor;
@@ -39,60 +38,16 @@ fn host(calls: &'static Calls) -> HostApi {
 }
 
 fn run_info(datasets: &[RStr<'static>], task: Task, f: impl FnOnce(&RunInfo<'_>)) {
-    let info = RunInfo {
-        run_dir: "".into(),
-        run_name: "test".into(),
-        config_toml: "".into(),
-        seed: 0,
-        start_step: 0,
-        total_steps: 10,
-        rank: 0,
-        world_size: 2,
-        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: "cpu".into() },
-        model: ModelInfo { kind: "mlp".into(), task, n_params: 0, layers: RSlice::EMPTY },
-        datasets: datasets.into(),
-        batch_size: 4,
-        seq_len: 1,
-        accum_steps: 1,
-        precision: "fp32".into(),
-        start_time: 0.0,
-    };
-    f(&info)
+    let model = ModelInfo { kind: "mlp".into(), task, n_params: 0, layers: RSlice::EMPTY };
+    f(&RunInfo { world_size: 2, model, datasets: datasets.into(), batch_size: 4, ..testing::run_info() })
 }
 
 fn step(hook: Hook, step: u64, tensors: StepTensors) -> StepContext<'static> {
-    StepContext {
-        hook,
-        step,
-        micro_batch: 0,
-        epoch: 0,
-        lr: 0.0,
-        samples_seen: 0,
-        tokens_seen: 0,
-        step_samples: 4,
-        step_tokens: 4,
-        phases: PhaseTimes::default(),
-        phases_total: PhaseTimes::default(),
-        steps_run: step,
-        elapsed_s: 0.0,
-        rank: 0,
-        world_size: 2,
-        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: "cpu".into() },
-        scalars: RSlice::EMPTY,
-        tensors,
-        params: RSlice::EMPTY,
-        grads: RSlice::EMPTY,
-    }
-}
-
-fn emitted(out: &mut Outbox) -> Vec<(String, f64)> {
-    let mut metrics: Vec<Metric> = Vec::new();
-    out.drain_into(&mut metrics);
-    metrics.iter().map(|m| (m.name.to_string(), m.as_scalar().unwrap())).collect()
+    StepContext { step_samples: 4, step_tokens: 4, world_size: 2, tensors, ..testing::step(hook, step) }
 }
 
 fn value(metrics: &[(String, f64)], name: &str) -> f64 {
-    metrics.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} missing from {metrics:?}")).1
+    testing::scalar(metrics, name).unwrap_or_else(|| panic!("{name} missing from {metrics:?}"))
 }
 
 #[test]
@@ -113,7 +68,7 @@ fn a_report_all_reduces_once_and_emits_window_means() {
     assert!(out.is_empty());
     plugin.on_step(&step(Hook::StepEnd, 2, StepTensors::NONE), &mut out).unwrap();
     assert_eq!(calls.reduces.load(Ordering::SeqCst), 1, "one collective per report");
-    let m = emitted(&mut out);
+    let m = testing::scalars(&mut out);
     assert!((value(&m, "dataset/a/loss") - 25.0).abs() < 1e-4, "{m:?}");
     assert_eq!(value(&m, "dataset/a/accuracy"), 0.5);
     assert_eq!(value(&m, "dataset/a/samples"), 8.0, "2 steps x 2 samples x 2 ranks");
@@ -121,7 +76,7 @@ fn a_report_all_reduces_once_and_emits_window_means() {
     assert_eq!(value(&m, "dataset/b/samples"), 4.0);
 
     plugin.on_step(&step(Hook::StepEnd, 3, StepTensors::NONE), &mut out).unwrap();
-    assert!(emitted(&mut out).is_empty(), "an empty window emits nothing");
+    assert!(testing::scalars(&mut out).is_empty(), "an empty window emits nothing");
 }
 
 #[test]

@@ -3,10 +3,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use abi_stable::std_types::{RResult, RSlice, RStr, RString};
-use ptrain_plugin_api::{
-    DeviceInfo, DeviceKind, HostApi, Hook, LayerKind, LayerSpec, Metric, ModelInfo, Outbox, PhaseTimes, Plugin, RunInfo, StepContext,
-    StepTensors, Task, TensorRef,
+use abi_stable::std_types::{RResult, RStr, RString};
+use ptrain_plugin_api::{testing, HostApi, Hook, LayerKind, LayerSpec, ModelInfo, Outbox, Plugin, RunInfo, StepContext, Task, TensorRef,
 };
 
 use super::Flops;
@@ -33,59 +31,19 @@ fn linear(inp: u64, out: u64, input_grad: bool) -> LayerSpec<'static> {
 }
 
 fn start(plugin: &mut Flops, layers: &[LayerSpec<'static>], rank: u32, world_size: u32, accum_steps: u64) -> ptrain_plugin_api::PluginResult {
-    let info = RunInfo {
-        run_dir: "".into(),
-        run_name: "test".into(),
-        config_toml: "".into(),
-        seed: 0,
-        start_step: 0,
-        total_steps: 10,
-        rank,
-        world_size,
-        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: "cpu".into() },
-        model: ModelInfo { kind: "mlp".into(), task: Task::Classification, n_params: 0, layers: layers.into() },
-        datasets: RSlice::EMPTY,
-        batch_size: 8,
-        seq_len: 1,
-        accum_steps,
-        precision: "fp32".into(),
-        start_time: 0.0,
-    };
-    plugin.on_run_start(&info)
+    let model = ModelInfo { kind: "mlp".into(), task: Task::Classification, n_params: 0, layers: layers.into() };
+    plugin.on_run_start(&RunInfo { rank, world_size, model, batch_size: 8, accum_steps, ..testing::run_info() })
 }
 
 fn report(plugin: &mut Flops, steps_run: u64, elapsed_s: f64) -> Vec<(String, f64)> {
-    let ctx = StepContext {
-        hook: Hook::StepEnd,
-        step: steps_run,
-        micro_batch: 0,
-        epoch: 0,
-        lr: 0.0,
-        samples_seen: 0,
-        tokens_seen: 0,
-        step_samples: 8,
-        step_tokens: 8,
-        phases: PhaseTimes::default(),
-        phases_total: PhaseTimes::default(),
-        steps_run,
-        elapsed_s,
-        rank: 0,
-        world_size: 1,
-        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: "cpu".into() },
-        scalars: RSlice::EMPTY,
-        tensors: StepTensors::NONE,
-        params: RSlice::EMPTY,
-        grads: RSlice::EMPTY,
-    };
+    let ctx = StepContext { step_samples: 8, step_tokens: 8, elapsed_s, ..testing::step(Hook::StepEnd, steps_run) };
     let mut out = Outbox::new();
     plugin.on_step(&ctx, &mut out).unwrap();
-    let mut metrics: Vec<Metric> = Vec::new();
-    out.drain_into(&mut metrics);
-    metrics.iter().map(|m| (m.name.to_string(), m.as_scalar().unwrap())).collect()
+    testing::scalars(&mut out)
 }
 
 fn get(metrics: &[(String, f64)], name: &str) -> Option<f64> {
-    metrics.iter().find(|(n, _)| n == name).map(|m| m.1)
+    testing::scalar(metrics, name)
 }
 
 fn close(a: f64, b: f64) -> bool {

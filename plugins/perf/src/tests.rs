@@ -2,8 +2,8 @@
 
 use std::sync::Mutex;
 
-use abi_stable::std_types::{RSlice, RStr};
-use ptrain_plugin_api::{DeviceInfo, DeviceKind, HostApi, Hook, LogLevel, Metric, Outbox, PhaseTimes, Plugin, StepContext, StepTensors};
+use abi_stable::std_types::RStr;
+use ptrain_plugin_api::{testing, HostApi, Hook, LogLevel, Outbox, PhaseTimes, Plugin, StepContext};
 
 use super::Perf;
 
@@ -16,37 +16,14 @@ extern "C" fn keep_warnings(_: *const (), level: LogLevel, _: RStr<'_>, message:
 }
 
 fn report(plugin: &mut Perf, step: u64, elapsed_s: f64, totals: PhaseTimes) -> Vec<(String, f64)> {
-    let ctx = StepContext {
-        hook: Hook::StepEnd,
-        step,
-        micro_batch: 0,
-        epoch: 0,
-        lr: 0.0,
-        samples_seen: 0,
-        tokens_seen: 0,
-        step_samples: 4,
-        step_tokens: 32,
-        phases: PhaseTimes::default(),
-        phases_total: totals,
-        steps_run: step,
-        elapsed_s,
-        rank: 0,
-        world_size: 1,
-        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: "cpu".into() },
-        scalars: RSlice::EMPTY,
-        tensors: StepTensors::NONE,
-        params: RSlice::EMPTY,
-        grads: RSlice::EMPTY,
-    };
+    let ctx = StepContext { step_samples: 4, step_tokens: 32, phases_total: totals, elapsed_s, ..testing::step(Hook::StepEnd, step) };
     let mut out = Outbox::new();
     plugin.on_step(&ctx, &mut out).unwrap();
-    let mut metrics: Vec<Metric> = Vec::new();
-    out.drain_into(&mut metrics);
-    metrics.iter().map(|m| (m.name.to_string(), m.as_scalar().unwrap())).collect()
+    testing::scalars(&mut out)
 }
 
 fn get(metrics: &[(String, f64)], name: &str) -> f64 {
-    metrics.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} missing from {metrics:?}")).1
+    testing::scalar(metrics, name).unwrap_or_else(|| panic!("{name} missing from {metrics:?}"))
 }
 
 /// Totals after `steps` steps of the given per-step times.

@@ -1,32 +1,15 @@
 //! The plugin driven through its hooks as the host would, read back with our own
 //! strict record reader (the upstream reader is checked in tests/tensorboard.rs).
 
-use abi_stable::std_types::{RSlice, RStr, RVec};
+use abi_stable::std_types::{RSlice, RVec};
 use prost::Message;
-use ptrain_plugin_api::{DeviceInfo, DeviceKind, Histogram, Metric, MetricBatch, ModelInfo, RunEnd, RunInfo, Task};
+use ptrain_plugin_api::{testing, Histogram, Metric, MetricBatch, RunEnd, RunInfo};
 
 use super::*;
 use crate::proto::{Kind, What};
 
 fn with_run<R>(run_dir: &str, start_step: u64, f: impl FnOnce(&RunInfo<'_>) -> R) -> R {
-    f(&RunInfo {
-        run_dir: RStr::from_str(run_dir),
-        run_name: RStr::from_str("test"),
-        config_toml: RStr::from_str("[run]\nseed = 1\n"),
-        seed: 1,
-        start_step,
-        total_steps: 100,
-        rank: 0,
-        world_size: 1,
-        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: RStr::from_str("cpu") },
-        model: ModelInfo { kind: RStr::from_str("gpt"), task: Task::LanguageModel, n_params: 1, layers: RSlice::EMPTY },
-        datasets: RSlice::EMPTY,
-        batch_size: 1,
-        seq_len: 1,
-        accum_steps: 1,
-        precision: RStr::from_str("fp32"),
-        start_time: 1_700_000_000.0,
-    })
+    f(&RunInfo { run_dir: run_dir.into(), config_toml: "[run]\nseed = 1\n".into(), seed: 1, start_step, total_steps: 100, start_time: 1_700_000_000.0, ..testing::run_info() })
 }
 
 fn end(step: u64) -> RunEnd<'static> {

@@ -1,9 +1,9 @@
 //! The plugin driven through its hooks as the host would, its file read back with
 //! our strict reader (tests/wandb.rs checks it with the real `wandb sync`).
 
-use abi_stable::std_types::{RSlice, RStr, RVec};
+use abi_stable::std_types::{RSlice, RVec};
 use prost::Message;
-use ptrain_plugin_api::{DeviceInfo, DeviceKind, Metric, MetricBatch, ModelInfo, RunEnd, RunInfo, Task};
+use ptrain_plugin_api::{testing, Metric, MetricBatch, RunEnd, RunInfo};
 
 use super::*;
 use crate::proto::{Record, RecordType};
@@ -20,23 +20,15 @@ fn start(w: &mut Wandb, run_dir: &Path, start_step: u64) {
 fn try_start(w: &mut Wandb, run_dir: &Path, start_step: u64) -> PluginResult {
     let dir = run_dir.to_str().unwrap();
     let info = RunInfo {
-        run_dir: RStr::from_str(dir),
-        run_name: RStr::from_str("test"),
-        config_toml: RStr::from_str("[run]\nseed = 1\n\n[optim]\nlr = 0.001\n"),
+        run_dir: dir.into(),
+        config_toml: "[run]\nseed = 1\n\n[optim]\nlr = 0.001\n".into(),
         seed: 1,
         start_step,
         total_steps: 100,
-        rank: 0,
-        world_size: 1,
-        device: DeviceInfo { kind: DeviceKind::Cpu, index: -1, name: RStr::from_str("cpu") },
-        model: ModelInfo { kind: RStr::from_str("gpt"), task: Task::LanguageModel, n_params: 1, layers: RSlice::EMPTY },
-        datasets: RSlice::EMPTY,
-        batch_size: 1,
-        seq_len: 1,
-        accum_steps: 1,
-        precision: RStr::from_str("fp32"),
         start_time: 1_700_000_000.0,
+        ..testing::run_info()
     };
+
     w.on_run_start(&info)
 }
 
