@@ -22,10 +22,8 @@ fn ckpt_dir(run: &Path) -> PathBuf {
 }
 
 fn steps_on_disk(run: &Path) -> Vec<u64> {
-    let mut steps: Vec<u64> = std::fs::read_dir(ckpt_dir(run))
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("step-")?.parse().ok())
-        .collect();
+    let mut steps: Vec<u64> =
+        std::fs::read_dir(ckpt_dir(run)).unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("step-")?.parse().ok()).collect();
     steps.sort();
     steps
 }
@@ -57,7 +55,16 @@ fn retention_keeps_the_newest_and_the_best() {
     run_expect(
         ptrain()
             .args(args(30))
-            .args(["--set", "plugins.checkpoint.every=5", "--set", "train.eval_every=10", "--set", "plugins.checkpoint.keep_last=2", "--set", "plugins.checkpoint.keep_best=1"])
+            .args([
+                "--set",
+                "plugins.checkpoint.every=5",
+                "--set",
+                "train.eval_every=10",
+                "--set",
+                "plugins.checkpoint.keep_last=2",
+                "--set",
+                "plugins.checkpoint.keep_best=1",
+            ])
             .arg("--run-dir")
             .arg(dir.path()),
         0,
@@ -137,7 +144,10 @@ fn kill_9_at_random_moments_never_leaves_an_invalid_checkpoint() {
     let run = dir.path();
     // A wider model so saves take a while and kills often land inside one.
     let mut a = args(100_000);
-    a.extend(["--set", "model.n_embd=128", "--set", "model.n_head=4", "--set", "plugins.checkpoint.every=1", "--set", "plugins.checkpoint.keep_last=2"].map(String::from));
+    a.extend(
+        ["--set", "model.n_embd=128", "--set", "model.n_head=4", "--set", "plugins.checkpoint.every=1", "--set", "plugins.checkpoint.keep_last=2"]
+            .map(String::from),
+    );
     let mut resumed_steps = Vec::new();
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
     for round in 0..12 {
@@ -175,7 +185,8 @@ fn interrupt(signal: &str, expected_exit: i32) {
     // The emergency checkpoint is the step the run stopped after, and the sinks
     // were flushed up to it.
     assert_eq!(steps_on_disk(run), vec![last]);
-    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(ckpt_dir(run).join(format!("step-{last:08}/manifest.json"))).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt_dir(run).join(format!("step-{last:08}/manifest.json"))).unwrap()).unwrap();
     assert_eq!(manifest["reason"], "interrupted");
     assert_eq!(losses(run).last().unwrap().0, last);
     run_expect(ptrain().args(args(last + 4)).arg("--auto-resume").arg("--run-dir").arg(run), 0);
@@ -206,7 +217,8 @@ impl Unwritable {
             Some(bytes) => format!("size={bytes}"),
             None => "ro,size=1m".to_string(),
         };
-        let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", &options, "tmpfs"]).arg(&path).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+        let mounted =
+            Command::new("mount").args(["-t", "tmpfs", "-o", &options, "tmpfs"]).arg(&path).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
         if !mounted {
             if size.is_some() {
                 return None;
@@ -234,7 +246,13 @@ fn an_unwritable_checkpoint_directory_gives_one_error_and_training_goes_on() {
     let root_without_mount = !ro.mounted && Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
     let run = dir.path().join("run");
     let out = run_expect(
-        ptrain().args(args(12)).args(["--set", "plugins.checkpoint.every=3", "--set"]).arg(format!("plugins.checkpoint.dir={:?}", ro.path.display().to_string())).arg("--run-dir").arg(&run).env("PTRAIN_LOG", "error"),
+        ptrain()
+            .args(args(12))
+            .args(["--set", "plugins.checkpoint.every=3", "--set"])
+            .arg(format!("plugins.checkpoint.dir={:?}", ro.path.display().to_string()))
+            .arg("--run-dir")
+            .arg(&run)
+            .env("PTRAIN_LOG", "error"),
         0,
     );
     if root_without_mount {
@@ -263,11 +281,20 @@ fn a_full_disk_keeps_the_older_checkpoints() {
     };
     let run = dir.path().join("run");
     let out = run_expect(
-        ptrain().args(args(12)).args(["--set", "plugins.checkpoint.every=3", "--set", "plugins.checkpoint.keep_last=5", "--set"]).arg(format!("plugins.checkpoint.dir={:?}", full.path.display().to_string())).arg("--run-dir").arg(&run),
+        ptrain()
+            .args(args(12))
+            .args(["--set", "plugins.checkpoint.every=3", "--set", "plugins.checkpoint.keep_last=5", "--set"])
+            .arg(format!("plugins.checkpoint.dir={:?}", full.path.display().to_string()))
+            .arg("--run-dir")
+            .arg(&run),
         0,
     );
     assert!(stderr(&out).contains("No space left on device"), "{}", stderr(&out));
-    let kept: Vec<String> = std::fs::read_dir(&full.path).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("step-")).collect();
+    let kept: Vec<String> = std::fs::read_dir(&full.path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
     let mut kept = kept;
     kept.sort();
     assert_eq!(kept, vec!["step-00000003", "step-00000006"], "the older checkpoints survive, no partial one is left");
@@ -314,7 +341,15 @@ fn too_many_non_finite_losses_stop_with_the_last_good_state_saved() {
     run_expect(
         ptrain()
             .args(args(40))
-            .args(["--set", "plugins.checkpoint.every=9", "--set", "train.nonfinite_check_every=5", "--set", "train.max_nonfinite_in_row=10", "--set"])
+            .args([
+                "--set",
+                "plugins.checkpoint.every=9",
+                "--set",
+                "train.nonfinite_check_every=5",
+                "--set",
+                "train.max_nonfinite_in_row=10",
+                "--set",
+            ])
             .arg(format!("debug.nonfinite_loss_at=[{}]", bad.join(",")))
             .arg("--run-dir")
             .arg(dir.path()),
@@ -324,7 +359,8 @@ fn too_many_non_finite_losses_stop_with_the_last_good_state_saved() {
     assert_eq!(s["status"], "nonfinite");
     let stopped = s["last_step"].as_u64().unwrap();
     assert_eq!(stopped, 20, "10 in a row are seen at the check after step 19");
-    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(ckpt_dir(dir.path()).join("step-00000020/manifest.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt_dir(dir.path()).join("step-00000020/manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["reason"], "nonfinite");
     // Steps 10..20 were skipped on the device: the saved state is step 9's.
     let report = python_report(&[&ckpt_dir(dir.path()).join("step-00000009"), &ckpt_dir(dir.path()).join("step-00000020")]);

@@ -10,10 +10,7 @@ fn run_dir() -> tempfile::TempDir {
 }
 
 fn losses(run_dir: &std::path::Path) -> Vec<(u64, f64)> {
-    read_jsonl(&run_dir.join("metrics.jsonl"))
-        .iter()
-        .filter_map(|row| Some((row["step"].as_u64()?, row["train/loss"].as_f64()?)))
-        .collect()
+    read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|row| Some((row["step"].as_u64()?, row["train/loss"].as_f64()?))).collect()
 }
 
 #[test]
@@ -56,12 +53,26 @@ fn the_same_seed_gives_bitwise_identical_losses_and_another_seed_does_not() {
 #[test]
 fn summary_and_resolved_config_are_written() {
     let dir = run_dir();
-    let out = run_expect(ptrain().args(tiny_gpt(12)).args(["--set", "optim.accum_steps=2", "--set", "optim.name=\"sgd\""]).arg("--run-dir").arg(dir.path()), 0);
+    let out = run_expect(
+        ptrain().args(tiny_gpt(12)).args(["--set", "optim.accum_steps=2", "--set", "optim.name=\"sgd\""]).arg("--run-dir").arg(dir.path()),
+        0,
+    );
     assert!(stdout(&out).contains("completed: 12 steps"), "{}", stdout(&out));
     let s = summary(dir.path());
     for key in [
-        "steps", "samples", "tokens", "wall_s", "steps_per_s", "tokens_per_s", "first_loss", "final_loss", "final_eval_loss", "phase_times",
-        "peak_memory_bytes", "device", "plugins_loaded",
+        "steps",
+        "samples",
+        "tokens",
+        "wall_s",
+        "steps_per_s",
+        "tokens_per_s",
+        "first_loss",
+        "final_loss",
+        "final_eval_loss",
+        "phase_times",
+        "peak_memory_bytes",
+        "device",
+        "plugins_loaded",
     ] {
         assert!(!s[key].is_null(), "summary lacks {key}: {s}");
     }
@@ -114,7 +125,15 @@ fn text_token_and_jsonl_data_train() {
     let text = dir.path().join("corpus.txt");
     std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(400)).unwrap();
     let out_dir = dir.path().join("text");
-    run_expect(ptrain().args(tiny_gpt(8)).args(["--set", "data.kind=\"text\"", "--set"]).arg(format!("data.path={:?}", text.display().to_string())).arg("--run-dir").arg(&out_dir), 0);
+    run_expect(
+        ptrain()
+            .args(tiny_gpt(8))
+            .args(["--set", "data.kind=\"text\"", "--set"])
+            .arg(format!("data.path={:?}", text.display().to_string()))
+            .arg("--run-dir")
+            .arg(&out_dir),
+        0,
+    );
     assert_eq!(summary(&out_dir)["steps"], 8);
 
     // A nanoGPT-style uint16 file with ids past the byte vocabulary: refused until
@@ -160,9 +179,12 @@ fn text_token_and_jsonl_data_train() {
 fn bad_jsonl_rows_are_refused_with_the_line_number() {
     let dir = run_dir();
     let rows = dir.path().join("rows.jsonl");
-    std::fs::write(&rows, "{\"dataset\": \"a\", \"features\": [1, 2], \"label\": 0}\n{\"dataset\": \"a\", \"features\": [1], \"label\": 1}\n").unwrap();
+    std::fs::write(&rows, "{\"dataset\": \"a\", \"features\": [1, 2], \"label\": 0}\n{\"dataset\": \"a\", \"features\": [1], \"label\": 1}\n")
+        .unwrap();
     let out = run_expect(
-        ptrain().args(["run", "--steps", "3", "--set", "model.kind=\"mlp\"", "--set", "data.kind=\"jsonl\"", "--set"]).arg(format!("data.path={:?}", rows.display().to_string())),
+        ptrain()
+            .args(["run", "--steps", "3", "--set", "model.kind=\"mlp\"", "--set", "data.kind=\"jsonl\"", "--set"])
+            .arg(format!("data.path={:?}", rows.display().to_string())),
         2,
     );
     assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
@@ -177,7 +199,19 @@ fn a_torchscript_module_from_python_trains() {
     let out_dir = dir.path().join("run");
     run_expect(
         ptrain()
-            .args(["run", "--quiet", "--steps", "60", "--device", "cpu", "--config", "configs/mlp-multi.toml", "--set", "model.kind=\"torchscript\"", "--set"])
+            .args([
+                "run",
+                "--quiet",
+                "--steps",
+                "60",
+                "--device",
+                "cpu",
+                "--config",
+                "configs/mlp-multi.toml",
+                "--set",
+                "model.kind=\"torchscript\"",
+                "--set",
+            ])
             .arg(format!("model.path={:?}", module.display().to_string()))
             .arg("--run-dir")
             .arg(&out_dir),
@@ -192,7 +226,10 @@ fn a_torchscript_module_from_python_trains() {
 #[test]
 fn bf16_on_the_cpu_warns_and_trains_in_fp32() {
     let dir = run_dir();
-    let out = run_expect(ptrain().args(tiny_gpt(3)).args(["--set", "train.precision=\"bf16\""]).arg("--run-dir").arg(dir.path()).env("PTRAIN_LOG", "warn"), 0);
+    let out = run_expect(
+        ptrain().args(tiny_gpt(3)).args(["--set", "train.precision=\"bf16\""]).arg("--run-dir").arg(dir.path()).env("PTRAIN_LOG", "warn"),
+        0,
+    );
     assert!(stderr(&out).contains("CUDA only"), "{}", stderr(&out));
 }
 

@@ -106,8 +106,13 @@ fn reports_average_over_the_window_since_the_last_one() {
         let row = rows.iter().find(|r| r["step"] == step).unwrap();
         let samples: f64 = DATASETS.iter().map(|d| row[format!("dataset/{d}/samples")].as_f64().unwrap()).sum();
         assert_eq!(samples, 4.0 * 64.0, "four steps of 64 samples: {row}");
-        let weighted: f64 = DATASETS.iter().map(|d| row[format!("dataset/{d}/loss")].as_f64().unwrap() * row[format!("dataset/{d}/samples")].as_f64().unwrap()).sum::<f64>() / samples;
-        let window: Vec<f64> = rows.iter().filter(|r| (step - 3..=step).contains(&r["step"].as_u64().unwrap())).map(|r| r["train/loss"].as_f64().unwrap()).collect();
+        let weighted: f64 = DATASETS
+            .iter()
+            .map(|d| row[format!("dataset/{d}/loss")].as_f64().unwrap() * row[format!("dataset/{d}/samples")].as_f64().unwrap())
+            .sum::<f64>()
+            / samples;
+        let window: Vec<f64> =
+            rows.iter().filter(|r| (step - 3..=step).contains(&r["step"].as_u64().unwrap())).map(|r| r["train/loss"].as_f64().unwrap()).collect();
         let mean = window.iter().sum::<f64>() / window.len() as f64;
         assert!((weighted - mean).abs() <= 1e-5 * mean, "step {step}: {weighted} vs mean train/loss {mean}");
     }
@@ -120,7 +125,16 @@ fn two_ranks_report_the_sums_of_both() {
     run_expect(
         ptrain()
             .args(["launch", "--nproc", "2", "--", "run", "--quiet", "--steps", "4", "--device", "cpu", "--config", "configs/mlp-multi.toml"])
-            .args(["--plugins", "dataset-metrics,jsonl", "--set", "run.threads=1", "--set", "plugins.jsonl.every=1", "--set", "plugins.dataset-metrics.every=2"])
+            .args([
+                "--plugins",
+                "dataset-metrics,jsonl",
+                "--set",
+                "run.threads=1",
+                "--set",
+                "plugins.jsonl.every=1",
+                "--set",
+                "plugins.dataset-metrics.every=2",
+            ])
             .arg("--run-dir")
             .arg(dir.path()),
         0,
@@ -133,7 +147,9 @@ fn two_ranks_report_the_sums_of_both() {
         assert_eq!(samples, 2.0 * 2.0 * 64.0, "two steps of 64 samples on each of two ranks: {row}");
         // train/loss is the mean over the ranks, so the window's mean of it is the mean over every sample.
         let weighted: f64 = DATASETS.iter().map(|d| get(d, "loss") * get(d, "samples")).sum::<f64>() / samples;
-        let mean = rows.iter().filter(|r| (step - 1..=step).contains(&r["step"].as_u64().unwrap())).map(|r| r["train/loss"].as_f64().unwrap()).sum::<f64>() / 2.0;
+        let mean =
+            rows.iter().filter(|r| (step - 1..=step).contains(&r["step"].as_u64().unwrap())).map(|r| r["train/loss"].as_f64().unwrap()).sum::<f64>()
+                / 2.0;
         assert!((weighted - mean).abs() <= 1e-5 * mean, "step {step}: {weighted} vs {mean}");
     }
 }
@@ -143,7 +159,11 @@ fn language_model_data_is_left_alone_with_one_warning() {
     plugin_path("dataset-metrics");
     let dir = tempfile::tempdir().unwrap();
     let out = run_expect(
-        ptrain().args(tiny_gpt(4)).args(["--plugins", "dataset-metrics,jsonl", "--set", "plugins.jsonl.every=1", "--set", "plugins.dataset-metrics.every=1"]).arg("--run-dir").arg(dir.path()),
+        ptrain()
+            .args(tiny_gpt(4))
+            .args(["--plugins", "dataset-metrics,jsonl", "--set", "plugins.jsonl.every=1", "--set", "plugins.dataset-metrics.every=1"])
+            .arg("--run-dir")
+            .arg(dir.path()),
         0,
     );
     let err = stderr(&out);
@@ -157,7 +177,19 @@ fn language_model_data_is_left_alone_with_one_warning() {
 fn unknown_options_stop_the_run_naming_the_key() {
     plugin_path("dataset-metrics");
     let out = run_expect(
-        ptrain().args(["run", "--steps", "1", "--device", "cpu", "--config", "configs/mlp-multi.toml", "--plugins", "dataset-metrics", "--set", "plugins.dataset-metrics.top_k=5"]),
+        ptrain().args([
+            "run",
+            "--steps",
+            "1",
+            "--device",
+            "cpu",
+            "--config",
+            "configs/mlp-multi.toml",
+            "--plugins",
+            "dataset-metrics",
+            "--set",
+            "plugins.dataset-metrics.top_k=5",
+        ]),
         2,
     );
     assert!(stderr(&out).contains("`top_k`"), "{}", stderr(&out));

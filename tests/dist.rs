@@ -21,8 +21,16 @@ const TIMEOUT_S: u64 = 5;
 
 /// Variables that would place a process in some outer job.
 const PLACEMENT_VARS: &[&str] = &[
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID",
-    "SLURM_LOCALID", "TORCHELASTIC_USE_AGENT_STORE",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "TORCHELASTIC_USE_AGENT_STORE",
 ];
 
 fn free_port() -> u16 {
@@ -91,7 +99,10 @@ fn losses(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {
 }
 
 fn torchrun() -> PathBuf {
-    let venv_bin = std::env::var_os("PTRAIN_PYTHON").map(PathBuf::from).and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_else(|| repo().join(".venv/bin"));
+    let venv_bin = std::env::var_os("PTRAIN_PYTHON")
+        .map(PathBuf::from)
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| repo().join(".venv/bin"));
     let torchrun = venv_bin.join("torchrun");
     assert!(torchrun.exists(), "no torchrun at {}: run scripts/bootstrap.sh", torchrun.display());
     torchrun
@@ -247,7 +258,14 @@ fn training_pair(dir: &Path) -> (Child, mpsc::Receiver<String>, Child) {
     let port = free_port();
     let args = job(1_000_000, 8, dir);
     let start = |rank, stderr| {
-        rank_cmd(rank, 2, port).args(&args).args(["--set", "run.log_every=1"]).env("PTRAIN_LOG", "info").stdout(Stdio::null()).stderr(stderr).spawn().unwrap()
+        rank_cmd(rank, 2, port)
+            .args(&args)
+            .args(["--set", "run.log_every=1"])
+            .env("PTRAIN_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
     };
     let mut rank0 = start(0, Stdio::piped());
     let rank1 = start(1, Stdio::null());
@@ -361,7 +379,10 @@ fn a_signal_to_one_rank_stops_every_rank_after_the_same_step() {
     assert!(!status.success(), "one rank was interrupted");
     let log: Vec<String> = rx.iter().collect();
     let stopped_after = |rank: u32| -> u64 {
-        let line = log.iter().find(|l| l.starts_with(&format!("[rank{rank}]")) && l.contains("stopping after step")).unwrap_or_else(|| panic!("rank {rank} did not stop: {log:#?}"));
+        let line = log
+            .iter()
+            .find(|l| l.starts_with(&format!("[rank{rank}]")) && l.contains("stopping after step"))
+            .unwrap_or_else(|| panic!("rank {rank} did not stop: {log:#?}"));
         line.split("stopping after step ").nth(1).unwrap().split(':').next().unwrap().trim().parse().unwrap()
     };
     let step = stopped_after(0);

@@ -9,7 +9,13 @@ fn the_custom_model_example_trains() {
     let example = build_dir().join("custom-model");
     assert!(example.exists(), "{} missing: build the workspace first", example.display());
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(&example).current_dir(repo()).env("PTRAIN_LOG", "warn").args(["--plugins", "jsonl", "--run-dir"]).arg(dir.path()).output().unwrap();
+    let out = std::process::Command::new(&example)
+        .current_dir(repo())
+        .env("PTRAIN_LOG", "warn")
+        .args(["--plugins", "jsonl", "--run-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let line = stdout(&out);
     // "residual-mlp completed: loss A -> B, eval accuracy C"

@@ -29,7 +29,16 @@ fn the_measuring_plugins_emit_every_metric_on_a_short_mixed_run() {
         want.extend(["loss", "accuracy", "samples"].map(|m| format!("dataset/{d}/{m}")));
     }
     for m in [
-        "data_s", "forward_s", "backward_s", "optimizer_s", "step_s", "data_ratio", "steps_per_s", "samples_per_s", "tokens_per_s", "host_rss_bytes",
+        "data_s",
+        "forward_s",
+        "backward_s",
+        "optimizer_s",
+        "step_s",
+        "data_ratio",
+        "steps_per_s",
+        "samples_per_s",
+        "tokens_per_s",
+        "host_rss_bytes",
         "host_peak_rss_bytes",
     ] {
         want.push(format!("perf/{m}"));
@@ -52,7 +61,11 @@ fn phases_add_up_to_the_step_and_tokens_follow_the_sequence_length() {
     plugin_path("perf");
     let dir = tempfile::tempdir().unwrap();
     run_expect(
-        ptrain().args(tiny_gpt(9)).args(["--plugins", "perf,jsonl", "--set", "plugins.perf.every=4", "--set", "plugins.jsonl.every=100"]).arg("--run-dir").arg(dir.path()),
+        ptrain()
+            .args(tiny_gpt(9))
+            .args(["--plugins", "perf,jsonl", "--set", "plugins.perf.every=4", "--set", "plugins.jsonl.every=100"])
+            .arg("--run-dir")
+            .arg(dir.path()),
         0,
     );
     let rows = read_jsonl(&dir.path().join("metrics.jsonl"));

@@ -34,11 +34,13 @@ fn a_garbage_file_is_refused_before_training_naming_it() {
 
 #[test]
 fn a_foreign_shared_library_is_refused() {
-    let gomp = std::fs::read_dir(std::env::var("PTRAIN_TORCH_LIB").map(PathBuf::from).unwrap_or_else(|_| repo().join(".venv/lib/python3.11/site-packages/torch/lib")))
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("libgomp"))
-        .expect("torch ships libgomp");
+    let gomp = std::fs::read_dir(
+        std::env::var("PTRAIN_TORCH_LIB").map(PathBuf::from).unwrap_or_else(|_| repo().join(".venv/lib/python3.11/site-packages/torch/lib")),
+    )
+    .unwrap()
+    .filter_map(|e| e.ok().map(|e| e.path()))
+    .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("libgomp"))
+    .expect("torch ships libgomp");
     let out = run_expect(ptrain().args(with_plugins(5, &gomp.display().to_string())), 2);
     assert!(stderr(&out).contains("not a ptrain plugin"), "{}", stderr(&out));
 }
@@ -58,7 +60,11 @@ fn a_panicking_inline_plugin_is_disabled_with_one_line_and_training_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let faults = fixture("inline-faults").display().to_string();
     let out = run_expect(
-        ptrain().args(with_plugins(12, &format!("{faults},jsonl"))).args(["--set", "plugins.inline-faults.panic_at=5", "--set", "plugins.jsonl.every=1"]).arg("--run-dir").arg(dir.path()),
+        ptrain()
+            .args(with_plugins(12, &format!("{faults},jsonl")))
+            .args(["--set", "plugins.inline-faults.panic_at=5", "--set", "plugins.jsonl.every=1"])
+            .arg("--run-dir")
+            .arg(dir.path()),
         0,
     );
     let err = stderr(&out);
@@ -90,7 +96,11 @@ fn a_panicking_sink_is_disabled_and_other_sinks_keep_receiving() {
     let dir = tempfile::tempdir().unwrap();
     let faults = fixture("worker-faults").display().to_string();
     run_expect(
-        ptrain().args(with_plugins(10, &format!("{faults},jsonl"))).args(["--set", "plugins.worker-faults.panic_at=4", "--set", "plugins.jsonl.every=1"]).arg("--run-dir").arg(dir.path()),
+        ptrain()
+            .args(with_plugins(10, &format!("{faults},jsonl")))
+            .args(["--set", "plugins.worker-faults.panic_at=4", "--set", "plugins.jsonl.every=1"])
+            .arg("--run-dir")
+            .arg(dir.path()),
         0,
     );
     let s = summary(dir.path());
@@ -129,7 +139,14 @@ fn a_blocking_queue_loses_nothing() {
     run_expect(
         ptrain()
             .args(with_plugins(20, &faults))
-            .args(["--set", "plugins.worker-faults.sleep_ms=10", "--set", "plugins.worker-faults.queue=1", "--set", "plugins.worker-faults.on_full=\"block\""])
+            .args([
+                "--set",
+                "plugins.worker-faults.sleep_ms=10",
+                "--set",
+                "plugins.worker-faults.queue=1",
+                "--set",
+                "plugins.worker-faults.on_full=\"block\"",
+            ])
             .arg("--run-dir")
             .arg(dir.path()),
         0,
@@ -151,7 +168,10 @@ fn cadences_are_overridden_from_toml_and_set() {
     assert_eq!(steps, vec![4, 8, 12, 13]);
 
     let run = dir.path().join("run2");
-    run_expect(ptrain().args(with_plugins(13, "jsonl")).arg("--config").arg(&config).args(["--set", "plugins.jsonl.every=6"]).arg("--run-dir").arg(&run), 0);
+    run_expect(
+        ptrain().args(with_plugins(13, "jsonl")).arg("--config").arg(&config).args(["--set", "plugins.jsonl.every=6"]).arg("--run-dir").arg(&run),
+        0,
+    );
     let steps: Vec<u64> = read_jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
     assert_eq!(steps, vec![6, 12, 13]);
 }

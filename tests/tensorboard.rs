@@ -26,14 +26,26 @@ fn tb_read(logdir: &Path) -> Read {
     let pairs = |v: &Value| v.as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].clone())).collect::<Vec<_>>();
     Read {
         records: v["records"].as_array().unwrap().clone(),
-        scalars: v["scalars"].as_object().unwrap().iter().map(|(k, rows)| (k.clone(), pairs(rows).into_iter().map(|(s, x)| (s, x.as_f64().unwrap())).collect())).collect(),
+        scalars: v["scalars"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, rows)| (k.clone(), pairs(rows).into_iter().map(|(s, x)| (s, x.as_f64().unwrap())).collect()))
+            .collect(),
         histograms: v["histograms"]
             .as_object()
             .unwrap()
             .iter()
-            .map(|(k, rows)| (k.clone(), rows.as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()))
+            .map(|(k, rows)| {
+                (k.clone(), rows.as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect())
+            })
             .collect(),
-        text: v["text"].as_object().unwrap().iter().map(|(k, rows)| (k.clone(), pairs(rows).into_iter().map(|(s, x)| (s, x.as_str().unwrap().to_string())).collect())).collect(),
+        text: v["text"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, rows)| (k.clone(), pairs(rows).into_iter().map(|(s, x)| (s, x.as_str().unwrap().to_string())).collect()))
+            .collect(),
     }
 }
 
@@ -51,13 +63,22 @@ fn every_scalar_histogram_and_the_config_read_back_as_the_run_emitted_them() {
     let steps = 40;
     // jsonl on the same scalar cadence receives the same batches; histograms every
     // 10 fall on scalar steps, so tensorboard gets no batch that jsonl does not.
-    tiny_run(steps, dir.path(), &[
-        "--plugins", "tensorboard,jsonl",
-        "--set", "plugins.tensorboard.every=5",
-        "--set", "plugins.tensorboard.histograms.every=10",
-        "--set", "plugins.jsonl.every=5",
-        "--set", "train.eval_every=15",
-    ]);
+    tiny_run(
+        steps,
+        dir.path(),
+        &[
+            "--plugins",
+            "tensorboard,jsonl",
+            "--set",
+            "plugins.tensorboard.every=5",
+            "--set",
+            "plugins.tensorboard.histograms.every=10",
+            "--set",
+            "plugins.jsonl.every=5",
+            "--set",
+            "train.eval_every=15",
+        ],
+    );
     let rows = read_jsonl(&dir.path().join("metrics.jsonl"));
     let tb = tb_read(&dir.path().join("tensorboard"));
 
@@ -194,7 +215,10 @@ fn a_write_error_mid_run_disables_the_plugin_with_one_error_and_training_goes_on
 #[test]
 fn an_unknown_option_is_refused_before_training_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_expect(ptrain().args(tiny_gpt(5)).arg("--run-dir").arg(dir.path()).args(["--plugins", "tensorboard", "--set", "plugins.tensorboard.flush_sec=5"]), 2);
+    let out = run_expect(
+        ptrain().args(tiny_gpt(5)).arg("--run-dir").arg(dir.path()).args(["--plugins", "tensorboard", "--set", "plugins.tensorboard.flush_sec=5"]),
+        2,
+    );
     assert!(stderr(&out).contains("flush_sec"), "{}", stderr(&out));
     assert!(!dir.path().join("summary.json").exists(), "nothing trained");
 }

@@ -167,7 +167,11 @@ fn run_dir_under(root: &Path, prefix: &str) -> PathBuf {
 
 /// The resolved config as JSON, read by Python's own TOML parser.
 fn config_json(run_dir: &Path) -> Value {
-    let out = python().args(["-c", "import json, sys, tomllib; print(json.dumps(tomllib.load(open(sys.argv[1], 'rb'))))"]).arg(run_dir.join("config.toml")).output().unwrap();
+    let out = python()
+        .args(["-c", "import json, sys, tomllib; print(json.dumps(tomllib.load(open(sys.argv[1], 'rb'))))"])
+        .arg(run_dir.join("config.toml"))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -198,15 +202,26 @@ fn an_offline_run_syncs_every_row_with_its_config_summary_and_exit_code() {
     // Every step for wandb (so the file spans several 32 KiB blocks), detailed
     // metrics every 4; jsonl on the detailed cadence is the reference.
     let out = run_expect(
-        ptrain_run(steps, dir.path(), &[
-            "--plugins", "wandb,jsonl",
-            "--set", "plugins.wandb.every=1",
-            "--set", "plugins.wandb.detailed.every=4",
-            "--set", "plugins.wandb.project=\"ptrain-tests\"",
-            "--set", "plugins.wandb.tags=[\"tiny\", \"cpu\"]",
-            "--set", "plugins.jsonl.every=4",
-            "--set", "train.eval_every=50",
-        ])
+        ptrain_run(
+            steps,
+            dir.path(),
+            &[
+                "--plugins",
+                "wandb,jsonl",
+                "--set",
+                "plugins.wandb.every=1",
+                "--set",
+                "plugins.wandb.detailed.every=4",
+                "--set",
+                "plugins.wandb.project=\"ptrain-tests\"",
+                "--set",
+                "plugins.wandb.tags=[\"tiny\", \"cpu\"]",
+                "--set",
+                "plugins.jsonl.every=4",
+                "--set",
+                "train.eval_every=50",
+            ],
+        )
         .env("WANDB_NAME", "tiny run"),
         0,
     );
@@ -228,7 +243,10 @@ fn an_offline_run_syncs_every_row_with_its_config_summary_and_exit_code() {
     got.assert_authenticated();
 
     let upsert = &got.upserts[0];
-    assert_eq!((upsert["name"].as_str(), upsert["project"].as_str(), upsert["displayName"].as_str()), (Some(id.as_str()), Some("ptrain-tests"), Some("tiny run")));
+    assert_eq!(
+        (upsert["name"].as_str(), upsert["project"].as_str(), upsert["displayName"].as_str()),
+        (Some(id.as_str()), Some("ptrain-tests"), Some("tiny run"))
+    );
     assert_eq!(upsert["tags"], json!(["tiny", "cpu"]));
     assert!(same(&got.config(), &config_json(dir.path())), "config:\n{}\nvs\n{}", got.config(), config_json(dir.path()));
 
@@ -315,7 +333,8 @@ fn online_mode_retries_failed_requests_without_losing_or_repeating_rows() {
         0,
     );
     let got = flaky.received();
-    let refused: BTreeSet<&str> = got.requests.iter().filter(|r| r["status"] == 503).map(|r| if r["path"] == "/graphql" { "graphql" } else { "file_stream" }).collect();
+    let refused: BTreeSet<&str> =
+        got.requests.iter().filter(|r| r["status"] == 503).map(|r| if r["path"] == "/graphql" { "graphql" } else { "file_stream" }).collect();
     assert_eq!(refused, BTreeSet::from(["graphql", "file_stream"]), "both kinds of request were refused at least once");
     assert_eq!(got.upserts.len(), 1);
     assert_eq!(got.steps(), (2..=20).step_by(2).collect::<Vec<_>>());

@@ -9,8 +9,8 @@ fn main() {
     let include = torch.join("include");
     let site = torch.parent().expect("torch is in site-packages").to_path_buf();
     let cuda_include = site.join("nvidia/cu13/include");
-    let has_cuda = lib.join("libtorch_cuda.so").exists() && cuda_include.join("cuda_runtime_api.h").exists()
-        && cuda_include.join("crt/host_defines.h").exists();
+    let has_cuda =
+        lib.join("libtorch_cuda.so").exists() && cuda_include.join("cuda_runtime_api.h").exists() && cuda_include.join("crt/host_defines.h").exists();
 
     let mut build = cc::Build::new();
     build

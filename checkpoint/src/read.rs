@@ -58,7 +58,8 @@ fn tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
     st.tensors()
         .into_iter()
         .map(|(name, view)| {
-            let dtype = DType::from_safetensors_name(&format!("{:?}", view.dtype())).ok_or_else(|| Error::invalid(path, format!("unsupported dtype {:?} of {name}", view.dtype())))?;
+            let dtype = DType::from_safetensors_name(&format!("{:?}", view.dtype()))
+                .ok_or_else(|| Error::invalid(path, format!("unsupported dtype {:?} of {name}", view.dtype())))?;
             Ok((name, Tensor { dtype, shape: view.shape().iter().map(|&d| d as i64).collect(), data: view.data().to_vec() }))
         })
         .collect()

@@ -8,7 +8,8 @@ fn payload(step: u64) -> CheckpointPayload {
         step,
         reason: CheckpointReason::Scheduled,
         model: vec![TensorBlob { name: "layer.weight".into(), dtype: DType::F32, shape: vec![2, 2].into(), data: weights.into() }].into(),
-        optimizer: vec![TensorBlob { name: "step".into(), dtype: DType::F32, shape: vec![].into(), data: 7.0f32.to_le_bytes().to_vec().into() }].into(),
+        optimizer: vec![TensorBlob { name: "step".into(), dtype: DType::F32, shape: vec![].into(), data: 7.0f32.to_le_bytes().to_vec().into() }]
+            .into(),
         state_json: format!("{{\"step\": {step}}}").into(),
         config_toml: "[run]\nseed = 1\n".into(),
         plugin_states: vec![NamedBlob { name: "jsonl".into(), data: b"state".to_vec().into() }].into(),

@@ -27,17 +27,13 @@ pub fn select(choice: DeviceChoice, local_rank: usize) -> Result<Device> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Auto if !cuda => Ok(Device::Cpu),
-        DeviceChoice::Cuda if !cuda => Err(Error::Device {
-            device: "cuda".into(),
-            message: "CUDA is not available (no GPU, or libtorch without CUDA)".into(),
-        }),
+        DeviceChoice::Cuda if !cuda => {
+            Err(Error::Device { device: "cuda".into(), message: "CUDA is not available (no GPU, or libtorch without CUDA)".into() })
+        }
         DeviceChoice::Auto | DeviceChoice::Cuda => {
             let count = tch::Cuda::device_count() as usize;
             if local_rank >= count {
-                return Err(Error::Device {
-                    device: format!("cuda:{local_rank}"),
-                    message: format!("only {count} CUDA device(s) visible"),
-                });
+                return Err(Error::Device { device: format!("cuda:{local_rank}"), message: format!("only {count} CUDA device(s) visible") });
             }
             Ok(Device::Cuda(local_rank))
         }

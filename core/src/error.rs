@@ -35,7 +35,11 @@ pub enum Error {
     MissingFile { what: &'static str, path: PathBuf },
 
     #[error("cannot read {}: {source}", path.display())]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 
     #[error("bad input data in {}: {message}", path.display())]
     Data { path: PathBuf, message: String },
@@ -64,7 +68,12 @@ impl Error {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            Error::Config(_) | Error::MissingFile { .. } | Error::Data { .. } | Error::Plugin { .. } | Error::Device { .. } | Error::Checkpoint { .. }
+            Error::Config(_)
+                | Error::MissingFile { .. }
+                | Error::Data { .. }
+                | Error::Plugin { .. }
+                | Error::Device { .. }
+                | Error::Checkpoint { .. }
         )
     }
 }

@@ -5,7 +5,10 @@
 //!
 //! The defaults are the tiny GPT's (configs/tiny-gpt.toml) gradient: 118,528 floats in 26 tensors.
 
-use std::{net::TcpListener, time::{Duration, Instant}};
+use std::{
+    net::TcpListener,
+    time::{Duration, Instant},
+};
 
 use ptrain_dist::{Backend, C10dDataParallel, Group, GroupSpec};
 use tch::{Device, Kind, Tensor};

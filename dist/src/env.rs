@@ -49,7 +49,8 @@ pub fn placement_from(var: impl Fn(&str) -> Option<String>) -> Result<Option<Pla
         get(key).map(|v| v.parse::<u32>().map_err(|_| err(key, format!("`{v}` is not a non-negative integer")))).transpose()
     };
     let slurm = get("WORLD_SIZE").is_none() && get("SLURM_NTASKS").is_some();
-    let (world_key, rank_key, local_key) = if slurm { ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID") } else { ("WORLD_SIZE", "RANK", "LOCAL_RANK") };
+    let (world_key, rank_key, local_key) =
+        if slurm { ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID") } else { ("WORLD_SIZE", "RANK", "LOCAL_RANK") };
     let Some(world_size) = number(world_key)? else { return Ok(None) };
     if world_size == 0 {
         return Err(err(world_key, "must be at least 1"));
@@ -130,7 +131,8 @@ mod tests {
         placement_from(|k| map.get(k).cloned())
     }
 
-    const TORCHRUN: &[(&str, &str)] = &[("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "10.0.0.5"), ("MASTER_PORT", "29400")];
+    const TORCHRUN: &[(&str, &str)] =
+        &[("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "10.0.0.5"), ("MASTER_PORT", "29400")];
 
     #[test]
     fn torchrun_variables_place_the_process() {
@@ -165,7 +167,8 @@ mod tests {
 
     #[test]
     fn slurm_is_the_fallback_and_derives_the_master() {
-        let slurm = [("SLURM_NTASKS", "4"), ("SLURM_PROCID", "3"), ("SLURM_LOCALID", "1"), ("SLURM_JOB_NODELIST", "gpu[07-08]"), ("SLURM_JOB_ID", "123456")];
+        let slurm =
+            [("SLURM_NTASKS", "4"), ("SLURM_PROCID", "3"), ("SLURM_LOCALID", "1"), ("SLURM_JOB_NODELIST", "gpu[07-08]"), ("SLURM_JOB_ID", "123456")];
         let p = with(&slurm).unwrap().unwrap();
         assert_eq!(p, Placement { rank: 3, world_size: 4, local_rank: 1, master_addr: "gpu07".into(), master_port: 29_956 });
         let mut one_node = slurm.to_vec();

@@ -20,8 +20,18 @@ extern "C" {
     fn pd_free(message: *mut c_char);
     pub fn pd_nccl_compiled() -> bool;
     pub fn pd_group_new(
-        host: *const c_char, port: u16, rank: i32, world: i32, timeout_ms: i64, backend: i32, agent_store: bool,
-        prefix: *const c_char, iface: *const c_char, loopback: bool, device: i32, out: *mut *mut PdGroup,
+        host: *const c_char,
+        port: u16,
+        rank: i32,
+        world: i32,
+        timeout_ms: i64,
+        backend: i32,
+        agent_store: bool,
+        prefix: *const c_char,
+        iface: *const c_char,
+        loopback: bool,
+        device: i32,
+        out: *mut *mut PdGroup,
     ) -> *mut c_char;
     pub fn pd_group_free(group: *mut PdGroup);
     pub fn pd_allreduce(group: *mut PdGroup, tensor: Raw, out: *mut *mut PdWork) -> *mut c_char;

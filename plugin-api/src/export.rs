@@ -10,8 +10,8 @@ pub const ROOT_MODULE_LOADER_SYMBOL: &str = "_1as_0lib_1header_0root_bmodule_blo
 pub mod __private {
     use abi_stable::{
         prefix_type::WithMetadata,
-        std_types::{RBox, RResult, RStr, RString},
         sabi_trait::TD_Opaque,
+        std_types::{RBox, RResult, RStr, RString},
     };
 
     use crate::{
@@ -27,8 +27,7 @@ pub mod __private {
 
     pub extern "C" fn create<P: Plugin>(options: RStr<'_>, host: HostApi) -> RResult<PluginBox, RString> {
         guard(|| {
-            let options = serde_json::from_str(options.as_str())
-                .map_err(|e| PluginError::msg(format!("options are not JSON: {e}")))?;
+            let options = serde_json::from_str(options.as_str()).map_err(|e| PluginError::msg(format!("options are not JSON: {e}")))?;
             let plugin = P::new(options, host)?;
             Ok(FfiPlugin_TO::from_value(Adapter(plugin), TD_Opaque))
         })
@@ -41,9 +40,7 @@ pub mod __private {
         PluginModRef(leaked.static_as_prefix())
     }
 
-    pub use abi_stable::library::{
-        CheckTypeLayout, IntoRootModuleResult, LibHeader, RootModuleResult, __call_root_module_loader,
-    };
+    pub use abi_stable::library::{__call_root_module_loader, CheckTypeLayout, IntoRootModuleResult, LibHeader, RootModuleResult};
 
     #[allow(unused)]
     fn _assert_box_type(b: PluginBox) -> FfiPlugin_TO<'static, RBox<()>> {
@@ -64,9 +61,7 @@ macro_rules! export_plugin {
         #[no_mangle]
         pub static _1as_0lib_1header_0root_bmodule_bloader: $crate::export::__private::LibHeader = {
             extern "C" fn __ptrain_erased_root_module() -> $crate::export::__private::RootModuleResult {
-                $crate::export::__private::__call_root_module_loader(|| {
-                    $crate::export::__private::root_module::<$plugin>()
-                })
+                $crate::export::__private::__call_root_module_loader(|| $crate::export::__private::root_module::<$plugin>())
             }
             unsafe {
                 $crate::export::__private::LibHeader::from_constructor::<$crate::PluginModRef>(

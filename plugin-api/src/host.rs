@@ -67,12 +67,6 @@ impl HostApi {
         extern "C" fn no_broadcast(_: *const (), _: TensorRef, _: u32) -> RResult<(), RString> {
             RResult::ROk(())
         }
-        HostApi {
-            ctx: std::ptr::null(),
-            log,
-            request_stop,
-            all_reduce_sum: no_reduce,
-            broadcast: no_broadcast,
-        }
+        HostApi { ctx: std::ptr::null(), log, request_stop, all_reduce_sum: no_reduce, broadcast: no_broadcast }
     }
 }

@@ -18,15 +18,14 @@ mod host;
 mod metrics;
 mod plugin;
 mod schedule;
-pub mod testing;
 #[cfg(feature = "tch")]
 mod tensor;
+pub mod testing;
 
 pub use abi::{FfiPlugin, FfiPlugin_TO, PluginBox, PluginMod, PluginModRef, ROOT_MODULE_NAME};
 pub use checkpoint::{CheckpointPayload, CheckpointReason, DType, NamedBlob, TensorBlob};
 pub use context::{
-    DeviceInfo, DeviceKind, LayerKind, LayerSpec, ModelInfo, NamedTensor, PhaseTimes, RunEnd,
-    RunInfo, StepContext, StepTensors, Task, TensorRef,
+    DeviceInfo, DeviceKind, LayerKind, LayerSpec, ModelInfo, NamedTensor, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task, TensorRef,
 };
 pub use host::{HostApi, LogLevel};
 pub use metrics::{Histogram, Metric, MetricBatch, MetricValue, Outbox, Scalar};

@@ -12,8 +12,12 @@ use std::{
 use abi_stable::std_types::{RResult, RSlice, RString, RVec};
 
 use crate::{
-    abi::FfiPlugin, checkpoint::CheckpointPayload, context::{RunEnd, RunInfo, StepContext},
-    host::HostApi, metrics::{MetricBatch, Outbox}, schedule::Descriptor,
+    abi::FfiPlugin,
+    checkpoint::CheckpointPayload,
+    context::{RunEnd, RunInfo, StepContext},
+    host::HostApi,
+    metrics::{MetricBatch, Outbox},
+    schedule::Descriptor,
 };
 
 /// The error a plugin call returns; the host disables the plugin and logs it.

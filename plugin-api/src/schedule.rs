@@ -46,10 +46,7 @@ impl Hook {
 
     /// Hooks whose calls are selected by a cadence; the others fire on their event.
     pub const fn is_scheduled(self) -> bool {
-        matches!(
-            self,
-            Hook::StepStart | Hook::AfterForward | Hook::AfterBackward | Hook::StepEnd | Hook::Checkpoint | Hook::Metrics
-        )
+        matches!(self, Hook::StepStart | Hook::AfterForward | Hook::AfterBackward | Hook::StepEnd | Hook::Checkpoint | Hook::Metrics)
     }
 
     pub const fn name(self) -> &'static str {
@@ -86,14 +83,7 @@ pub struct Cadence {
 }
 
 impl Cadence {
-    pub const NEVER: Cadence = Cadence {
-        every_steps: 0,
-        every_secs: 0.0,
-        first_step: false,
-        at_eval: false,
-        at_checkpoint: false,
-        at_end: false,
-    };
+    pub const NEVER: Cadence = Cadence { every_steps: 0, every_secs: 0.0, first_step: false, at_eval: false, at_checkpoint: false, at_end: false };
 
     pub const fn every(steps: u64) -> Cadence {
         Cadence { every_steps: steps, ..Cadence::NEVER }
@@ -120,12 +110,7 @@ impl Cadence {
     }
 
     pub fn is_never(&self) -> bool {
-        self.every_steps == 0
-            && self.every_secs <= 0.0
-            && !self.first_step
-            && !self.at_eval
-            && !self.at_checkpoint
-            && !self.at_end
+        self.every_steps == 0 && self.every_secs <= 0.0 && !self.first_step && !self.at_eval && !self.at_checkpoint && !self.at_end
     }
 }
 
@@ -138,12 +123,8 @@ impl std::fmt::Display for Cadence {
         if self.every_secs > 0.0 {
             parts.push(format!("every {}s", self.every_secs));
         }
-        for (on, what) in [
-            (self.first_step, "first step"),
-            (self.at_eval, "at eval"),
-            (self.at_checkpoint, "at checkpoint"),
-            (self.at_end, "at end"),
-        ] {
+        for (on, what) in [(self.first_step, "first step"), (self.at_eval, "at eval"), (self.at_checkpoint, "at checkpoint"), (self.at_end, "at end")]
+        {
             if on {
                 parts.push(what.to_string());
             }

@@ -30,7 +30,12 @@ pub struct LaunchArgs {
 
 pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
     if args.command.first().is_some_and(|c| c == "launch") {
-        return Err(Error::Config(ConfigError { origin: "ptrain launch".into(), key: String::new(), message: "the ranks cannot run `launch` themselves".into() }).into());
+        return Err(Error::Config(ConfigError {
+            origin: "ptrain launch".into(),
+            key: String::new(),
+            message: "the ranks cannot run `launch` themselves".into(),
+        })
+        .into());
     }
     let spec = LaunchSpec {
         program: std::env::current_exe()?,

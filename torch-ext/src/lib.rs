@@ -13,12 +13,29 @@ type Raw = *mut c_void;
 extern "C" {
     fn ptx_free(message: *mut c_char);
     fn ptx_fused_adamw(
-        params: *const Raw, grads: *const Raw, exp_avgs: *const Raw, exp_avg_sqs: *const Raw, steps: *const Raw,
-        n: i64, lr: f64, beta1: f64, beta2: f64, weight_decay: f64, eps: f64, found_inf: Raw,
+        params: *const Raw,
+        grads: *const Raw,
+        exp_avgs: *const Raw,
+        exp_avg_sqs: *const Raw,
+        steps: *const Raw,
+        n: i64,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        found_inf: Raw,
     ) -> *mut c_char;
     fn ptx_fused_sgd(
-        params: *const Raw, grads: *const Raw, momentum_bufs: *const Raw, n: i64, lr: f64, momentum: f64,
-        weight_decay: f64, nesterov: bool, found_inf: Raw,
+        params: *const Raw,
+        grads: *const Raw,
+        momentum_bufs: *const Raw,
+        n: i64,
+        lr: f64,
+        momentum: f64,
+        weight_decay: f64,
+        nesterov: bool,
+        found_inf: Raw,
     ) -> *mut c_char;
     fn ptx_clip_grad_norm(grads: *const Raw, n: i64, max_norm: f64, out_norm: *mut Raw) -> *mut c_char;
     fn ptx_foreach_zero(ts: *const Raw, n: i64) -> *mut c_char;
@@ -112,15 +129,30 @@ pub struct AdamW {
 /// 1.0 the update is skipped on the device (no host sync). `steps` must already
 /// be incremented for this step.
 pub fn fused_adamw(
-    params: &TensorList, grads: &TensorList, exp_avgs: &TensorList, exp_avg_sqs: &TensorList, steps: &TensorList,
-    hp: AdamW, found_inf: Option<&Tensor>,
+    params: &TensorList,
+    grads: &TensorList,
+    exp_avgs: &TensorList,
+    exp_avg_sqs: &TensorList,
+    steps: &TensorList,
+    hp: AdamW,
+    found_inf: Option<&Tensor>,
 ) -> Result<(), TorchError> {
     let n = params.len();
     assert!(grads.len() == n && exp_avgs.len() == n && exp_avg_sqs.len() == n && steps.len() == n);
     check(unsafe {
         ptx_fused_adamw(
-            params.ptr(), grads.ptr(), exp_avgs.ptr(), exp_avg_sqs.ptr(), steps.ptr(), n as i64, hp.lr, hp.beta1,
-            hp.beta2, hp.weight_decay, hp.eps, opt(found_inf),
+            params.ptr(),
+            grads.ptr(),
+            exp_avgs.ptr(),
+            exp_avg_sqs.ptr(),
+            steps.ptr(),
+            n as i64,
+            hp.lr,
+            hp.beta1,
+            hp.beta2,
+            hp.weight_decay,
+            hp.eps,
+            opt(found_inf),
         )
     })
 }

@@ -454,8 +454,12 @@ fn main() -> ExitCode {
         Ok(summary) => {
             println!(
                 "bare-tch: {} steps in {:.3}s ({:.2} steps/s); loss {} -> {}, eval {}",
-                summary["steps"], summary["wall_s"].as_f64().unwrap_or(f64::NAN), summary["steps_per_s"].as_f64().unwrap_or(f64::NAN),
-                summary["first_loss"], summary["final_loss"], summary["final_eval_loss"]
+                summary["steps"],
+                summary["wall_s"].as_f64().unwrap_or(f64::NAN),
+                summary["steps_per_s"].as_f64().unwrap_or(f64::NAN),
+                summary["first_loss"],
+                summary["final_loss"],
+                summary["final_eval_loss"]
             );
             if let Some(path) = out {
                 if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("json") + "\n") {

@@ -126,11 +126,7 @@ impl ConfigBuilder {
 }
 
 fn parse_value(raw: &str) -> toml::Value {
-    format!("v = {raw}")
-        .parse::<toml::Table>()
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(raw.to_string()))
+    format!("v = {raw}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v")).unwrap_or_else(|| toml::Value::String(raw.to_string()))
 }
 
 /// Deep merge: tables merge key by key, everything else (arrays too) is replaced.
@@ -172,9 +168,7 @@ impl Config {
 
     /// Checks values that types alone cannot (ranges, combinations, files).
     pub fn validate(&self) -> Result<(), Error> {
-        let bad = |key: &str, message: String| -> Error {
-            ConfigError { origin: "configuration".into(), key: key.into(), message }.into()
-        };
+        let bad = |key: &str, message: String| -> Error { ConfigError { origin: "configuration".into(), key: key.into(), message }.into() };
         if self.train.steps == 0 {
             return Err(bad("train.steps", "must be at least 1".into()));
         }

@@ -69,18 +69,8 @@ impl PluginSettings {
             let err = |message: String| ConfigError { origin: source.clone(), key: path.clone(), message };
             match key.as_str() {
                 k if CADENCE_KEYS.contains(&k) => {}
-                "queue" => {
-                    settings.queue = value
-                        .as_integer()
-                        .filter(|q| *q >= 1)
-                        .ok_or_else(|| err("must be an integer >= 1".into()))? as usize
-                }
-                "on_full" => {
-                    settings.on_full = value
-                        .clone()
-                        .try_into()
-                        .map_err(|_| err("must be \"drop_oldest\" or \"block\"".into()))?
-                }
+                "queue" => settings.queue = value.as_integer().filter(|q| *q >= 1).ok_or_else(|| err("must be an integer >= 1".into()))? as usize,
+                "on_full" => settings.on_full = value.clone().try_into().map_err(|_| err("must be \"drop_oldest\" or \"block\"".into()))?,
                 k if attachments.contains(&k) => {
                     let sub = value.as_table().ok_or_else(|| err(format!("`{k}` is an attachment: expected a table of cadence keys")))?;
                     if let Some(unknown) = sub.keys().find(|k| !CADENCE_KEYS.contains(&k.as_str())) {

@@ -54,12 +54,7 @@ impl Batch {
             return self;
         }
         let move_ = |t: Tensor| t.to_device_(device, t.kind(), non_blocking, false);
-        Batch {
-            inputs: move_(self.inputs),
-            targets: move_(self.targets),
-            dataset_ids: self.dataset_ids.map(move_),
-            ..self
-        }
+        Batch { inputs: move_(self.inputs), targets: move_(self.targets), dataset_ids: self.dataset_ids.map(move_), ..self }
     }
 }
 
@@ -105,8 +100,7 @@ pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
         _ => config.model.block_size,
     };
     let classify = config.model.kind == crate::config::ModelKind::Mlp
-        || (config.model.kind == crate::config::ModelKind::Torchscript
-            && config.model.task == crate::config::TaskKind::Classification);
+        || (config.model.kind == crate::config::ModelKind::Torchscript && config.model.task == crate::config::TaskKind::Classification);
     Ok(match (data.kind, classify) {
         (DataKind::Synthetic, false) => Arc::new(TokenWindows::synthetic(config, seq_len)),
         (DataKind::Synthetic, true) => Arc::new(Classification::synthetic(config)),

@@ -107,7 +107,10 @@ impl TokenWindows {
             if max >= config.model.vocab_size {
                 return Err(Error::Data {
                     path: path.into(),
-                    message: format!("token id {max} does not fit model.vocab_size = {} (set model.vocab_size, e.g. 50304 for GPT-2 tokens)", config.model.vocab_size),
+                    message: format!(
+                        "token id {max} does not fit model.vocab_size = {} (set model.vocab_size, e.g. 50304 for GPT-2 tokens)",
+                        config.model.vocab_size
+                    ),
                 });
             }
         }

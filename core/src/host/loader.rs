@@ -20,9 +20,8 @@ pub const FILE_PREFIX: &str = "libptrain_plugin_";
 /// `$PTRAIN_PLUGIN_PATH` (colon-separated), then the executable's directory and its
 /// `plugins/` subdirectory.
 pub fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PTRAIN_PLUGIN_PATH")
-        .map(|p| std::env::split_paths(&p).filter(|d| !d.as_os_str().is_empty()).collect())
-        .unwrap_or_default();
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PTRAIN_PLUGIN_PATH").map(|p| std::env::split_paths(&p).filter(|d| !d.as_os_str().is_empty()).collect()).unwrap_or_default();
     if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
         dirs.push(exe_dir.join("plugins"));
         dirs.insert(dirs.len() - 1, exe_dir);
@@ -97,8 +96,8 @@ pub fn load(path: &Path) -> Result<PluginLibrary, Error> {
     // Leaked: plugins are never unloaded, so their code and statics stay valid.
     let raw: &'static RawLibrary = Box::leak(Box::new(raw));
     // SAFETY: reads the abi_stable header symbol; its layout is checked below.
-    let header = unsafe { abi_header_from_raw_library(raw) }
-        .map_err(|_| refuse("not a ptrain plugin: it exports no abi_stable root module".into()))?;
+    let header =
+        unsafe { abi_header_from_raw_library(raw) }.map_err(|_| refuse("not a ptrain plugin: it exports no abi_stable root module".into()))?;
     let header = header.upgrade().map_err(|_| refuse("not a ptrain plugin: built with an incompatible abi_stable version".into()))?;
     let root_name = header.root_mod_consts().name().as_str();
     if root_name != ROOT_MODULE_NAME {

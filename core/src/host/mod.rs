@@ -12,8 +12,8 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use abi_stable::std_types::{RResult, RSlice, RVec};
 use ptrain_plugin_api::{
-    Cadence, CheckpointPayload, Descriptor, Hook, Metric, MetricBatch, NamedBlob, Needs, Outbox, PluginBox, StepContext,
-    StepTensors, TensorRef, Threading,
+    Cadence, CheckpointPayload, Descriptor, Hook, Metric, MetricBatch, NamedBlob, Needs, Outbox, PluginBox, StepContext, StepTensors, TensorRef,
+    Threading,
 };
 use serde::Serialize;
 
@@ -112,7 +112,12 @@ fn masked<'a>(ctx: &StepContext<'a>, needs: Needs) -> StepContext<'a> {
 impl PluginHost {
     /// Loads the requested plugins (names or paths) and returns their scheduled
     /// attachments. Every problem here is a usage error: nothing has trained yet.
-    pub fn load(requests: &[String], tables: &BTreeMap<String, toml::Table>, services: &'static HostServices, rank: u32) -> Result<(PluginHost, Vec<SlotSpec>)> {
+    pub fn load(
+        requests: &[String],
+        tables: &BTreeMap<String, toml::Table>,
+        services: &'static HostServices,
+        rank: u32,
+    ) -> Result<(PluginHost, Vec<SlotSpec>)> {
         let mut host = PluginHost { instances: Vec::new(), outbox: Outbox::new(), failures: Vec::new(), services, keep_schedule: false };
         let mut slots = Vec::new();
         for request in requests {
@@ -130,7 +135,8 @@ impl PluginHost {
             let index = host.instances.len();
             let mut events = 0;
             for (k, a) in d.attachments.iter().enumerate() {
-                let worker_step_hook = d.threading == Threading::Worker && !matches!(a.hook, Hook::Metrics | Hook::Checkpoint | Hook::RunStart | Hook::RunEnd);
+                let worker_step_hook =
+                    d.threading == Threading::Worker && !matches!(a.hook, Hook::Metrics | Hook::Checkpoint | Hook::RunStart | Hook::RunEnd);
                 if worker_step_hook {
                     tracing::warn!("plugin `{name}`: worker plugins cannot attach to {}; ignored", a.hook.name());
                     continue;
@@ -218,7 +224,8 @@ impl PluginHost {
         for (index, instance) in self.instances.iter_mut().enumerate() {
             if let (Runner::Worker(w), false) = (&instance.runner, instance.failed) {
                 if w.shared.failed.load(std::sync::atomic::Ordering::Relaxed) {
-                    let (hook, error, failed_at) = w.shared.failure.lock().expect("failure lock").clone().unwrap_or((String::new(), String::new(), step));
+                    let (hook, error, failed_at) =
+                        w.shared.failure.lock().expect("failure lock").clone().unwrap_or((String::new(), String::new(), step));
                     instance.failed = true;
                     self.failures.push(Failure { plugin: instance.info.name.clone(), hook, step: failed_at, error });
                     unschedule(self.keep_schedule, index, scheduler, gate);
@@ -298,7 +305,14 @@ impl PluginHost {
         let due: Vec<usize> = if to_all {
             Vec::new()
         } else {
-            scheduler.due().filter(|(_, s)| s.hook == Hook::Metrics).filter_map(|(_, s)| match s.owner { Owner::Plugin(p) => Some(p), _ => None }).collect()
+            scheduler
+                .due()
+                .filter(|(_, s)| s.hook == Hook::Metrics)
+                .filter_map(|(_, s)| match s.owner {
+                    Owner::Plugin(p) => Some(p),
+                    _ => None,
+                })
+                .collect()
         };
         let batch = Arc::new(batch);
         let mut failed = Vec::new();

@@ -63,7 +63,12 @@ impl RunData {
             rank: self.rank,
             world_size: self.world_size,
             device: self.device(),
-            model: ModelInfo { kind: RStr::from_str(&self.model_kind), task: self.task, n_params: self.n_params, layers: RSlice::from_slice(&layers) },
+            model: ModelInfo {
+                kind: RStr::from_str(&self.model_kind),
+                task: self.task,
+                n_params: self.n_params,
+                layers: RSlice::from_slice(&layers),
+            },
             datasets: RSlice::from_slice(&datasets),
             batch_size: self.batch_size,
             seq_len: self.seq_len,

@@ -105,10 +105,8 @@ impl Worker {
             saves: SaveTracker::default(),
         });
         let (q, s, plugin_name) = (queue.clone(), shared.clone(), name.to_string());
-        let thread = std::thread::Builder::new()
-            .name(format!("ptrain-plugin-{name}"))
-            .spawn(move || run(&plugin_name, &q, &s))
-            .expect("spawn plugin worker");
+        let thread =
+            std::thread::Builder::new().name(format!("ptrain-plugin-{name}")).spawn(move || run(&plugin_name, &q, &s)).expect("spawn plugin worker");
         Worker { queue, shared, thread: Some(thread) }
     }
 

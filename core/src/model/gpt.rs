@@ -7,11 +7,7 @@ use super::{Layer, LayerKind, Model, Task};
 use crate::config::ModelConfig;
 
 fn init_linear(vs: nn::Path, inp: i64, out: i64, bias: bool, stdev: f64) -> nn::Linear {
-    let config = nn::LinearConfig {
-        ws_init: nn::Init::Randn { mean: 0.0, stdev },
-        bs_init: bias.then_some(nn::Init::Const(0.0)),
-        bias,
-    };
+    let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
     nn::linear(vs, inp, out, config)
 }
 

@@ -13,7 +13,13 @@ pub struct LrSchedule {
 
 impl LrSchedule {
     pub fn new(config: &OptimConfig, total_steps: u64) -> LrSchedule {
-        LrSchedule { peak: config.lr, min: config.min_lr, warmup: config.warmup_steps, total: total_steps, cosine: config.schedule == Schedule::Cosine }
+        LrSchedule {
+            peak: config.lr,
+            min: config.min_lr,
+            warmup: config.warmup_steps,
+            total: total_steps,
+            cosine: config.schedule == Schedule::Cosine,
+        }
     }
 
     /// The learning rate of optimizer step `step` (from 1).

@@ -20,13 +20,7 @@ use tch::nn;
 pub use run::Outcome;
 pub use summary::{EvalPoint, PhaseSummary, Summary};
 
-use crate::{
-    config::Config,
-    data::Dataset,
-    dist::DataParallel,
-    error::Result,
-    model::Model,
-};
+use crate::{config::Config, data::Dataset, dist::DataParallel, error::Result, model::Model};
 
 /// Builds a model under a `VarStore` path, given the dataset it will train on.
 pub type ModelFactory = Box<dyn FnOnce(&nn::Path, &dyn Dataset) -> Result<Box<dyn Model>>>;

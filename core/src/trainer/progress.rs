@@ -30,13 +30,7 @@ impl Progress {
     }
 
     pub fn update(&self, line: &Line) {
-        let text = format!(
-            "loss {:.4}  lr {:.2e}  {:.0} tok/s  eta {}",
-            line.loss,
-            line.lr,
-            line.tokens_per_s,
-            format_secs(line.eta_s)
-        );
+        let text = format!("loss {:.4}  lr {:.2e}  {:.0} tok/s  eta {}", line.loss, line.lr, line.tokens_per_s, format_secs(line.eta_s));
         match &self.bar {
             Some(bar) => {
                 bar.set_position(line.step);

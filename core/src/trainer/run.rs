@@ -8,8 +8,8 @@ use std::{
 
 use abi_stable::std_types::{RSlice, RStr, RVec};
 use ptrain_plugin_api::{
-    CheckpointPayload, CheckpointReason, DeviceKind, Histogram, Hook, Metric, MetricBatch, NamedTensor, Needs, PhaseTimes,
-    Scalar, StepContext, StepTensors, Task, TensorRef,
+    CheckpointPayload, CheckpointReason, DeviceKind, Histogram, Hook, Metric, MetricBatch, NamedTensor, Needs, PhaseTimes, Scalar, StepContext,
+    StepTensors, Task, TensorRef,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -26,7 +26,7 @@ use crate::{
     dist::DataParallel,
     error::{Error, Result},
     hooks::{Cadence, CoreTask, Gate, Owner, Scheduler, SlotSpec, StepPlan, Ticker},
-    host::{PluginHost, RunData, RunEndData, HostServices},
+    host::{HostServices, PluginHost, RunData, RunEndData},
     model::{self, Model},
     optim::{LrSchedule, Optimizer},
     signals::Signals,
@@ -247,10 +247,11 @@ impl Run {
             }
             None => None,
         };
-        let checkpoint = resume_path.as_deref().map(ptrain_checkpoint::read).transpose().map_err(|e| Error::Checkpoint {
-            path: resume_path.clone().unwrap_or_default(),
-            message: e.to_string(),
-        })?;
+        let checkpoint = resume_path
+            .as_deref()
+            .map(ptrain_checkpoint::read)
+            .transpose()
+            .map_err(|e| Error::Checkpoint { path: resume_path.clone().unwrap_or_default(), message: e.to_string() })?;
 
         if config.run.threads > 0 {
             tch::set_num_threads(config.run.threads as i32);
@@ -286,11 +287,15 @@ impl Run {
         let mut counters = (0u64, 0u64, 0u64, 0u64);
         if let Some(ckpt) = &checkpoint {
             for (name, live) in params.iter_mut() {
-                let saved = ckpt.model.get(name).ok_or_else(|| Error::Checkpoint { path: ckpt.path.clone(), message: format!("no weights for `{name}`") })?;
+                let saved =
+                    ckpt.model.get(name).ok_or_else(|| Error::Checkpoint { path: ckpt.path.clone(), message: format!("no weights for `{name}`") })?;
                 payload::restore(name, live, saved)?;
             }
             optimizer.load_state(|name| {
-                ckpt.optimizer.get(name).and_then(|t| Tensor::f_from_data_size(&t.data, &t.shape, payload::kind_of(t.dtype)).ok()).map(|t| t.to_device(device))
+                ckpt.optimizer
+                    .get(name)
+                    .and_then(|t| Tensor::f_from_data_size(&t.data, &t.shape, payload::kind_of(t.dtype)).ok())
+                    .map(|t| t.to_device(device))
             })?;
             let state = &ckpt.state;
             start_step = state["step"].as_u64().unwrap_or(0);
@@ -338,7 +343,8 @@ impl Run {
         }
         let scheduler = Scheduler::new(slots, start_step + 1, total_steps, t.eval_every);
         gate.set(scheduler.next_due());
-        let ticker = scheduler.min_period_secs().map(|secs| Ticker::start(gate.clone(), std::time::Duration::from_secs_f64((secs / 4.0).clamp(0.05, 1.0))));
+        let ticker =
+            scheduler.min_period_secs().map(|secs| Ticker::start(gate.clone(), std::time::Duration::from_secs_f64((secs / 4.0).clamp(0.05, 1.0))));
         let signals = if handle_signals { Some(Signals::install(services)?) } else { None };
 
         let b = config.data.batch_size as u64;
@@ -519,7 +525,11 @@ impl Run {
             for micro in 0..accum {
                 let batch = self.loader.as_mut().expect("loader").next_batch().to_device(self.device, true);
                 phases.data_s += clock.lap();
-                let logits = if self.autocast { tch::autocast(true, || self.model.forward(&batch.inputs, true)) } else { self.model.forward(&batch.inputs, true) };
+                let logits = if self.autocast {
+                    tch::autocast(true, || self.model.forward(&batch.inputs, true))
+                } else {
+                    self.model.forward(&batch.inputs, true)
+                };
                 let mut loss = model::loss(self.task, &logits, &batch.targets);
                 if debug_nan && self.nonfinite.inject.contains(&step) {
                     loss *= f64::NAN;
@@ -681,7 +691,11 @@ impl Run {
             for i in 0..batches {
                 let key = BatchKey { step: i, micro: 0, first_sample: self.rank as u64 * b, count: b };
                 let batch = self.dataset.batch(Split::Val, key).to_device(self.device, true);
-                let logits = if self.autocast { tch::autocast(true, || self.model.forward(&batch.inputs, false)) } else { self.model.forward(&batch.inputs, false) };
+                let logits = if self.autocast {
+                    tch::autocast(true, || self.model.forward(&batch.inputs, false))
+                } else {
+                    self.model.forward(&batch.inputs, false)
+                };
                 let loss = model::loss(self.task, &logits, &batch.targets).to_kind(Kind::Double);
                 let right = match self.task {
                     Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
@@ -703,10 +717,7 @@ impl Run {
         let loss = loss_sum / (batches * self.world as u64) as f64;
         let accuracy = (self.task == Task::Classification).then(|| correct / count.max(1.0));
         self.evals.push(EvalPoint { step, loss, accuracy });
-        self.progress.println(&format!(
-            "eval at step {step}: loss {loss:.4}{}",
-            accuracy.map(|a| format!(", accuracy {a:.3}")).unwrap_or_default()
-        ));
+        self.progress.println(&format!("eval at step {step}: loss {loss:.4}{}", accuracy.map(|a| format!(", accuracy {a:.3}")).unwrap_or_default()));
         let mut metrics = vec![Metric::scalar("eval/loss", loss)];
         if let Some(a) = accuracy {
             metrics.push(Metric::scalar("eval/accuracy", a));
@@ -914,7 +925,13 @@ impl Run {
             final_loss,
             final_eval_loss,
             evals: self.evals.clone(),
-            phase_times: PhaseSummary { data_s: p.data_s, forward_s: p.forward_s, backward_s: p.backward_s, optimizer_s: p.optimizer_s, hooks_s: self.hooks_total_s },
+            phase_times: PhaseSummary {
+                data_s: p.data_s,
+                forward_s: p.forward_s,
+                backward_s: p.backward_s,
+                optimizer_s: p.optimizer_s,
+                hooks_s: self.hooks_total_s,
+            },
             peak_memory_bytes: device::peak_memory(self.device),
             device: device::label(self.device),
             device_name: self.device_name.clone(),

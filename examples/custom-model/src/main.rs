@@ -25,7 +25,11 @@ impl ResidualMlp {
         let blocks = (0..depth)
             .map(|i| {
                 let b = vs / "blocks" / i;
-                (nn::layer_norm(&b / "norm", vec![width], Default::default()), nn::linear(&b / "up", width, 2 * width, Default::default()), nn::linear(&b / "down", 2 * width, width, Default::default()))
+                (
+                    nn::layer_norm(&b / "norm", vec![width], Default::default()),
+                    nn::linear(&b / "up", width, 2 * width, Default::default()),
+                    nn::linear(&b / "down", 2 * width, width, Default::default()),
+                )
             })
             .collect();
         ResidualMlp {
@@ -84,6 +88,13 @@ fn main() -> anyhow::Result<()> {
         .with_model(|vs, data| Ok(Box::new(ResidualMlp::new(vs, data.input_dim(), 64, 2, data.num_classes())) as Box<dyn Model>))
         .run()?;
     let s = &outcome.summary;
-    println!("{} {}: loss {:.4} -> {:.4}, eval accuracy {:.3}", s.model, s.status, s.first_loss.unwrap_or(f64::NAN), s.final_loss.unwrap_or(f64::NAN), s.evals.last().and_then(|e| e.accuracy).unwrap_or(f64::NAN));
+    println!(
+        "{} {}: loss {:.4} -> {:.4}, eval accuracy {:.3}",
+        s.model,
+        s.status,
+        s.first_loss.unwrap_or(f64::NAN),
+        s.final_loss.unwrap_or(f64::NAN),
+        s.evals.last().and_then(|e| e.accuracy).unwrap_or(f64::NAN)
+    );
     Ok(())
 }

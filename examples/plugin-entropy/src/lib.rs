@@ -11,8 +11,8 @@
 //! kept in checkpoints.
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, HostApi, Hook, LogLevel, Needs, Outbox, Plugin, PluginResult,
-    StepContext, Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, LogLevel, Needs, Outbox, Plugin, PluginResult, StepContext,
+    Threading,
 };
 use serde::Deserialize;
 use tch::Kind;
@@ -42,8 +42,13 @@ const ATTACHMENTS: &[Attachment] = &[
 ];
 
 impl Plugin for Entropy {
-    const DESCRIPTOR: Descriptor =
-        Descriptor::new("entropy", env!("CARGO_PKG_VERSION"), "mean prediction entropy of the batch (example plugin)", Threading::Inline, ATTACHMENTS);
+    const DESCRIPTOR: Descriptor = Descriptor::new(
+        "entropy",
+        env!("CARGO_PKG_VERSION"),
+        "mean prediction entropy of the batch (example plugin)",
+        Threading::Inline,
+        ATTACHMENTS,
+    );
 
     fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self> {
         Ok(Entropy { options: parse_options(options)?, host, warned: false })
@@ -66,7 +71,11 @@ impl Plugin for Entropy {
         out.scalar("entropy/mean", entropy);
         if entropy < self.options.warn_below && !self.warned {
             self.warned = true;
-            self.host.log(LogLevel::Warn, "entropy", &format!("mean prediction entropy {entropy:.4} at step {} is below {}", ctx.step, self.options.warn_below));
+            self.host.log(
+                LogLevel::Warn,
+                "entropy",
+                &format!("mean prediction entropy {entropy:.4} at step {} is below {}", ctx.step, self.options.warn_below),
+            );
         }
         Ok(())
     }

@@ -13,14 +13,11 @@
 
 mod retention;
 
-use std::{
-    path::PathBuf,
-    time::Instant,
-};
+use std::{path::PathBuf, time::Instant};
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, CheckpointPayload, Descriptor, HostApi, Hook, LogLevel, MetricBatch, Plugin,
-    PluginResult, RunEnd, RunInfo, Threading,
+    export_plugin, parse_options, Attachment, Cadence, CheckpointPayload, Descriptor, Hook, HostApi, LogLevel, MetricBatch, Plugin, PluginResult,
+    RunEnd, RunInfo, Threading,
 };
 use retention::{Action, Entry, Mode, Retention};
 use serde::{Deserialize, Serialize};

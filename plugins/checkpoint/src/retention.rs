@@ -53,11 +53,8 @@ impl Retention {
         by_step.sort_unstable_by(|a, b| b.cmp(a));
         let newest: Vec<u64> = by_step.iter().copied().take(self.keep_last).collect();
         let best: Vec<u64> = self.best(entries).iter().map(|e| e.step).collect();
-        let mut deletions: Vec<Action> = by_step
-            .into_iter()
-            .filter(|s| *s != latest && !newest.contains(s) && !best.contains(s))
-            .map(Action::Delete)
-            .collect();
+        let mut deletions: Vec<Action> =
+            by_step.into_iter().filter(|s| *s != latest && !newest.contains(s) && !best.contains(s)).map(Action::Delete).collect();
         deletions.sort_unstable_by_key(|Action::Delete(s)| *s);
         deletions
     }

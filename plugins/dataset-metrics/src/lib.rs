@@ -10,8 +10,8 @@
 mod accumulator;
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, HostApi, Hook, LogLevel, Needs, Outbox, Plugin, PluginError,
-    PluginResult, RunInfo, StepContext, Task, TensorRef, Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, LogLevel, Needs, Outbox, Plugin, PluginError, PluginResult,
+    RunInfo, StepContext, Task, TensorRef, Threading,
 };
 use serde::Deserialize;
 
@@ -109,13 +109,8 @@ impl DatasetMetrics {
 }
 
 impl Plugin for DatasetMetrics {
-    const DESCRIPTOR: Descriptor = Descriptor::new(
-        NAME,
-        env!("CARGO_PKG_VERSION"),
-        "per-dataset loss and accuracy, accumulated on the device",
-        Threading::Inline,
-        ATTACHMENTS,
-    );
+    const DESCRIPTOR: Descriptor =
+        Descriptor::new(NAME, env!("CARGO_PKG_VERSION"), "per-dataset loss and accuracy, accumulated on the device", Threading::Inline, ATTACHMENTS);
 
     fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self> {
         let _: Options = parse_options(options)?;

@@ -4,9 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use abi_stable::std_types::{RResult, RSlice, RStr, RString};
-use ptrain_plugin_api::{testing, HostApi, Hook, LogLevel, ModelInfo, Outbox, Plugin, RunInfo, StepContext, StepTensors, Task,
-    TensorRef,
-};
+use ptrain_plugin_api::{testing, Hook, HostApi, LogLevel, ModelInfo, Outbox, Plugin, RunInfo, StepContext, StepTensors, Task, TensorRef};
 use tch::Tensor;
 
 use super::DatasetMetrics;
@@ -61,7 +59,8 @@ fn a_report_all_reduces_once_and_emits_window_means() {
     let ids = Tensor::from_slice(&[0i64, 0, 1]);
     let mut out = Outbox::new();
     for s in 1..=2 {
-        let tensors = StepTensors { logits: TensorRef::of(&logits), labels: TensorRef::of(&labels), dataset_ids: TensorRef::of(&ids), ..StepTensors::NONE };
+        let tensors =
+            StepTensors { logits: TensorRef::of(&logits), labels: TensorRef::of(&labels), dataset_ids: TensorRef::of(&ids), ..StepTensors::NONE };
         plugin.on_step(&step(Hook::AfterForward, s, tensors), &mut out).unwrap();
     }
     assert_eq!(calls.reduces.load(Ordering::SeqCst), 0, "accumulating communicates nothing");

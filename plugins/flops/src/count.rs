@@ -48,7 +48,17 @@ mod tests {
     use super::*;
 
     fn linear(inp: u64, out: u64, positions: u64, input_grad: bool) -> LayerSpec<'static> {
-        LayerSpec { name: "layer".into(), kind: LayerKind::Linear, in_features: inp, out_features: out, positions, heads: 0, head_dim: 0, seq_len: 0, input_grad }
+        LayerSpec {
+            name: "layer".into(),
+            kind: LayerKind::Linear,
+            in_features: inp,
+            out_features: out,
+            positions,
+            heads: 0,
+            head_dim: 0,
+            seq_len: 0,
+            input_grad,
+        }
     }
 
     fn attention(heads: u64, head_dim: u64, t: u64) -> LayerSpec<'static> {
@@ -70,7 +80,13 @@ mod tests {
         let (n_layer, d, t, vocab) = (3u64, 48u64, 20u64, 256u64);
         let mut layers = Vec::new();
         for _ in 0..n_layer {
-            layers.extend([linear(d, 3 * d, t, true), attention(4, d / 4, t), linear(d, d, t, true), linear(d, 4 * d, t, true), linear(4 * d, d, t, true)]);
+            layers.extend([
+                linear(d, 3 * d, t, true),
+                attention(4, d / 4, t),
+                linear(d, d, t, true),
+                linear(d, 4 * d, t, true),
+                linear(4 * d, d, t, true),
+            ]);
         }
         layers.push(linear(d, vocab, t, true));
         let params = n_layer * 12 * d * d + d * vocab;

@@ -14,8 +14,8 @@ mod peak;
 use std::time::Duration;
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, DeviceKind, HostApi, Hook, LogLevel, Outbox, Plugin, PluginError,
-    PluginResult, RunEnd, RunInfo, StepContext, TensorRef, Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, DeviceKind, Hook, HostApi, LogLevel, Outbox, Plugin, PluginError, PluginResult,
+    RunEnd, RunInfo, StepContext, TensorRef, Threading,
 };
 use ptrain_torch_ext::profiler::{self, FlopCounts};
 use serde::Deserialize;

@@ -4,8 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use abi_stable::std_types::{RResult, RStr, RString};
-use ptrain_plugin_api::{testing, HostApi, Hook, LayerKind, LayerSpec, ModelInfo, Outbox, Plugin, RunInfo, StepContext, Task, TensorRef,
-};
+use ptrain_plugin_api::{testing, Hook, HostApi, LayerKind, LayerSpec, ModelInfo, Outbox, Plugin, RunInfo, StepContext, Task, TensorRef};
 
 use super::Flops;
 
@@ -27,7 +26,17 @@ extern "C" fn broadcast_from_rank0(_: *const (), tensor: TensorRef, root: u32) -
 }
 
 fn linear(inp: u64, out: u64, input_grad: bool) -> LayerSpec<'static> {
-    LayerSpec { name: "l".into(), kind: LayerKind::Linear, in_features: inp, out_features: out, positions: 1, heads: 0, head_dim: 0, seq_len: 0, input_grad }
+    LayerSpec {
+        name: "l".into(),
+        kind: LayerKind::Linear,
+        in_features: inp,
+        out_features: out,
+        positions: 1,
+        heads: 0,
+        head_dim: 0,
+        seq_len: 0,
+        input_grad,
+    }
 }
 
 fn start(plugin: &mut Flops, layers: &[LayerSpec<'static>], rank: u32, world_size: u32, accum_steps: u64) -> ptrain_plugin_api::PluginResult {

@@ -11,8 +11,8 @@ use std::{
 };
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, HostApi, Hook, MetricBatch, Needs, Plugin, PluginResult,
-    RunEnd, RunInfo, Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch, Needs, Plugin, PluginResult, RunEnd, RunInfo,
+    Threading,
 };
 use serde::Deserialize;
 

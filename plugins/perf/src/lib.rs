@@ -9,7 +9,7 @@ mod detector;
 mod memory;
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, DeviceKind, HostApi, Hook, LogLevel, Outbox, PhaseTimes, Plugin, PluginError,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, DeviceKind, Hook, HostApi, LogLevel, Outbox, PhaseTimes, Plugin, PluginError,
     PluginResult, RunEnd, RunInfo, StepContext, Threading,
 };
 use serde::Deserialize;
@@ -123,7 +123,8 @@ impl Perf {
         if let Some((first, last)) = span {
             let p = per_step(&last.totals, &first.totals, last.step - first.step);
             s["steps"] = json!({ "first": first.step + 1, "last": last.step });
-            s["per_step_s"] = json!({ "data": p.data_s, "forward": p.forward_s, "backward": p.backward_s, "optimizer": p.optimizer_s, "step": p.step_s });
+            s["per_step_s"] =
+                json!({ "data": p.data_s, "forward": p.forward_s, "backward": p.backward_s, "optimizer": p.optimizer_s, "step": p.step_s });
             if p.step_s > 0.0 {
                 s["data_ratio"] = (p.data_s / p.step_s).into();
             }
@@ -159,13 +160,8 @@ impl Perf {
 }
 
 impl Plugin for Perf {
-    const DESCRIPTOR: Descriptor = Descriptor::new(
-        NAME,
-        env!("CARGO_PKG_VERSION"),
-        "phase times, throughput, memory and a slowdown detector",
-        Threading::Inline,
-        ATTACHMENTS,
-    );
+    const DESCRIPTOR: Descriptor =
+        Descriptor::new(NAME, env!("CARGO_PKG_VERSION"), "phase times, throughput, memory and a slowdown detector", Threading::Inline, ATTACHMENTS);
 
     fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self> {
         let options: Options = parse_options(options)?;

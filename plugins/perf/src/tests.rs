@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 
 use abi_stable::std_types::RStr;
-use ptrain_plugin_api::{testing, HostApi, Hook, LogLevel, Outbox, PhaseTimes, Plugin, StepContext};
+use ptrain_plugin_api::{testing, Hook, HostApi, LogLevel, Outbox, PhaseTimes, Plugin, StepContext};
 
 use super::Perf;
 

@@ -51,7 +51,11 @@ fn report(name: &str, windows: &[f64], bytes: u64, total: Duration, records: u64
     println!("  records {records}, file {:.1} MiB, {:.3} s incl. final flush", bytes as f64 / (1 << 20) as f64, total.as_secs_f64());
     println!("  per record, first 10%: median {m1:.1} ns, mean {:.1} ns", mean(first));
     println!("  per record, last 10%:  median {m2:.1} ns, mean {:.1} ns", mean(last));
-    println!("  last vs first (median): {:+.2}%  ({})", (m2 / m1 - 1.0) * 100.0, if (m2 / m1 - 1.0).abs() <= 0.05 { "within 5%" } else { "NOT within 5%" });
+    println!(
+        "  last vs first (median): {:+.2}%  ({})",
+        (m2 / m1 - 1.0) * 100.0,
+        if (m2 / m1 - 1.0).abs() <= 0.05 { "within 5%" } else { "NOT within 5%" }
+    );
     println!(
         "  throughput: {:.0} records/s, {:.1} MiB/s",
         records as f64 / total.as_secs_f64(),
@@ -66,8 +70,19 @@ fn scalar(i: u64) -> Event {
 /// A typical metrics batch: basic and detailed scalars in one event.
 fn batch(i: u64) -> Event {
     const TAGS: [&str; 13] = [
-        "train/loss", "train/lr", "train/tokens_per_s", "train/samples_per_s", "train/epoch", "train/grad_norm", "time/data_s",
-        "time/forward_s", "time/backward_s", "time/optimizer_s", "time/step_s", "memory/current_bytes", "memory/peak_bytes",
+        "train/loss",
+        "train/lr",
+        "train/tokens_per_s",
+        "train/samples_per_s",
+        "train/epoch",
+        "train/grad_norm",
+        "time/data_s",
+        "time/forward_s",
+        "time/backward_s",
+        "time/optimizer_s",
+        "time/step_s",
+        "memory/current_bytes",
+        "memory/peak_bytes",
     ];
     Event::summary(1.7e9 + i as f64, i, TAGS.iter().enumerate().map(|(k, t)| Value::scalar(t, (i + k as u64) as f64 * 0.5)).collect())
 }

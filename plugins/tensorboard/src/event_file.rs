@@ -89,7 +89,7 @@ pub fn create(dir: &Path, wall_time: f64) -> io::Result<(EventFile<File>, PathBu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{What, Value};
+    use crate::proto::{Value, What};
 
     #[test]
     fn the_first_record_is_the_file_version() {

@@ -16,8 +16,8 @@ pub mod tfrecord;
 use std::{path::PathBuf, time::Duration};
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, HostApi, Hook, MetricBatch, MetricValue, Needs, Plugin,
-    PluginError, PluginResult, RunEnd, RunInfo, Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch, MetricValue, Needs, Plugin, PluginError, PluginResult,
+    RunEnd, RunInfo, Threading,
 };
 use serde::Deserialize;
 
@@ -95,7 +95,8 @@ impl Plugin for TensorBoard {
 
     fn on_run_start(&mut self, run: &RunInfo<'_>) -> PluginResult {
         let dir = self.options.logdir.clone().unwrap_or_else(|| PathBuf::from(run.run_dir.as_str()).join("tensorboard"));
-        let (file, path) = event_file::create(&dir, run.start_time).map_err(|e| PluginError::msg(format!("cannot create an event file in {}: {e}", dir.display())))?;
+        let (file, path) = event_file::create(&dir, run.start_time)
+            .map_err(|e| PluginError::msg(format!("cannot create an event file in {}: {e}", dir.display())))?;
         let writer = FlushedWriter::start(file, path, Duration::from_secs_f64(self.options.flush_secs))?;
         if run.start_step > 0 {
             // A resumed run redoes the steps after its checkpoint: readers drop what

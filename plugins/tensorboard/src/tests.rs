@@ -9,7 +9,15 @@ use super::*;
 use crate::proto::{Kind, What};
 
 fn with_run<R>(run_dir: &str, start_step: u64, f: impl FnOnce(&RunInfo<'_>) -> R) -> R {
-    f(&RunInfo { run_dir: run_dir.into(), config_toml: "[run]\nseed = 1\n".into(), seed: 1, start_step, total_steps: 100, start_time: 1_700_000_000.0, ..testing::run_info() })
+    f(&RunInfo {
+        run_dir: run_dir.into(),
+        config_toml: "[run]\nseed = 1\n".into(),
+        seed: 1,
+        start_step,
+        total_steps: 100,
+        start_time: 1_700_000_000.0,
+        ..testing::run_info()
+    })
 }
 
 fn end(step: u64) -> RunEnd<'static> {
@@ -52,7 +60,11 @@ fn writes_config_scalars_and_histograms_in_order() {
         step: 10,
         wall_time: 1_700_000_010.0,
         elapsed_s: 10.0,
-        metrics: RVec::from(vec![Metric::scalar("train/loss", 2.5), Metric::histogram("params/w", h.clone()), Metric::histogram("grads/empty", Histogram::default())]),
+        metrics: RVec::from(vec![
+            Metric::scalar("train/loss", 2.5),
+            Metric::histogram("params/w", h.clone()),
+            Metric::histogram("grads/empty", Histogram::default()),
+        ]),
     };
     tb.on_metrics(&batch).unwrap();
     let summary = tb.on_run_end(&end(10)).unwrap().unwrap();

@@ -23,8 +23,8 @@ pub mod settings;
 use std::path::{Path, PathBuf};
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, HostApi, Hook, MetricBatch, Needs, Plugin, PluginError,
-    PluginResult, RunEnd, RunInfo, Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch, Needs, Plugin, PluginError, PluginResult, RunEnd,
+    RunInfo, Threading,
 };
 use serde_json::json;
 
@@ -147,7 +147,9 @@ impl Wandb {
             .map_err(|e| format!("cannot create a W&B run directory in {}: {e}", root.join("wandb").display()))?;
         offline.write_run(&meta).map_err(|e| format!("cannot write {}: {e}", offline.file().display()))?;
         let online = match (s.mode, &s.api_key) {
-            (Mode::Online, Some(key)) => Some(Online::start(api::Api::new(&s.base_url, key), meta.clone()).map_err(|e| format!("cannot start the uploader: {e}"))?),
+            (Mode::Online, Some(key)) => {
+                Some(Online::start(api::Api::new(&s.base_url, key), meta.clone()).map_err(|e| format!("cannot start the uploader: {e}"))?)
+            }
             _ => None,
         };
         Ok(Active { meta, offline, online, latest: Latest::default(), rows: 0 })

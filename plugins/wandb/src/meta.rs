@@ -88,7 +88,10 @@ mod tests {
     #[test]
     fn the_config_becomes_nested_json() {
         let config = config_from_toml("[run]\nseed = 3\nname = \"x\"\n[optim]\nlr = 0.001\nbetas = [0.9, 0.95]\n").unwrap();
-        assert_eq!(serde_json::Value::Object(config), serde_json::json!({"run": {"seed": 3, "name": "x"}, "optim": {"lr": 0.001, "betas": [0.9, 0.95]}}));
+        assert_eq!(
+            serde_json::Value::Object(config),
+            serde_json::json!({"run": {"seed": 3, "name": "x"}, "optim": {"lr": 0.001, "betas": [0.9, 0.95]}})
+        );
         assert!(config_from_toml("not = [toml").is_err());
     }
 

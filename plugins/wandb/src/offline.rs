@@ -17,8 +17,8 @@ use crate::{
     leveldb::LogWriter,
     meta::RunMeta,
     proto::{
-        ConfigRecord, HeaderRecord, HistoryRecord, HistoryStep, Item, Record, RecordType, RunExitRecord, RunRecord, SummaryRecord,
-        Timestamp, VersionInfo,
+        ConfigRecord, HeaderRecord, HistoryRecord, HistoryStep, Item, Record, RecordType, RunExitRecord, RunRecord, SummaryRecord, Timestamp,
+        VersionInfo,
     },
 };
 

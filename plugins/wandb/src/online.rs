@@ -105,7 +105,11 @@ impl Online {
         let error = if complete {
             None
         } else {
-            state.fatal.clone().or_else(|| state.last_error.clone().map(|e| format!("gave up after {timeout:?}: {e}"))).or(Some(format!("still waiting for the W&B API {timeout:?} after the run ended")))
+            state
+                .fatal
+                .clone()
+                .or_else(|| state.last_error.clone().map(|e| format!("gave up after {timeout:?}: {e}")))
+                .or(Some(format!("still waiting for the W&B API {timeout:?} after the run ended")))
         };
         let report = Report { complete, rows_sent: state.sent, rows_not_sent: state.pushed - state.sent, run: state.run.clone(), error };
         // An upload still blocked on the network is left behind; it holds only its own state.

@@ -33,7 +33,12 @@ fn try_start(w: &mut Wandb, run_dir: &Path, start_step: u64) -> PluginResult {
 }
 
 fn batch(step: u64, loss: f64) -> MetricBatch {
-    MetricBatch { step, wall_time: 1_700_000_000.0 + step as f64, elapsed_s: step as f64, metrics: RVec::from(vec![Metric::scalar("train/loss", loss)]) }
+    MetricBatch {
+        step,
+        wall_time: 1_700_000_000.0 + step as f64,
+        elapsed_s: step as f64,
+        metrics: RVec::from(vec![Metric::scalar("train/loss", loss)]),
+    }
 }
 
 fn end(exit_code: i32) -> RunEnd<'static> {

@@ -39,7 +39,8 @@ fn at_checkpoint_follows_the_checkpoint_attachment() {
 
 #[test]
 fn the_gate_stays_closed_between_due_steps() {
-    let specs = vec![spec(Owner::Plugin(0), Hook::StepEnd, Cadence::every(50)), spec(Owner::Core(CoreTask::Progress), Hook::StepEnd, Cadence::every(20))];
+    let specs =
+        vec![spec(Owner::Plugin(0), Hook::StepEnd, Cadence::every(50)), spec(Owner::Core(CoreTask::Progress), Hook::StepEnd, Cadence::every(20))];
     let mut s = Scheduler::new(specs, 1, 1000, 0);
     let gate = Gate::new(s.next_due());
     let mut planned = Vec::new();
