@@ -134,14 +134,14 @@ fn ptrain_run(steps: u64, run_dir: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
-/// Runs the real `wandb sync` against `backend`.
-fn sync(dir: &Path, backend: &Backend, extra: &[&str]) {
+/// Runs the real `wandb sync` of `dirs` against `backend`.
+fn sync(dirs: &[&Path], backend: &Backend, extra: &[&str]) {
     let home = tempfile::tempdir().unwrap();
     let mut cmd = python();
     hermetic(&mut cmd)
         .args(["-m", "wandb", "sync"])
         .args(extra)
-        .arg(dir)
+        .args(dirs)
         .env("WANDB_BASE_URL", backend.url())
         .env("WANDB_API_KEY", KEY)
         .env("WANDB_CONFIG_DIR", home.path().join("config"))
@@ -238,7 +238,7 @@ fn an_offline_run_syncs_every_row_with_its_config_summary_and_exit_code() {
     assert!(stderr(&out).contains(&format!("wandb sync {}", run.display())), "{}", stderr(&out));
 
     let backend = Backend::start("ok");
-    sync(&run, &backend, &[]);
+    sync(&[&run], &backend, &[]);
     let got = backend.received();
     got.assert_authenticated();
 
@@ -312,7 +312,7 @@ fn online_mode_streams_the_run_and_keeps_a_local_copy_that_syncs_the_same() {
 
     // The local copy of an online run syncs to the same rows.
     let copy = Backend::start("ok");
-    sync(&run_dir_under(dir.path(), "run"), &copy, &["--include-online"]);
+    sync(&[&run_dir_under(dir.path(), "run")], &copy, &["--include-online"]);
     let synced = copy.received();
     assert_eq!(synced.history.len(), online.history.len());
     for (a, b) in synced.history.iter().zip(&online.history) {
@@ -363,7 +363,7 @@ fn a_dead_network_neither_stops_the_run_nor_loses_the_local_copy() {
     assert!(err.contains("upload incomplete") && err.contains(&format!("wandb sync --include-online {}", local.display())), "{err}");
 
     let good = Backend::start("ok");
-    sync(&local, &good, &["--include-online"]);
+    sync(&[&local], &good, &["--include-online"]);
     let got = good.received();
     assert_eq!(got.steps(), vec![10, 20]);
     assert_eq!(got.exit_code, Some(0));
@@ -394,11 +394,59 @@ fn an_interrupted_run_still_ends_with_an_exit_record_that_sync_uploads() {
     let last = s["last_step"].as_u64().unwrap();
 
     let backend = Backend::start("ok");
-    sync(&run_dir_under(dir.path(), "offline-run"), &backend, &[]);
+    sync(&[&run_dir_under(dir.path(), "offline-run")], &backend, &[]);
     let got = backend.received();
     assert_eq!(got.exit_code, Some(130));
     assert_eq!(got.steps(), (10..=last).step_by(10).collect::<Vec<_>>());
     assert_eq!(got.summary["_step"], last - last % 10);
+}
+
+/// `ptrain run` with the wandb and checkpoint plugins, W&B every step: 10 steps,
+/// then resumed from their checkpoint to 20. Returns the W&B run id of each part.
+fn run_in_two_parts(dir: &Path, env: &[(&str, &str)]) -> [String; 2] {
+    let args = ["--plugins", "wandb,checkpoint", "--set", "plugins.wandb.every=1"];
+    let mut ids = Vec::new();
+    for (steps, resume) in [(10, None), (20, Some("--auto-resume"))] {
+        run_expect(ptrain_run(steps, dir, &args).args(resume).envs(env.iter().copied()), 0);
+        ids.push(summary(dir)["plugins"]["wandb"]["run_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(summary(dir)["last_step"], 20);
+    [ids[0].clone(), ids[1].clone()]
+}
+
+#[test]
+fn a_resumed_offline_run_syncs_as_one_run_continuing_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let [first, second] = run_in_two_parts(dir.path(), &[]);
+    assert_eq!(first, second, "the resumed part continues the W&B run");
+    // The printed command uploads both parts, in start order.
+    let command = summary(dir.path())["plugins"]["wandb"]["sync_command"].as_str().unwrap().to_string();
+    let parts: Vec<&Path> = command.strip_prefix("wandb sync ").expect("a wandb sync command").split(' ').map(Path::new).collect();
+    assert_eq!(parts.len(), 2, "{command}");
+    assert!(parts.iter().all(|p| p.is_dir() && p.to_str().unwrap().ends_with(&format!("-{first}"))), "{command}");
+
+    let backend = Backend::start("ok");
+    sync(&parts, &backend, &[]);
+    let got = backend.received();
+    assert_eq!(got.stream_paths.len(), 1, "one run: {:?}", got.stream_paths);
+    assert!(got.upserts.iter().all(|u| u["name"] == first.as_str()));
+    assert_eq!(got.steps(), (1..=20).collect::<Vec<_>>(), "the second part appends after the first");
+    assert_eq!(got.summary["_step"], 20);
+    assert_eq!(got.exit_code, Some(0));
+}
+
+#[test]
+fn a_resumed_online_run_appends_to_the_same_run() {
+    let backend = Backend::start("ok");
+    let dir = tempfile::tempdir().unwrap();
+    let url = backend.url();
+    let [first, second] = run_in_two_parts(dir.path(), &[("WANDB_MODE", "online"), ("WANDB_API_KEY", KEY), ("WANDB_BASE_URL", &url)]);
+    assert_eq!(first, second);
+    assert_eq!(summary(dir.path())["plugins"]["wandb"]["upload"]["complete"], true);
+    let got = backend.received();
+    assert_eq!(got.stream_paths.len(), 1, "one run: {:?}", got.stream_paths);
+    assert_eq!(got.steps(), (1..=20).collect::<Vec<_>>(), "the second part appends after the first");
+    assert_eq!(got.exit_code, Some(0));
 }
 
 #[test]

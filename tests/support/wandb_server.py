@@ -5,8 +5,10 @@ line of stdout, then appends every request to LOG as one JSON object per line:
 {method, path, auth (the decoded Basic credentials), body (parsed JSON, or null)}.
 
 ok:   answers what `wandb sync` and ptrain's online mode ask for: GraphQL
-      UpsertBucket (a bucket) and CreateRunFiles (upload URLs back to this server),
-      file_stream POSTs with {}, upload PUTs with 200, anything else with {"data": {}}.
+      UpsertBucket (a bucket), CreateRunFiles (upload URLs back to this server) and
+      RunResumeStatus (the history lines file_stream has received for the run, so a
+      resumed run appends after them), file_stream POSTs with {}, upload PUTs with
+      200, anything else with {"data": {}}.
 hang: logs each request and never answers it, like a network that went dead.
 flaky: like ok, but every other API request (the 1st, 3rd, ...) gets a 503 first,
       logged with "status": 503 and otherwise ignored.
@@ -23,6 +25,13 @@ MODE = sys.argv[2] if len(sys.argv) > 2 else "ok"
 LOCK = threading.Lock()
 FOREVER = threading.Event()
 API_CALLS = [0]
+# (entity, project, run id) -> what a W&B backend keeps of a run: the config of
+# its last UpsertBucket, and the history lines and summary file_stream sent.
+RUNS = {}
+
+
+def run_state(entity, project, name):
+    return RUNS.setdefault((entity or "test-entity", project or "uncategorized", name), {"config": {}, "history": [], "summary": "{}"})
 
 
 def record(handler, body, status):
@@ -47,6 +56,9 @@ def graphql(handler, request):
     if "upsertBucket" in query:
         project = variables.get("project") or "uncategorized"
         entity = variables.get("entity") or "test-entity"
+        if variables.get("config"):
+            with LOCK:
+                run_state(entity, project, variables.get("name"))["config"] = json.loads(variables["config"])
         return {
             "data": {
                 "upsertBucket": {
@@ -64,11 +76,50 @@ def graphql(handler, request):
                 }
             }
         }
+    if "RunResumeStatus" in query:
+        entity, project = variables.get("entity") or "test-entity", variables.get("project") or "uncategorized"
+        with LOCK:
+            run = RUNS.get((entity, project, variables.get("name")))
+            run = json.loads(json.dumps(run)) if run else None
+        model = {"id": "UHJvamVjdDp2MQ==", "name": project, "entity": {"id": "RW50aXR5OnYx", "name": entity}, "bucket": None}
+        if run:
+            # Like W&B: `wandbConfig` holds the `t` (telemetry) of the run's `_wandb`
+            # config, which clients take as the sign that the run has started.
+            telemetry = (run["config"].get("_wandb") or {}).get("value", {}).get("t")
+            model["bucket"] = {
+                "id": "UnVuOnYx",
+                "name": variables.get("name"),
+                "displayName": variables.get("name"),
+                "summaryMetrics": run["summary"],
+                "logLineCount": 0,
+                "historyLineCount": len(run["history"]),
+                "eventsLineCount": 0,
+                "historyTail": json.dumps(run["history"][-10:]),
+                "eventsTail": "[]",
+                "config": json.dumps(run["config"]),
+                "tags": [],
+                "notes": None,
+                "wandbConfig": json.dumps({"t": telemetry} if telemetry is not None else {}),
+            }
+        return {"data": {"model": model}}
     if "createRunFiles" in query:
         port = handler.server.server_address[1]
         files = [{"name": f, "uploadUrl": f"http://127.0.0.1:{port}/upload/{f}"} for f in variables.get("files", [])]
         return {"data": {"createRunFiles": {"runID": "UnVuOnYx", "uploadHeaders": [], "files": files}}}
     return {"data": {}}
+
+
+def keep_history(path, request):
+    _, _, entity, project, name, _ = path.split("/")
+    files = (request or {}).get("files") or {}
+    with LOCK:
+        run = run_state(entity, project, name)
+        if "wandb-history.jsonl" in files:
+            history = files["wandb-history.jsonl"]
+            del run["history"][history["offset"]:]
+            run["history"].extend(history["content"])
+        if "wandb-summary.json" in files:
+            run["summary"] = files["wandb-summary.json"]["content"][-1]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -104,6 +155,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.command == "POST" and self.path.startswith("/graphql"):
             self.answer(graphql(self, request))
+        elif self.command == "POST" and self.path.endswith("/file_stream"):
+            keep_history(self.path, request)
+            self.answer({})
         else:
             self.answer({})
 

@@ -88,9 +88,15 @@ impl Active {
             "dir": dir,
             "rows": self.rows,
         });
-        // `wandb sync` skips directories of online runs unless told otherwise.
-        let flag = if self.online.is_some() { "--include-online " } else { "" };
-        let sync = format!("wandb sync {flag}{}", shell_word(&dir));
+        // `wandb sync` skips directories of online runs unless told otherwise. A
+        // resumed offline run is uploaded with the directories of its earlier parts
+        // (already synced ones are skipped), which `wandb sync` appends in start order.
+        let sync = if self.online.is_some() {
+            format!("wandb sync --include-online {}", shell_word(&dir))
+        } else {
+            let parts = if self.meta.resume { crate::offline::parts_of(&dir, &self.meta.id) } else { vec![dir.clone()] };
+            format!("wandb sync {}", parts.iter().map(|p| shell_word(p)).collect::<Vec<_>>().join(" "))
+        };
         let upload = self.online.take().map(|online| online.finish(exit_code, self.latest.json(runtime), settings.upload_timeout));
         match &upload {
             // A file that could not be finished is reported by the host as our error.
@@ -143,8 +149,16 @@ impl Wandb {
             resume: run.start_step > 0,
         };
         let prefix = if s.mode == Mode::Online { "run" } else { "offline-run" };
-        let mut offline = OfflineRun::create(&root, prefix, &meta::local_stamp(run.start_time), &id)
-            .map_err(|e| format!("cannot create a W&B run directory in {}: {e}", root.join("wandb").display()))?;
+        let mut stamp_time = run.start_time;
+        let mut offline = loop {
+            match OfflineRun::create(&root, prefix, &meta::local_stamp(stamp_time), &id) {
+                // A resumed run that starts within the second its previous part started
+                // in: the next free second keeps the directories in start order.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && stamp_time < run.start_time + 60.0 => stamp_time += 1.0,
+                created => break created,
+            }
+        }
+        .map_err(|e| format!("cannot create a W&B run directory in {}: {e}", root.join("wandb").display()))?;
         offline.write_run(&meta).map_err(|e| format!("cannot write {}: {e}", offline.file().display()))?;
         let online = match (s.mode, &s.api_key) {
             (Mode::Online, Some(key)) => {

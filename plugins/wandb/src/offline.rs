@@ -33,6 +33,27 @@ pub struct OfflineRun {
     last_flush: Instant,
 }
 
+/// The offline directories of run `id` beside `dir` (itself included), in start
+/// order: the parts of a run resumed from checkpoints.
+pub fn parts_of(dir: &Path, id: &str) -> Vec<PathBuf> {
+    let suffix = format!("-{id}");
+    let mut parts: Vec<PathBuf> = dir
+        .parent()
+        .and_then(|wandb| std::fs::read_dir(wandb).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("offline-run-") && n.ends_with(&suffix)))
+        .collect();
+    if !parts.contains(&dir.to_path_buf()) {
+        parts.push(dir.to_path_buf());
+    }
+    // The stamp (YYYYMMDD_HHMMSS) follows the same prefix, so names sort by start.
+    parts.sort();
+    parts
+}
+
 impl OfflineRun {
     /// Creates `<root>/wandb/<prefix>-<stamp>-<id>/`; `prefix` is `offline-run`, or
     /// `run` for the local copy of an online run, as the SDK names them.
@@ -188,6 +209,17 @@ mod tests {
         }
         assert!(matches!(types[3], RecordType::Summary(_)));
         assert_eq!(types[4], &RecordType::Exit(RunExitRecord { exit_code: 130, runtime: 2 }));
+    }
+
+    #[test]
+    fn the_parts_of_a_resumed_run_are_found_in_start_order() {
+        let root = tempfile::tempdir().unwrap();
+        for (stamp, id) in [("20240102_030407", "same"), ("20240102_030405", "same"), ("20240102_030406", "other")] {
+            OfflineRun::create(root.path(), "offline-run", stamp, id).unwrap();
+        }
+        let wandb = root.path().join("wandb");
+        let parts = parts_of(&wandb.join("offline-run-20240102_030407-same"), "same");
+        assert_eq!(parts, [wandb.join("offline-run-20240102_030405-same"), wandb.join("offline-run-20240102_030407-same")]);
     }
 
     #[test]
