@@ -155,7 +155,7 @@ fn two_ranks_report_the_sums_of_both() {
 }
 
 #[test]
-fn language_model_data_is_left_alone_with_one_warning() {
+fn language_model_data_is_left_alone_with_one_warning_and_off_the_schedule() {
     plugin_path("dataset-metrics");
     let dir = tempfile::tempdir().unwrap();
     let out = run_expect(
@@ -171,6 +171,8 @@ fn language_model_data_is_left_alone_with_one_warning() {
     assert!(!err.contains("failed"), "{err}");
     let rows = read_jsonl(&dir.path().join("metrics.jsonl"));
     assert!(rows.iter().all(|r| r.as_object().unwrap().keys().all(|k| !k.starts_with("dataset/"))), "{rows:?}");
+    let detached = &common::summary(dir.path())["detached_plugins"]["dataset-metrics"];
+    assert!(detached.as_str().is_some_and(|why| why.contains("no named datasets")), "{detached}");
 }
 
 #[test]

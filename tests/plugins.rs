@@ -92,6 +92,29 @@ fn an_erroring_inline_plugin_is_disabled_too() {
 }
 
 #[test]
+fn a_plugin_that_detaches_itself_is_called_no_more_and_is_no_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("inline-faults").display().to_string();
+    let out = run_expect(
+        ptrain()
+            .args(with_plugins(12, &format!("{faults},jsonl")))
+            .args(["--set", "plugins.inline-faults.detach_at=4", "--set", "plugins.jsonl.every=1"])
+            .arg("--run-dir")
+            .arg(dir.path())
+            .env("PTRAIN_LOG", "info"),
+        0,
+    );
+    let s = summary(dir.path());
+    assert_eq!(s["steps"], 12);
+    assert_eq!(s["plugin_failures"], serde_json::json!([]));
+    assert_eq!(s["detached_plugins"], serde_json::json!({ "inline-faults": "asked to at step 4" }));
+    assert_eq!(s["plugins"]["inline-faults"]["calls"], 4, "no call after the step it detached at");
+    assert!(stderr(&out).contains("plugin `inline-faults` left the schedule before step 5"), "{}", stderr(&out));
+    let alive: Vec<u64> = read_jsonl(&dir.path().join("metrics.jsonl")).iter().filter_map(|r| r["faults/alive"].as_f64()).map(|v| v as u64).collect();
+    assert_eq!(alive, vec![1, 2, 3, 4]);
+}
+
+#[test]
 fn a_panicking_sink_is_disabled_and_other_sinks_keep_receiving() {
     let dir = tempfile::tempdir().unwrap();
     let faults = fixture("worker-faults").display().to_string();

@@ -1,4 +1,5 @@
-//! Services the host offers plugins: logging, stopping the run, and collectives.
+//! Services the host offers plugins: logging, stopping the run, leaving the
+//! schedule, and collectives.
 
 use abi_stable::{
     std_types::{RResult, RStr, RString},
@@ -29,6 +30,7 @@ pub struct HostApi {
     pub request_stop: extern "C" fn(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>),
     pub all_reduce_sum: extern "C" fn(ctx: *const (), tensor: TensorRef) -> RResult<(), RString>,
     pub broadcast: extern "C" fn(ctx: *const (), tensor: TensorRef, root: u32) -> RResult<(), RString>,
+    pub detach: extern "C" fn(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>),
 }
 
 // The host's context is a `'static` object that is itself thread-safe.
@@ -43,6 +45,17 @@ impl HostApi {
     /// Asks the host to stop after the current step (saving a final checkpoint).
     pub fn request_stop(&self, plugin: &str, reason: &str) {
         (self.request_stop)(self.ctx, plugin.into(), reason.into())
+    }
+
+    /// Takes this plugin off the schedule for the rest of the run, from the next step
+    /// on: no more step, eval or checkpoint calls and no more metrics, so the loop
+    /// pays nothing for it. For a plugin that finds it has nothing to do in this run
+    /// (per-dataset metrics on data without datasets). Its state is still saved in
+    /// checkpoints, and `on_run_end` still comes. Not a failure: logged at info and
+    /// listed under `detached_plugins` in summary.json. Callable from any thread; in
+    /// a distributed run every rank must decide alike, as for collectives.
+    pub fn detach(&self, plugin: &str, reason: &str) {
+        (self.detach)(self.ctx, plugin.into(), reason.into())
     }
 
     pub fn all_reduce_sum(&self, tensor: TensorRef) -> Result<(), String> {
@@ -67,6 +80,9 @@ impl HostApi {
         extern "C" fn no_broadcast(_: *const (), _: TensorRef, _: u32) -> RResult<(), RString> {
             RResult::ROk(())
         }
-        HostApi { ctx: std::ptr::null(), log, request_stop, all_reduce_sum: no_reduce, broadcast: no_broadcast }
+        extern "C" fn detach(_: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
+            eprintln!("{plugin} detached: {reason}");
+        }
+        HostApi { ctx: std::ptr::null(), log, request_stop, all_reduce_sum: no_reduce, broadcast: no_broadcast, detach }
     }
 }

@@ -58,6 +58,8 @@ struct Instance {
     descriptor: Descriptor,
     runner: Runner,
     failed: bool,
+    /// Why the plugin took itself off the schedule ([`HostApi::detach`]).
+    detached: Option<String>,
     /// Event hooks the plugin declared (RunStart, Eval, RunEnd) as a bit mask.
     events: u32,
     sink: bool,
@@ -106,6 +108,13 @@ fn masked<'a>(ctx: &StepContext<'a>, needs: Needs) -> StepContext<'a> {
         params: if needs.contains(Needs::PARAMS) { ctx.params } else { RSlice::EMPTY },
         grads: if needs.contains(Needs::GRADS) { ctx.grads } else { RSlice::EMPTY },
         ..*ctx
+    }
+}
+
+impl Instance {
+    /// Whether its scheduled calls still come: neither failed nor detached.
+    fn scheduled(&self) -> bool {
+        !self.failed && self.detached.is_none()
     }
 }
 
@@ -176,6 +185,7 @@ impl PluginHost {
                 descriptor: d,
                 runner,
                 failed: false,
+                detached: None,
                 events,
                 sink: d.attachments.iter().any(|a| a.hook == Hook::Metrics),
                 checkpoints: d.attachments.iter().any(|a| a.hook == Hook::Checkpoint),
@@ -202,7 +212,7 @@ impl PluginHost {
     }
 
     pub fn has_checkpointer(&self) -> bool {
-        self.instances.iter().any(|i| i.checkpoints && !i.failed && !matches!(i.runner, Runner::Absent))
+        self.instances.iter().any(|i| i.checkpoints && i.scheduled() && !matches!(i.runner, Runner::Absent))
     }
 
     pub fn has_sinks(&self) -> bool {
@@ -234,6 +244,28 @@ impl PluginHost {
         }
     }
 
+    /// Takes the plugins that asked to leave the schedule off it; called when the
+    /// loop plans a step, which a request makes the next one.
+    pub fn apply_detaches(&mut self, step: u64, scheduler: &mut Scheduler, gate: &Gate) {
+        for (plugin, reason) in self.services.take_detach_requests() {
+            let Some(index) = self.instances.iter().position(|i| i.info.name == plugin) else {
+                tracing::warn!("a plugin asked to detach `{plugin}`, which is not loaded; ignored");
+                continue;
+            };
+            if !self.instances[index].scheduled() {
+                continue;
+            }
+            tracing::info!("plugin `{plugin}` left the schedule before step {step}: {reason}");
+            self.instances[index].detached = Some(reason);
+            unschedule(self.keep_schedule, index, scheduler, gate);
+        }
+    }
+
+    /// Plugins that took themselves off the schedule, with why.
+    pub fn detached(&self) -> BTreeMap<String, String> {
+        self.instances.iter().filter_map(|i| Some((i.info.name.clone(), i.detached.clone()?))).collect()
+    }
+
     pub fn run_start(&mut self, run: &Arc<RunData>) {
         let mut failed = Vec::new();
         for (index, instance) in self.instances.iter_mut().enumerate() {
@@ -258,7 +290,7 @@ impl PluginHost {
         let mut failed: Vec<(usize, String)> = Vec::new();
         for (_, spec) in scheduler.due() {
             let Owner::Plugin(index) = spec.owner else { continue };
-            if spec.hook != hook || self.instances[index].failed {
+            if spec.hook != hook || !self.instances[index].scheduled() {
                 continue;
             }
             if let Runner::Inline(p) = &mut self.instances[index].runner {
@@ -283,7 +315,7 @@ impl PluginHost {
     pub fn eval(&mut self, ctx: &StepContext<'_>, scheduler: &mut Scheduler, gate: &Gate, emitted: &mut Vec<Metric>) {
         let mut failed = Vec::new();
         for (index, instance) in self.instances.iter_mut().enumerate() {
-            if instance.failed || instance.events & Hook::Eval.bit() == 0 {
+            if !instance.scheduled() || instance.events & Hook::Eval.bit() == 0 {
                 continue;
             }
             if let Runner::Inline(p) = &mut instance.runner {
@@ -317,7 +349,7 @@ impl PluginHost {
         let batch = Arc::new(batch);
         let mut failed = Vec::new();
         for (index, instance) in self.instances.iter_mut().enumerate() {
-            if !instance.sink || instance.failed || !(to_all || due.contains(&index)) {
+            if !instance.sink || !instance.scheduled() || !(to_all || due.contains(&index)) {
                 continue;
             }
             match &mut instance.runner {
@@ -349,7 +381,7 @@ impl PluginHost {
     /// Hands a payload to the checkpoint plugins (after any previous save finished).
     pub fn checkpoint(&mut self, payload: CheckpointPayload) {
         self.wait_saves();
-        let targets: Vec<usize> = (0..self.instances.len()).filter(|&i| self.instances[i].checkpoints && !self.instances[i].failed).collect();
+        let targets: Vec<usize> = (0..self.instances.len()).filter(|&i| self.instances[i].checkpoints && self.instances[i].scheduled()).collect();
         let mut payload = Some(payload);
         for (k, &index) in targets.iter().enumerate() {
             // The last target takes the payload itself; others get copies.

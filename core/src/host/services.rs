@@ -1,5 +1,5 @@
-//! What plugins can ask of the host through [`HostApi`]: logging, stopping the run
-//! and collectives. The context is a leaked `'static` object, since plugins may keep
+//! What plugins can ask of the host through [`HostApi`]: logging, stopping the run,
+//! leaving the schedule and collectives. The context is a leaked `'static` object, since plugins may keep
 //! their `HostApi` for as long as they live.
 
 use std::sync::{
@@ -24,11 +24,21 @@ pub struct HostServices {
     stop: AtomicBool,
     stop_reason: Mutex<Option<String>>,
     collectives: Option<Arc<dyn Collectives>>,
+    /// Plugins that asked to leave the schedule, with why, not yet applied.
+    detach_requests: Mutex<Vec<(String, String)>>,
+    detach_pending: AtomicBool,
 }
 
 impl HostServices {
     pub fn leak(gate: Arc<Gate>, collectives: Option<Arc<dyn Collectives>>) -> &'static HostServices {
-        Box::leak(Box::new(HostServices { gate, stop: AtomicBool::new(false), stop_reason: Mutex::new(None), collectives }))
+        Box::leak(Box::new(HostServices {
+            gate,
+            stop: AtomicBool::new(false),
+            stop_reason: Mutex::new(None),
+            collectives,
+            detach_requests: Mutex::new(Vec::new()),
+            detach_pending: AtomicBool::new(false),
+        }))
     }
 
     pub fn request_stop(&self, reason: String) {
@@ -50,8 +60,24 @@ impl HostServices {
         }
     }
 
+    /// The loop applies it when it next plans a step, which lowering the gate makes
+    /// the next step.
+    pub fn request_detach(&self, plugin: String, reason: String) {
+        self.detach_requests.lock().expect("detach lock").push((plugin, reason));
+        self.detach_pending.store(true, Ordering::SeqCst);
+        self.gate.lower();
+    }
+
+    /// Detach requests since the last call; one atomic load when there are none.
+    pub fn take_detach_requests(&self) -> Vec<(String, String)> {
+        if !self.detach_pending.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.detach_requests.lock().expect("detach lock"))
+    }
+
     pub fn api(&'static self) -> HostApi {
-        HostApi { ctx: self as *const HostServices as *const (), log, request_stop, all_reduce_sum, broadcast }
+        HostApi { ctx: self as *const HostServices as *const (), log, request_stop, all_reduce_sum, broadcast, detach }
     }
 }
 
@@ -71,6 +97,10 @@ extern "C" fn log(_ctx: *const (), level: LogLevel, plugin: RStr<'_>, message: R
 
 extern "C" fn request_stop(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
     services(ctx).request_stop(format!("plugin `{plugin}` asked to stop: {reason}"));
+}
+
+extern "C" fn detach(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
+    services(ctx).request_detach(plugin.to_string(), reason.to_string());
 }
 
 fn with_tensor(tensor: TensorRef, f: impl FnOnce(&mut Tensor) -> Result<(), String>) -> RResult<(), RString> {

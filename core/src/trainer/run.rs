@@ -478,6 +478,7 @@ impl Run {
 
     /// The plan of a step: called only when the gate is open.
     fn plan(&mut self, step: u64) -> StepPlan {
+        self.host.apply_detaches(step, &mut self.scheduler, &self.gate);
         self.scheduler.plan(step, &self.gate)
     }
 
@@ -945,6 +946,7 @@ impl Run {
             checkpoint_wait_s: self.checkpoint_wait_s,
             plugins_loaded: self.host.loaded(),
             plugin_failures: self.host.failures().to_vec(),
+            detached_plugins: self.host.detached(),
             queue_drops: self.host.queue_drops(),
             plugins: plugin_summaries,
         };

@@ -61,6 +61,8 @@ pub struct Summary {
     pub checkpoint_wait_s: f64,
     pub plugins_loaded: Vec<LoadedInfo>,
     pub plugin_failures: Vec<Failure>,
+    /// Plugins that took themselves off the schedule, with why.
+    pub detached_plugins: BTreeMap<String, String>,
     pub queue_drops: BTreeMap<String, u64>,
     pub plugins: BTreeMap<String, serde_json::Value>,
 }

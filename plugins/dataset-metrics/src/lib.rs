@@ -52,10 +52,12 @@ impl DatasetMetrics {
         if self.active {
             self.active = false;
             self.acc = None;
-            // Every rank sees the same data: one of them says so.
+            // Every rank sees the same data: one of them says so, and every one
+            // leaves the schedule, so the loop stops calling.
             if self.rank == 0 {
                 self.host.log(LogLevel::Warn, NAME, &format!("{why}: no per-dataset metrics"));
             }
+            self.host.detach(NAME, why);
         }
     }
 
