@@ -84,6 +84,30 @@ pub struct PhaseTimes {
     pub step_s: f64,
 }
 
+impl PhaseTimes {
+    fn zip(&self, other: &PhaseTimes, f: impl Fn(f64, f64) -> f64) -> PhaseTimes {
+        PhaseTimes {
+            data_s: f(self.data_s, other.data_s),
+            forward_s: f(self.forward_s, other.forward_s),
+            backward_s: f(self.backward_s, other.backward_s),
+            optimizer_s: f(self.optimizer_s, other.optimizer_s),
+            step_s: f(self.step_s, other.step_s),
+        }
+    }
+
+    /// `self + other`, phase by phase: running totals from per-step times.
+    pub fn plus(&self, other: &PhaseTimes) -> PhaseTimes {
+        self.zip(other, |a, b| a + b)
+    }
+
+    /// Mean per-step times between these cumulative totals and `before`, `steps`
+    /// steps earlier (as [`StepContext::phases_total`] gives them).
+    pub fn per_step_since(&self, before: &PhaseTimes, steps: u64) -> PhaseTimes {
+        let n = steps.max(1) as f64;
+        self.zip(before, |now, then| (now - then) / n)
+    }
+}
+
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {

@@ -16,7 +16,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::{
     payload, progress,
     summary::{EvalPoint, PhaseSummary, Summary},
-    timing::{self, PhaseClock},
+    timing::PhaseClock,
     Resume, Trainer,
 };
 use crate::{
@@ -573,7 +573,7 @@ impl Run {
             self.optimizer.step(lr, Some(found_inf))?;
             phases.optimizer_s += clock.lap();
             phases.step_s = phases.data_s + phases.forward_s + phases.backward_s + phases.optimizer_s + hooks_s;
-            timing::add(&mut self.phases_total, &phases);
+            self.phases_total = self.phases_total.plus(&phases);
             self.hooks_total_s += hooks_s;
             self.samples_seen += self.step_samples * self.world as u64;
             self.tokens_seen += self.step_tokens * self.world as u64;
@@ -761,7 +761,7 @@ impl Run {
                     local.push(norm.double_value(&[]));
                     names.push("train/grad_norm");
                 }
-                let p = timing::diff(&self.phases_total, &phases_before, steps);
+                let p = self.phases_total.per_step_since(&phases_before, steps);
                 local.extend([p.data_s, p.forward_s, p.backward_s, p.optimizer_s, p.step_s]);
                 names.extend(["time/data_s", "time/forward_s", "time/backward_s", "time/optimizer_s", "time/step_s"]);
                 local.extend([device::current_memory(self.device) as f64, device::peak_memory(self.device) as f64]);

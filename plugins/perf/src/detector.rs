@@ -55,20 +55,8 @@ struct Point {
     totals: PhaseTimes,
 }
 
-/// Mean per-step phase times between two cumulative totals over `steps` steps.
-pub fn per_step(now: &PhaseTimes, before: &PhaseTimes, steps: u64) -> PhaseTimes {
-    let n = steps.max(1) as f64;
-    PhaseTimes {
-        data_s: (now.data_s - before.data_s) / n,
-        forward_s: (now.forward_s - before.forward_s) / n,
-        backward_s: (now.backward_s - before.backward_s) / n,
-        optimizer_s: (now.optimizer_s - before.optimizer_s) / n,
-        step_s: (now.step_s - before.step_s) / n,
-    }
-}
-
 fn span(from: &Point, to: &Point) -> Span {
-    Span { first: from.step + 1, last: to.step, per_step: per_step(&to.totals, &from.totals, to.step - from.step) }
+    Span { first: from.step + 1, last: to.step, per_step: to.totals.per_step_since(&from.totals, to.step - from.step) }
 }
 
 #[derive(Debug, Clone, PartialEq)]

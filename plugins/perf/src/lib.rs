@@ -15,7 +15,7 @@ use ptrain_plugin_api::{
 use serde::Deserialize;
 use serde_json::json;
 
-use detector::{per_step, Detector, Slowdown};
+use detector::{Detector, Slowdown};
 
 const NAME: &str = "perf";
 
@@ -82,7 +82,7 @@ impl Perf {
     fn report(&mut self, ctx: &StepContext<'_>, out: &mut Outbox) {
         let now = Snapshot { step: ctx.step, elapsed: ctx.elapsed_s, totals: ctx.phases_total };
         if let Some(prev) = self.last.filter(|p| now.step > p.step) {
-            let p = per_step(&now.totals, &prev.totals, now.step - prev.step);
+            let p = now.totals.per_step_since(&prev.totals, now.step - prev.step);
             out.scalar("perf/data_s", p.data_s);
             out.scalar("perf/forward_s", p.forward_s);
             out.scalar("perf/backward_s", p.backward_s);
@@ -121,7 +121,7 @@ impl Perf {
         let mut s = json!({ "slowdown": null });
         let span = self.first.zip(self.last).filter(|(first, last)| last.step > first.step);
         if let Some((first, last)) = span {
-            let p = per_step(&last.totals, &first.totals, last.step - first.step);
+            let p = last.totals.per_step_since(&first.totals, last.step - first.step);
             s["steps"] = json!({ "first": first.step + 1, "last": last.step });
             s["per_step_s"] =
                 json!({ "data": p.data_s, "forward": p.forward_s, "backward": p.backward_s, "optimizer": p.optimizer_s, "step": p.step_s });

@@ -32,16 +32,6 @@ fn totals(steps: u64, data: f64, compute: f64) -> PhaseTimes {
     PhaseTimes { data_s: n * data, forward_s: n * compute / 2.0, backward_s: n * compute / 2.0, optimizer_s: 0.0, step_s: n * (data + compute) }
 }
 
-fn add(a: PhaseTimes, b: PhaseTimes) -> PhaseTimes {
-    PhaseTimes {
-        data_s: a.data_s + b.data_s,
-        forward_s: a.forward_s + b.forward_s,
-        backward_s: a.backward_s + b.backward_s,
-        optimizer_s: a.optimizer_s + b.optimizer_s,
-        step_s: a.step_s + b.step_s,
-    }
-}
-
 #[test]
 fn reports_window_means_rates_and_memory() {
     let mut plugin = Perf::new(serde_json::json!({}), HostApi::standalone()).unwrap();
@@ -49,7 +39,7 @@ fn reports_window_means_rates_and_memory() {
     assert!(first.iter().all(|(n, _)| !n.ends_with("_s") && !n.ends_with("per_s")), "the first step only anchors: {first:?}");
     assert!(get(&first, "perf/host_rss_bytes") > 0.0);
 
-    let m = report(&mut plugin, 11, 4.0, add(totals(1, 0.5, 1.0), totals(10, 0.05, 0.15)));
+    let m = report(&mut plugin, 11, 4.0, totals(1, 0.5, 1.0).plus(&totals(10, 0.05, 0.15)));
     assert!((get(&m, "perf/step_s") - 0.2).abs() < 1e-12);
     assert!((get(&m, "perf/data_s") - 0.05).abs() < 1e-12);
     assert!((get(&m, "perf/data_ratio") - 0.25).abs() < 1e-12);
@@ -67,7 +57,7 @@ fn a_slowdown_is_logged_once_naming_the_phase() {
     for step in (1..=200).step_by(10) {
         if step > 1 {
             let data = if step > 100 { 0.2 } else { 0.05 };
-            t = add(t, totals(10, data, 0.15));
+            t = t.plus(&totals(10, data, 0.15));
             elapsed += 10.0 * (data + 0.15);
         }
         report(&mut plugin, step, elapsed, t);
