@@ -527,7 +527,9 @@ def write_markdown(results, path, device_results=None):
              "faster ptrain is (steps/s over steps/s, higher is better). Goals from the issue: (a) fast mode within 1% of "
              "the bare loop; (b) the six plugins at default cadences within 3% of fast mode; (d) at least 2× Python eager "
              "on the MLP and 1.2× on the tiny GPT, on the CPU; (e) at least 1.5× Lightning with TensorBoard and "
-             "checkpoints. (c) shows what the cadences save: no goal.", ""]
+             "checkpoints. (c) shows what the cadences save: no goal. Wall-clock ratios within a few percent of 1 are "
+             "at the edge of this VM's noise; for (a) and (b), the instruction counts per step under callgrind "
+             "(*Instructions per step*, near the end, by `bench/instructions.sh`) are the finer measure.", ""]
     if not cpu:
         lines += ["> **Placeholders.** The figures below are pending: they come from `bench/run.sh --write` on a quiet "
                   "machine. Figures taken while other work loads the CPU are not comparable.", ""]
