@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ptrain_dist::{Backend, C10dDataParallel, Group, GroupSpec};
+use ptrain_dist::{C10dDataParallel, Group, GroupSpec};
 use tch::{Device, Kind, Tensor};
 
 fn main() {
@@ -22,17 +22,7 @@ fn main() {
         let ranks: Vec<_> = (0..2u32)
             .map(|rank| {
                 s.spawn(move || {
-                    let spec = GroupSpec {
-                        master_addr: "127.0.0.1".into(),
-                        master_port: port,
-                        rank,
-                        world_size: 2,
-                        timeout: Duration::from_secs(30),
-                        backend: Backend::Gloo,
-                        device: Device::Cpu,
-                        gloo_ifname: None,
-                        agent_store: None,
-                    };
+                    let spec = GroupSpec::local_gloo(port, rank, 2, Duration::from_secs(30));
                     let mut dp = C10dDataParallel::new(Group::connect(spec).unwrap(), rank, bucket_mb);
                     let grads: Vec<Tensor> = (0..tensors).map(|_| Tensor::randn([elements / tensors], (Kind::Float, Device::Cpu))).collect();
                     let found_inf = Tensor::zeros([], (Kind::Float, Device::Cpu));

@@ -49,6 +49,24 @@ pub struct GroupSpec {
     pub agent_store: Option<String>,
 }
 
+impl GroupSpec {
+    /// Gloo on the CPU over 127.0.0.1, with its own store on `port`: ranks of one
+    /// machine, for tests and benchmarks.
+    pub fn local_gloo(port: u16, rank: u32, world_size: u32, timeout: Duration) -> GroupSpec {
+        GroupSpec {
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            rank,
+            world_size,
+            timeout,
+            backend: Backend::Gloo,
+            device: Device::Cpu,
+            gloo_ifname: None,
+            agent_store: None,
+        }
+    }
+}
+
 pub struct Group {
     raw: *mut PdGroup,
     spec: GroupSpec,

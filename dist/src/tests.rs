@@ -5,7 +5,7 @@ use std::{net::TcpListener, time::Duration};
 use ptrain_core::{dist::DataParallel, host::Collectives};
 use tch::{Device, Kind, Tensor};
 
-use crate::{Backend, C10dDataParallel, Group, GroupSpec};
+use crate::{C10dDataParallel, Group, GroupSpec};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
@@ -19,17 +19,7 @@ fn on_two_ranks<T: Send>(bucket_mb: f64, body: impl Fn(u32, &mut C10dDataParalle
             .map(|rank| {
                 let body = &body;
                 s.spawn(move || {
-                    let spec = GroupSpec {
-                        master_addr: "127.0.0.1".into(),
-                        master_port: port,
-                        rank,
-                        world_size: 2,
-                        timeout: Duration::from_secs(20),
-                        backend: Backend::Gloo,
-                        device: Device::Cpu,
-                        gloo_ifname: None,
-                        agent_store: None,
-                    };
+                    let spec = GroupSpec::local_gloo(port, rank, 2, Duration::from_secs(20));
                     let mut dp = C10dDataParallel::new(Group::connect(spec).expect("group"), rank, bucket_mb);
                     body(rank, &mut dp)
                 })
