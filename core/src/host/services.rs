@@ -70,7 +70,7 @@ impl HostServices {
 
     /// Detach requests since the last call; one atomic load when there are none.
     pub fn take_detach_requests(&self) -> Vec<(String, String)> {
-        if !self.detach_pending.swap(false, Ordering::SeqCst) {
+        if !self.detach_pending.load(Ordering::Relaxed) || !self.detach_pending.swap(false, Ordering::SeqCst) {
             return Vec::new();
         }
         std::mem::take(&mut *self.detach_requests.lock().expect("detach lock"))
