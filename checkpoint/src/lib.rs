@@ -23,7 +23,7 @@ mod write;
 use std::path::{Path, PathBuf};
 
 pub use commit::{commit_latest, delete, read_latest};
-pub use read::{find_resumable, list, read, validate, Checkpoint, Tensor};
+pub use read::{checkpoints_in, find_resumable, list, read, resolve, validate, Checkpoint, Tensor};
 pub use write::write;
 
 pub const MODEL_FILE: &str = "model.safetensors";

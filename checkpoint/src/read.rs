@@ -103,6 +103,26 @@ pub fn list(checkpoints: &Path) -> Vec<(u64, PathBuf)> {
     found
 }
 
+/// The checkpoints directory `path` names: a run directory's `checkpoints/`, or
+/// `path` itself (a checkpoints directory).
+pub fn checkpoints_in(path: &Path) -> PathBuf {
+    let nested = crate::checkpoints_dir(path);
+    if nested.is_dir() {
+        nested
+    } else {
+        path.to_owned()
+    }
+}
+
+/// The checkpoint `path` names: a checkpoint directory itself, or the newest valid
+/// checkpoint of a run or checkpoints directory (see [`find_resumable`]).
+pub fn resolve(path: &Path) -> (Option<PathBuf>, Vec<String>) {
+    if path.join(crate::MANIFEST_FILE).exists() {
+        return (Some(path.to_owned()), Vec::new());
+    }
+    find_resumable(&checkpoints_in(path))
+}
+
 /// The newest valid checkpoint under `checkpoints`, with a warning for each newer
 /// one that failed validation. `Ok(None)` when there is none at all.
 pub fn find_resumable(checkpoints: &Path) -> (Option<PathBuf>, Vec<String>) {

@@ -2,7 +2,7 @@
 //!
 //! - `dispatch/none_due`: one step's dispatch with five real plugins loaded
 //!   (jsonl, tensorboard, wandb, perf, checkpoint) and none of them due: the gate
-//!   check plus the hook-point tests the loop makes (`core/src/trainer/run.rs`).
+//!   check plus the hook-point tests the loop makes (`core/src/trainer/step.rs`).
 //! - `dispatch/due_plan`: the same when something is due (the scheduler's plan).
 //! - `bus/emit`: handing a 16-scalar metrics batch to a worker sink (jsonl).
 //!
@@ -15,7 +15,7 @@ use abi_stable::std_types::RVec;
 use criterion::{criterion_group, criterion_main, Criterion};
 use ptrain_core::{
     hooks::{Gate, Hook, Needs, Scheduler, StepPlan},
-    host::{HostServices, PluginHost, RunData},
+    host::{Event, HostServices, PluginHost, Reach, RunData},
 };
 use ptrain_plugin_api::{DeviceKind, Metric, MetricBatch, Task};
 
@@ -26,7 +26,7 @@ fn plugin_dir() -> PathBuf {
 }
 
 /// Five plugins loaded, with cadences that make none due in the measured range.
-fn loaded(plugins: &[&str], every: i64) -> (PluginHost, Scheduler, Arc<Gate>) {
+fn loaded(plugins: &[&str], every: i64) -> PluginHost {
     let dir = plugin_dir();
     let requests: Vec<String> = plugins.iter().map(|p| dir.join(format!("libptrain_plugin_{p}.so")).display().to_string()).collect();
     // Every attachment of every plugin gets the cadence, not only the first.
@@ -45,18 +45,16 @@ fn loaded(plugins: &[&str], every: i64) -> (PluginHost, Scheduler, Arc<Gate>) {
         }
         tables.insert(library.descriptor.name.as_str().to_string(), t);
     }
-    let gate = Arc::new(Gate::new(0));
-    let services = HostServices::leak(gate.clone(), None);
-    let (host, slots) = PluginHost::load(&requests, &tables, services, 0).expect("plugins load");
-    let scheduler = Scheduler::new(slots, 1, u64::MAX - 1, 0);
-    gate.set(scheduler.next_due());
-    (host, scheduler, gate)
+    let services = HostServices::leak(Arc::new(Gate::new(0)), None);
+    let (mut host, slots) = PluginHost::load(&requests, &tables, services, 0).expect("plugins load");
+    host.schedule(Scheduler::new(slots, 1, u64::MAX - 1, 0), false);
+    host
 }
 
 /// The loop's per-step dispatch: the gate, then the hook-point tests.
 #[inline(always)]
-fn step_dispatch(scheduler: &mut Scheduler, gate: &Gate, step: u64) -> u32 {
-    let plan = if gate.is_due(step) { scheduler.plan(step, gate) } else { StepPlan::NONE };
+fn step_dispatch(host: &mut PluginHost, step: u64) -> u32 {
+    let plan = if host.is_due(step) { host.plan(step) } else { StepPlan::NONE };
     let mut calls = 0;
     for hook in [Hook::StepStart, Hook::AfterForward, Hook::AfterBackward] {
         calls += plan.has(hook) as u32;
@@ -68,26 +66,26 @@ fn step_dispatch(scheduler: &mut Scheduler, gate: &Gate, step: u64) -> u32 {
 
 fn dispatch(c: &mut Criterion) {
     let five = ["jsonl", "tensorboard", "wandb", "perf", "checkpoint"];
-    let (_host, mut scheduler, gate) = loaded(&five, 1_000_000_000);
+    let mut host = loaded(&five, 1_000_000_000);
     let mut step = 1u64;
     c.bench_function("dispatch/none_due (5 plugins loaded)", |b| {
         b.iter(|| {
             step += 1;
-            black_box(step_dispatch(&mut scheduler, &gate, black_box(step)))
+            black_box(step_dispatch(&mut host, black_box(step)))
         })
     });
-    let (_host, mut scheduler, gate) = loaded(&five, 1);
+    let mut host = loaded(&five, 1);
     let mut step = 1u64;
     c.bench_function("dispatch/due_plan (5 plugins due every step)", |b| {
         b.iter(|| {
             step += 1;
-            black_box(step_dispatch(&mut scheduler, &gate, black_box(step)))
+            black_box(step_dispatch(&mut host, black_box(step)))
         })
     });
 }
 
 fn bus(c: &mut Criterion) {
-    let (mut host, mut scheduler, gate) = loaded(&["jsonl"], 1);
+    let mut host = loaded(&["jsonl"], 1);
     let dir = tempfile::tempdir().unwrap();
     host.run_start(&Arc::new(RunData {
         run_dir: dir.path().display().to_string(),
@@ -117,9 +115,10 @@ fn bus(c: &mut Criterion) {
     c.bench_function("bus/emit (16 scalars to one worker sink)", |b| {
         b.iter(|| {
             step += 1;
-            scheduler.plan(step, &gate);
+            host.plan(step);
             let metrics: RVec<Metric> = names.iter().enumerate().map(|(i, n)| Metric::scalar(n.as_str(), i as f64)).collect();
-            host.deliver(MetricBatch { step, wall_time: 0.0, elapsed_s: 0.0, metrics }, &mut scheduler, &gate, false);
+            let batch = MetricBatch { step, wall_time: 0.0, elapsed_s: 0.0, metrics };
+            host.dispatch(Event::Metrics(Arc::new(batch)), Reach::Due, &mut Vec::new());
         })
     });
 }

@@ -3,15 +3,22 @@
 
 use std::sync::Arc;
 
-use tch::Tensor;
+use tch::{Device, Tensor};
 
-use crate::{host::Collectives, optim::Optimizer};
+use crate::optim::Optimizer;
+
+/// In-place collectives over the run's process group.
+pub trait Collectives: Send + Sync {
+    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<(), String>;
+    fn broadcast(&self, tensor: &mut Tensor, root: u32) -> Result<(), String>;
+}
 
 pub trait DataParallel: Send {
     fn rank(&self) -> u32;
     fn world_size(&self) -> u32;
-    /// Picks the CUDA device of this process.
-    fn local_rank(&self) -> u32;
+    /// The device this rank trains on (chosen when the group was formed: the
+    /// backend depends on it).
+    fn device(&self) -> Device;
     fn collectives(&self) -> Arc<dyn Collectives>;
     /// Makes every rank start from rank 0's parameters.
     fn broadcast_params(&self, params: &[Tensor]) -> Result<(), String>;

@@ -23,7 +23,7 @@ fn main() {
             .map(|rank| {
                 s.spawn(move || {
                     let spec = GroupSpec::local_gloo(port, rank, 2, Duration::from_secs(30));
-                    let mut dp = C10dDataParallel::new(Group::connect(spec).unwrap(), rank, bucket_mb);
+                    let mut dp = C10dDataParallel::new(Group::connect(spec).unwrap(), bucket_mb);
                     let grads: Vec<Tensor> = (0..tensors).map(|_| Tensor::randn([elements / tensors], (Kind::Float, Device::Cpu))).collect();
                     let found_inf = Tensor::zeros([], (Kind::Float, Device::Cpu));
                     let mut out = Vec::with_capacity(iters);

@@ -2,8 +2,11 @@
 
 use std::sync::Arc;
 
-use ptrain_core::{dist::DataParallel, host::Collectives, optim::Optimizer};
-use tch::Tensor;
+use ptrain_core::{
+    dist::{Collectives, DataParallel},
+    optim::Optimizer,
+};
+use tch::{Device, Tensor};
 
 use crate::{
     buckets::Buckets,
@@ -12,7 +15,6 @@ use crate::{
 
 pub struct C10dDataParallel {
     group: Arc<Group>,
-    local_rank: u32,
     bucket_bytes: usize,
     /// Built at the first step, from the optimizer's gradient tensors (which live
     /// for the whole run).
@@ -20,9 +22,9 @@ pub struct C10dDataParallel {
 }
 
 impl C10dDataParallel {
-    pub fn new(group: Group, local_rank: u32, bucket_mb: f64) -> C10dDataParallel {
+    pub fn new(group: Group, bucket_mb: f64) -> C10dDataParallel {
         let bucket_bytes = (bucket_mb.max(0.0) * 1024.0 * 1024.0) as usize;
-        C10dDataParallel { group: Arc::new(group), local_rank, bucket_bytes, buckets: None }
+        C10dDataParallel { group: Arc::new(group), bucket_bytes, buckets: None }
     }
 
     pub fn group(&self) -> &Group {
@@ -53,8 +55,8 @@ impl DataParallel for C10dDataParallel {
         self.group.spec().world_size
     }
 
-    fn local_rank(&self) -> u32 {
-        self.local_rank
+    fn device(&self) -> Device {
+        self.group.spec().device
     }
 
     fn collectives(&self) -> Arc<dyn Collectives> {

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ptrain_core::host::Collectives;
+use ptrain_core::dist::Collectives;
 use tch::{Device, Tensor};
 
 use crate::ffi::{self, check, raw, PdGroup, PdWork};

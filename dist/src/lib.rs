@@ -89,5 +89,5 @@ pub fn from_env(config: &Config) -> Result<Option<Box<dyn DataParallel>>, Error>
             p.rank, p.master_addr, p.master_port, d.timeout_s
         ))
     })?;
-    Ok(Some(Box::new(C10dDataParallel::new(group, p.local_rank, d.bucket_mb))))
+    Ok(Some(Box::new(C10dDataParallel::new(group, d.bucket_mb))))
 }

@@ -2,7 +2,7 @@
 
 use std::{net::TcpListener, time::Duration};
 
-use ptrain_core::{dist::DataParallel, host::Collectives};
+use ptrain_core::dist::{Collectives, DataParallel};
 use tch::{Device, Kind, Tensor};
 
 use crate::{C10dDataParallel, Group, GroupSpec};
@@ -20,7 +20,7 @@ fn on_two_ranks<T: Send>(bucket_mb: f64, body: impl Fn(u32, &mut C10dDataParalle
                 let body = &body;
                 s.spawn(move || {
                     let spec = GroupSpec::local_gloo(port, rank, 2, Duration::from_secs(20));
-                    let mut dp = C10dDataParallel::new(Group::connect(spec).expect("group"), rank, bucket_mb);
+                    let mut dp = C10dDataParallel::new(Group::connect(spec).expect("group"), bucket_mb);
                     body(rank, &mut dp)
                 })
             })

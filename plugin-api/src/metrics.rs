@@ -47,16 +47,22 @@ impl Histogram {
             let i = if width > 0.0 { (((v - min) / width) as usize).min(buckets - 1) } else { 0 };
             counts[i] += 1.0;
         }
-        let limits = (1..=buckets).map(|i| if i == buckets { max } else { min + width * i as f64 });
         Histogram {
             min,
             max,
             num: values.len() as f64,
             sum,
             sum_squares,
-            bucket_limits: limits.collect(),
+            bucket_limits: Histogram::equal_width_limits(min, max, buckets).collect(),
             bucket_counts: counts.into_iter().collect(),
         }
+    }
+
+    /// Right edges of `buckets` equal-width buckets from `min` to `max` (the last
+    /// is `max` itself, free of rounding).
+    pub fn equal_width_limits(min: f64, max: f64, buckets: usize) -> impl Iterator<Item = f64> {
+        let width = (max - min) / buckets as f64;
+        (1..=buckets).map(move |i| if i == buckets { max } else { min + width * i as f64 })
     }
 }
 

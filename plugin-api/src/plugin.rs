@@ -58,7 +58,9 @@ pub type PluginResult<T = ()> = Result<T, PluginError>;
 
 /// A ptrain plugin. Implement it, then `ptrain_plugin_api::export_plugin!(MyPlugin);`.
 ///
-/// Only the methods of hooks named in [`Plugin::DESCRIPTOR`] are called. Inline
+/// `on_run_start`, `on_run_end`, `save_state` and `load_state` are called on every
+/// plugin, declared or not. `on_step`, `on_metrics` and `on_checkpoint` are called
+/// only through attachments in [`Plugin::DESCRIPTOR`], when one is due. Inline
 /// plugins are called on the training thread and may read tensors (never block
 /// there); worker plugins are called on their own thread.
 pub trait Plugin: Send + Sized + 'static {

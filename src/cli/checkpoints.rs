@@ -15,7 +15,7 @@ pub enum CheckpointsCommand {
 pub fn run(cmd: CheckpointsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         CheckpointsCommand::List { run_dir } => {
-            let dir = ptrain_checkpoint_dir(&run_dir);
+            let dir = ptrain_core::checkpoint::checkpoints_in(&run_dir);
             let latest = ptrain_core::checkpoint::read_latest(&dir);
             for (step, path) in ptrain_core::checkpoint::list(&dir) {
                 let status = match ptrain_core::checkpoint::validate(&path) {
@@ -28,7 +28,7 @@ pub fn run(cmd: CheckpointsCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         CheckpointsCommand::Verify { run_dir } => {
-            let (found, warnings) = ptrain_core::checkpoint::find_resumable(&ptrain_checkpoint_dir(&run_dir));
+            let (found, warnings) = ptrain_core::checkpoint::find_resumable(&ptrain_core::checkpoint::checkpoints_in(&run_dir));
             for w in warnings {
                 eprintln!("warning: {w}");
             }
@@ -43,14 +43,5 @@ pub fn run(cmd: CheckpointsCommand) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-    }
-}
-
-fn ptrain_checkpoint_dir(run_dir: &std::path::Path) -> PathBuf {
-    let nested = ptrain_core::checkpoint::checkpoints_dir(run_dir);
-    if nested.is_dir() {
-        nested
-    } else {
-        run_dir.to_owned()
     }
 }

@@ -3,6 +3,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::Args;
+use ptrain_core::ConfigBuilder;
 
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
@@ -21,7 +22,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     if args.default {
         print!("{}", ptrain_core::config::DEFAULT_TOML);
     } else {
-        print!("{}", super::run::build_config(args.config.as_deref(), &args.set)?.to_toml());
+        print!("{}", ConfigBuilder::layered(args.config.as_deref(), &args.set)?.build()?.to_toml());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,7 +3,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::Args;
-use ptrain_core::{config::DeviceChoice, ConfigBuilder, Resume, Trainer};
+use ptrain_core::{config::DeviceChoice, Config, ConfigBuilder, Resume, Trainer};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -39,47 +39,29 @@ pub struct RunArgs {
     quiet: bool,
 }
 
-fn toml_string(s: &str) -> String {
-    serde_json::to_string(s).expect("strings serialize")
-}
-
 impl RunArgs {
-    /// The flags as `--set` assignments, applied after the explicit ones.
-    fn assignments(&self) -> Vec<String> {
-        let mut out = self.set.clone();
+    /// The flags that name a configuration key, over the file and `--set` layers.
+    fn apply(&self, config: &mut Config) {
         if let Some(plugins) = &self.plugins {
-            let list: Vec<String> = plugins.iter().filter(|p| !p.is_empty()).map(|p| toml_string(p)).collect();
-            out.push(format!("run.plugins=[{}]", list.join(", ")));
+            config.run.plugins = plugins.iter().filter(|p| !p.is_empty()).cloned().collect();
         }
-        if let Some(n) = self.steps {
-            out.push(format!("train.steps={n}"));
+        if let Some(steps) = self.steps {
+            config.train.steps = steps;
         }
-        if let Some(d) = self.device {
-            out.push(format!("run.device={}", toml_string(&format!("{d:?}").to_lowercase())));
+        if let Some(device) = self.device {
+            config.run.device = device;
         }
         if let Some(dir) = &self.run_dir {
-            out.push(format!("run.run_dir={}", toml_string(&dir.display().to_string())));
+            config.run.run_dir = dir.display().to_string();
         }
         if let Some(seed) = self.seed {
-            out.push(format!("run.seed={seed}"));
+            config.run.seed = seed;
         }
-        out
     }
-}
-
-pub fn build_config(file: Option<&std::path::Path>, sets: &[String]) -> anyhow::Result<ptrain_core::Config> {
-    let mut builder = ConfigBuilder::default();
-    if let Some(path) = file {
-        builder = builder.file(path)?;
-    }
-    for set in sets {
-        builder = builder.set(set)?;
-    }
-    Ok(builder.build()?)
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let config = build_config(args.config.as_deref(), &args.assignments())?;
+    let config = ConfigBuilder::layered(args.config.as_deref(), &args.set)?.build_with(|c| args.apply(c))?;
     let resume = match (&args.resume, args.auto_resume) {
         (Some(path), _) => Some(Resume::Path(path.clone())),
         (None, true) => Some(Resume::Auto),

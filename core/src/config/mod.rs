@@ -25,7 +25,7 @@ pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig};
 pub use model::{ModelConfig, ModelKind, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
-pub use plugins::{CadenceOverride, OnFull, PluginSettings, HOST_KEYS};
+pub use plugins::{CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
 pub use train::{NanPolicy, Precision, TrainConfig};
 
@@ -71,6 +71,18 @@ impl Default for ConfigBuilder {
 }
 
 impl ConfigBuilder {
+    /// The embedded default, then `file`, then each `section.key=value` of `sets`.
+    pub fn layered(file: Option<&Path>, sets: &[String]) -> Result<Self, Error> {
+        let mut builder = ConfigBuilder::default();
+        if let Some(path) = file {
+            builder = builder.file(path)?;
+        }
+        for set in sets {
+            builder = builder.set(set)?;
+        }
+        Ok(builder)
+    }
+
     /// Layers a TOML file over the configuration so far.
     pub fn file(self, path: &Path) -> Result<Self, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
@@ -119,7 +131,14 @@ impl ConfigBuilder {
     }
 
     pub fn build(self) -> Result<Config, Error> {
-        let config = deserialize(&self.table)?;
+        self.build_with(|_| {})
+    }
+
+    /// Builds, applying `last` (typed overrides, such as command-line flags) before
+    /// the checks.
+    pub fn build_with(self, last: impl FnOnce(&mut Config)) -> Result<Config, Error> {
+        let mut config = deserialize(&self.table)?;
+        last(&mut config);
         config.validate()?;
         Ok(config)
     }

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ConfigError;
+use crate::{error::ConfigError, hooks::Cadence};
 
-/// Keys of a plugin table the host reads; every other key is a plugin option.
-pub const HOST_KEYS: &[&str] = &["every", "every_secs", "first_step", "at_eval", "at_checkpoint", "at_end", "queue", "on_full"];
+/// Keys of a plugin table that override a cadence; with `queue` and `on_full` the
+/// host's keys. Every other key is a plugin option.
 const CADENCE_KEYS: &[&str] = &["every", "every_secs", "first_step", "at_eval", "at_checkpoint", "at_end"];
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
@@ -35,6 +35,18 @@ pub struct CadenceOverride {
 impl CadenceOverride {
     pub fn is_empty(&self) -> bool {
         *self == CadenceOverride::default()
+    }
+
+    /// `cadence` with the overridden fields replaced.
+    pub fn apply(&self, cadence: Cadence) -> Cadence {
+        Cadence {
+            every_steps: self.every.unwrap_or(cadence.every_steps),
+            every_secs: self.every_secs.unwrap_or(cadence.every_secs),
+            first_step: self.first_step.unwrap_or(cadence.first_step),
+            at_eval: self.at_eval.unwrap_or(cadence.at_eval),
+            at_checkpoint: self.at_checkpoint.unwrap_or(cadence.at_checkpoint),
+            at_end: self.at_end.unwrap_or(cadence.at_end),
+        }
     }
 }
 

@@ -88,7 +88,7 @@ impl Scheduler {
         let now = Instant::now();
         let slots = specs
             .into_iter()
-            .filter(|s| s.hook.is_scheduled() && !s.cadence.is_never())
+            .filter(|s| !s.cadence.is_never())
             .map(|spec| Slot { spec, next_step: u64::MAX, last_fired: now, enabled: true })
             .collect::<Vec<_>>();
         let mut scheduler = Scheduler { due: Vec::with_capacity(slots.len()), slots, first_step, last_step, eval_every };
@@ -106,10 +106,6 @@ impl Scheduler {
     /// The step the gate should hold: the earliest step-based due step.
     pub fn next_due(&self) -> u64 {
         self.slots.iter().filter(|s| s.enabled).map(|s| s.next_step).min().unwrap_or(u64::MAX)
-    }
-
-    pub fn is_eval_step(&self, step: u64) -> bool {
-        step == self.last_step || (self.eval_every > 0 && step.is_multiple_of(self.eval_every))
     }
 
     fn next_eval_after(&self, step: u64) -> u64 {
@@ -201,9 +197,10 @@ impl Scheduler {
         self.due.iter().map(|&i| (i, &self.slots[i].spec))
     }
 
-    /// Every slot, with its index: for emergency events that ignore cadences.
-    pub fn slots(&self) -> impl Iterator<Item = (usize, &SlotSpec)> + '_ {
-        self.slots.iter().enumerate().filter(|(_, s)| s.enabled).map(|(i, s)| (i, &s.spec))
+    /// What `owner`'s attachments to `hook` due at the last planned step asked
+    /// for together, or `None` if none of them is due.
+    pub fn due_needs(&self, owner: Owner, hook: Hook) -> Option<Needs> {
+        self.due().filter(|(_, s)| s.owner == owner && s.hook == hook).map(|(_, s)| s.needs).reduce(|a, b| a | b)
     }
 
     /// Stops scheduling a plugin's slots (it failed).

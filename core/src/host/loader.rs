@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use abi_stable::library::{abi_header_from_raw_library, LibraryError, RawLibrary, RootModule};
+use abi_stable::library::{abi_header_from_raw_library, LibraryError, RawLibrary};
 use ptrain_plugin_api::{Descriptor, PluginModRef, API_VERSION, ROOT_MODULE_NAME};
 
 use crate::error::Error;
@@ -115,9 +115,4 @@ pub fn load(path: &Path) -> Result<PluginLibrary, Error> {
     })?;
     let descriptor = module.descriptor()().into_result().map_err(|e| refuse(format!("failed to describe itself: {e}")))?;
     Ok(PluginLibrary { module, descriptor })
-}
-
-/// Version string of the root module the host expects.
-pub fn host_api_version() -> String {
-    PluginModRef::VERSION_STRINGS.to_string()
 }

@@ -11,13 +11,7 @@ use abi_stable::std_types::{RResult, RStr, RString};
 use ptrain_plugin_api::{HostApi, LogLevel, TensorRef};
 use tch::Tensor;
 
-use crate::hooks::Gate;
-
-/// In-place collectives over the run's process group.
-pub trait Collectives: Send + Sync {
-    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<(), String>;
-    fn broadcast(&self, tensor: &mut Tensor, root: u32) -> Result<(), String>;
-}
+use crate::{dist::Collectives, hooks::Gate};
 
 pub struct HostServices {
     gate: Arc<Gate>,
@@ -39,6 +33,11 @@ impl HostServices {
             detach_requests: Mutex::new(Vec::new()),
             detach_pending: AtomicBool::new(false),
         }))
+    }
+
+    /// The run's step gate, which requests lower.
+    pub fn gate(&self) -> Arc<Gate> {
+        self.gate.clone()
     }
 
     pub fn request_stop(&self, reason: String) {

@@ -1,5 +1,6 @@
-//! A worker plugin's thread: it owns the plugin, takes events from a bounded queue,
-//! and reports a failure once, after which it drains events without calling.
+//! A worker plugin's thread: it owns the plugin, takes queued events from a
+//! bounded queue and calls the plugin with them, and reports a failure once,
+//! after which it drains events without calling.
 
 use std::{
     sync::{
@@ -9,46 +10,17 @@ use std::{
     thread::JoinHandle,
 };
 
-use abi_stable::std_types::RResult;
-use ptrain_plugin_api::{CheckpointPayload, MetricBatch, PluginBox};
+use ptrain_plugin_api::{Needs, Outbox, PluginBox};
 
 use super::{
+    event::{call, Event, Queued, Reply},
     queue::{BoundedQueue, QueueItem},
-    run_data::{RunData, RunEndData},
 };
 use crate::config::OnFull;
 
-pub enum WorkerEvent {
-    RunStart(Arc<RunData>),
-    Metrics(Arc<MetricBatch>),
-    Checkpoint(Box<CheckpointPayload>),
-    RunEnd(RunEndData),
-}
-
-impl WorkerEvent {
-    /// The step the event belongs to, so a failure is reported at the step that failed.
-    fn step(&self) -> u64 {
-        match self {
-            WorkerEvent::RunStart(run) => run.start_step,
-            WorkerEvent::Metrics(batch) => batch.step,
-            WorkerEvent::Checkpoint(payload) => payload.step,
-            WorkerEvent::RunEnd(end) => end.step,
-        }
-    }
-
-    fn hook(&self) -> &'static str {
-        match self {
-            WorkerEvent::RunStart(_) => "run_start",
-            WorkerEvent::Metrics(_) => "metrics",
-            WorkerEvent::Checkpoint(_) => "checkpoint",
-            WorkerEvent::RunEnd(_) => "run_end",
-        }
-    }
-}
-
-impl QueueItem for WorkerEvent {
+impl QueueItem for Queued {
     fn droppable(&self) -> bool {
-        matches!(self, WorkerEvent::Metrics(_))
+        self.0.droppable()
     }
 }
 
@@ -78,19 +50,33 @@ impl SaveTracker {
     }
 }
 
+/// Where, when and why a plugin failed.
+#[derive(Debug, Clone)]
+pub struct WorkerFailure {
+    pub hook: &'static str,
+    pub step: u64,
+    pub error: String,
+}
+
 /// State shared between the host and the worker thread.
 pub struct Shared {
-    pub plugin: Mutex<PluginBox>,
-    pub failed: AtomicBool,
-    /// Hook, error and step of the failure.
-    pub failure: Mutex<Option<(String, String, u64)>>,
-    pub summary: Mutex<Option<String>>,
+    plugin: Mutex<PluginBox>,
+    failed: AtomicBool,
+    failure: Mutex<Option<WorkerFailure>>,
+    summary: Mutex<Option<String>>,
     pub saves: SaveTracker,
 }
 
+impl Shared {
+    fn record(&self, hook: &'static str, step: u64, error: String) {
+        *self.failure.lock().expect("failure lock") = Some(WorkerFailure { hook, step, error });
+        self.failed.store(true, Ordering::Relaxed);
+    }
+}
+
 pub struct Worker {
-    pub queue: Arc<BoundedQueue<WorkerEvent>>,
-    pub shared: Arc<Shared>,
+    pub queue: Arc<BoundedQueue<Queued>>,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -110,13 +96,37 @@ impl Worker {
         Worker { queue, shared, thread: Some(thread) }
     }
 
-    pub fn send(&self, event: WorkerEvent) {
-        if let WorkerEvent::Checkpoint(_) = event {
+    /// Queues an event for the worker thread.
+    pub fn send(&self, event: Queued) {
+        if let Event::Checkpoint(_) = event.0 {
             self.shared.saves.begin();
         }
         if !self.queue.push(event) {
             tracing::debug!("plugin queue closed; event discarded");
         }
+    }
+
+    /// Calls the plugin on this thread, between two of the worker's own calls
+    /// (for the state events, whose answer the caller needs now).
+    pub fn call_now(&self, event: &Event<'_>) -> Result<Reply, String> {
+        call(&mut self.shared.plugin.lock().expect("plugin lock"), event, Needs::NONE, &mut Outbox::new())
+    }
+
+    /// The failure the worker thread reported, if any.
+    pub fn failure(&self) -> Option<WorkerFailure> {
+        if !self.shared.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.shared.failure.lock().expect("failure lock").clone()
+    }
+
+    /// `on_run_end`'s summary fragment, once the worker has handled the run's end.
+    pub fn take_summary(&self) -> Option<String> {
+        self.shared.summary.lock().expect("summary lock").take()
+    }
+
+    pub fn wait_saves(&self) {
+        self.shared.saves.wait_idle();
     }
 
     /// Closes the queue and waits for the worker to finish what is queued.
@@ -134,31 +144,22 @@ impl Drop for Worker {
     }
 }
 
-fn run(name: &str, queue: &BoundedQueue<WorkerEvent>, shared: &Shared) {
-    while let Some(event) = queue.pop() {
-        let is_checkpoint = matches!(event, WorkerEvent::Checkpoint(_));
+fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared) {
+    // Workers never see step hooks, so nothing is ever emitted here.
+    let mut unused = Outbox::new();
+    while let Some(Queued(event)) = queue.pop() {
         if !shared.failed.load(Ordering::Relaxed) {
-            let hook = event.hook();
-            let mut plugin = shared.plugin.lock().expect("plugin lock");
-            let result = match &event {
-                WorkerEvent::RunStart(run) => run.with_view(|info| plugin.on_run_start(info)),
-                WorkerEvent::Metrics(batch) => plugin.on_metrics(batch),
-                WorkerEvent::Checkpoint(payload) => plugin.on_checkpoint(payload),
-                WorkerEvent::RunEnd(end) => end.with_view(|end| match plugin.on_run_end(end) {
-                    RResult::ROk(summary) => {
-                        *shared.summary.lock().expect("summary lock") = Some(summary.into_string());
-                        RResult::ROk(())
-                    }
-                    RResult::RErr(e) => RResult::RErr(e),
-                }),
-            };
-            if let RResult::RErr(message) = result {
-                tracing::error!("plugin `{name}` failed in {hook} and was disabled: {message}");
-                *shared.failure.lock().expect("failure lock") = Some((hook.to_string(), message.into_string(), event.step()));
-                shared.failed.store(true, Ordering::Relaxed);
+            let result = call(&mut shared.plugin.lock().expect("plugin lock"), &event, Needs::NONE, &mut unused);
+            match result {
+                Ok(Reply::Summary(summary)) => *shared.summary.lock().expect("summary lock") = Some(summary),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::error!("plugin `{name}` failed in {} and was disabled: {error}", event.name());
+                    shared.record(event.name(), event.step(), error);
+                }
             }
         }
-        if is_checkpoint {
+        if let Event::Checkpoint(_) = event {
             shared.saves.end();
         }
     }

@@ -98,6 +98,10 @@ impl Model for Gpt {
         "gpt"
     }
 
+    fn uses_randomness(&self) -> bool {
+        self.config.dropout > 0.0
+    }
+
     fn layers(&self, seq_len: i64) -> Vec<Layer> {
         let (d, t) = (self.config.n_embd, seq_len);
         let mut layers = Vec::new();

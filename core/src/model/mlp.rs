@@ -34,6 +34,10 @@ impl Model for Mlp {
         "mlp"
     }
 
+    fn uses_randomness(&self) -> bool {
+        false
+    }
+
     fn layers(&self, _seq_len: i64) -> Vec<Layer> {
         self.dims.windows(2).enumerate().map(|(i, w)| Layer::linear(format!("layers.{i}"), w[0], w[1], 1, i > 0)).collect()
     }

@@ -69,6 +69,15 @@ pub trait Model: Send {
     fn layers(&self, _seq_len: i64) -> Vec<Layer> {
         Vec::new()
     }
+
+    /// Whether `forward` draws random numbers when training (dropout, noise,
+    /// sampling). The trainer then reseeds torch's generator from (seed, step)
+    /// before each step, so a resumed run draws exactly what the uninterrupted one
+    /// drew. The default, `true`, is always correct; a model that never draws may
+    /// return `false` and save one reseed per step.
+    fn uses_randomness(&self) -> bool {
+        true
+    }
 }
 
 /// Mean cross-entropy of `logits` against `targets` for the task.

@@ -1,4 +1,16 @@
-//! The trainer: set-up, the loop, and what happens at its end.
+//! The trainer: set-up, the loop, and what happens at its end. One file per job,
+//! in the order a run meets them:
+//!
+//! - `setup`: resume, device, data, model, optimizer, plugins and their schedule;
+//! - `run`: what a run holds, grouped by owner (`RunEnv`, `Learner`, `Tally`, ...);
+//! - `step`: the loop (`train`), one optimizer step (`train_step`), one micro-batch
+//!   (`forward_backward_step`), and what a due step does after the update;
+//! - `hooks`: the context inline plugins get at a hook point;
+//! - `nonfinite`, `stop`: skipping non-finite updates, and stopping early (agreed
+//!   across ranks);
+//! - `eval`, `metrics` (the core metrics and their since-last-emit state), `save`
+//!   (checkpoint payloads), `state` (the typed training state, and resuming);
+//! - `finish`, `summary`: the end of the run and `summary.json`.
 //!
 //! ```no_run
 //! use ptrain_core::{config::Config, Trainer};
@@ -7,9 +19,20 @@
 //! # Ok::<(), ptrain_core::Error>(())
 //! ```
 
+mod clock;
+mod eval;
+mod finish;
+mod hooks;
+mod metrics;
+mod nonfinite;
 mod payload;
 mod progress;
 mod run;
+mod save;
+mod setup;
+mod state;
+mod step;
+mod stop;
 mod summary;
 mod timing;
 
@@ -17,13 +40,22 @@ use std::{path::PathBuf, sync::Arc};
 
 use tch::nn;
 
-pub use run::Outcome;
+pub use state::{DataPosition, EvalRecord, RngScheme, TrainState};
 pub use summary::{EvalPoint, PhaseSummary, Summary};
 
 use crate::{config::Config, data::Dataset, dist::DataParallel, error::Result, model::Model};
 
 /// Builds a model under a `VarStore` path, given the dataset it will train on.
 pub type ModelFactory = Box<dyn FnOnce(&nn::Path, &dyn Dataset) -> Result<Box<dyn Model>>>;
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct Outcome {
+    pub summary: Summary,
+    pub run_dir: PathBuf,
+    /// 0 completed, 130 SIGINT, 143 SIGTERM, 1 stopped on non-finite losses.
+    pub exit_code: i32,
+}
 
 /// Where to resume from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,24 +4,30 @@
 //!
 //! ```sh
 //! cargo run --release -p ptrain-example-custom-model -- [--plugins jsonl] [--run-dir DIR]
+//!     [--dropout P] [--steps N] [--resume PATH] [--set section.key=value]...
 //! ```
+//!
+//! With `--dropout` the model draws random numbers in training; it says so through
+//! `Model::uses_randomness` (the default), so a resumed run repeats the
+//! uninterrupted one exactly.
 
 use ptrain_core::{
     model::{Layer, Model, Task},
-    ConfigBuilder, Trainer,
+    ConfigBuilder, Resume, Trainer,
 };
 use tch::{nn, nn::Module, Tensor};
 
-/// A residual MLP classifier: x + W2 relu(W1 norm(x)), per block.
+/// A residual MLP classifier: x + W2 dropout(relu(W1 norm(x))), per block.
 struct ResidualMlp {
     input: nn::Linear,
     blocks: Vec<(nn::LayerNorm, nn::Linear, nn::Linear)>,
     head: nn::Linear,
     dims: (i64, i64, i64),
+    dropout: f64,
 }
 
 impl ResidualMlp {
-    fn new(vs: &nn::Path, inputs: i64, width: i64, depth: usize, classes: i64) -> ResidualMlp {
+    fn new(vs: &nn::Path, inputs: i64, width: i64, depth: usize, classes: i64, dropout: f64) -> ResidualMlp {
         let blocks = (0..depth)
             .map(|i| {
                 let b = vs / "blocks" / i;
@@ -37,15 +43,16 @@ impl ResidualMlp {
             blocks,
             head: nn::linear(vs / "head", width, classes, Default::default()),
             dims: (inputs, width, classes),
+            dropout,
         }
     }
 }
 
 impl Model for ResidualMlp {
-    fn forward(&mut self, inputs: &Tensor, _train: bool) -> Tensor {
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
         let mut x = self.input.forward(inputs);
         for (norm, up, down) in &self.blocks {
-            x = &x + down.forward(&up.forward(&norm.forward(&x)).relu());
+            x = &x + down.forward(&up.forward(&norm.forward(&x)).relu().dropout(self.dropout, train));
         }
         self.head.forward(&x)
     }
@@ -72,20 +79,29 @@ impl Model for ResidualMlp {
 }
 
 fn main() -> anyhow::Result<()> {
-    let flag = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| args.iter().skip_while(|a| *a != name).nth(1).cloned();
     let plugins: Vec<String> = flag("--plugins").map(|p| p.split(',').map(String::from).collect()).unwrap_or_default();
     let list = plugins.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(",");
+    let steps = flag("--steps").unwrap_or_else(|| "150".into());
+    let dropout: f64 = flag("--dropout").map(|p| p.parse()).transpose()?.unwrap_or(0.0);
     let mut config = ConfigBuilder::default()
         .file("configs/mlp-multi.toml".as_ref())?
         .set("run.name=\"custom-model\"")?
-        .set("train.steps=150")?
+        .set(&format!("train.steps={steps}"))?
         .set(&format!("run.plugins=[{list}]"))?;
     if let Some(dir) = flag("--run-dir") {
         config = config.set(&format!("run.run_dir={dir:?}"))?;
     }
+    for (i, arg) in args.iter().enumerate() {
+        if arg == "--set" {
+            config = config.set(args.get(i + 1).map_or("", String::as_str))?;
+        }
+    }
     let config = config.build()?;
     let outcome = Trainer::new(config)
-        .with_model(|vs, data| Ok(Box::new(ResidualMlp::new(vs, data.input_dim(), 64, 2, data.num_classes())) as Box<dyn Model>))
+        .with_model(move |vs, data| Ok(Box::new(ResidualMlp::new(vs, data.input_dim(), 64, 2, data.num_classes(), dropout)) as Box<dyn Model>))
+        .resume(flag("--resume").map(|p| Resume::Path(p.into())))
         .run()?;
     let s = &outcome.summary;
     println!(

@@ -1,0 +1,67 @@
+//! Evaluation on the held-out split: `train.eval_batches` batches, summed on the
+//! device, reduced over ranks in one collective and read once.
+
+use ptrain_plugin_api::{Hook, Metric, PhaseTimes, Scalar, StepTensors, Task};
+use tch::{Device, Kind, Tensor};
+
+use super::{
+    hooks::{step_context, At},
+    run::Run,
+    summary::EvalPoint,
+};
+use crate::{
+    data::{BatchKey, Split},
+    error::{Error, Result},
+    host::{Event, Reach},
+    model,
+};
+
+impl Run {
+    pub(super) fn evaluate(&mut self, step: u64, lr: f64, phases: PhaseTimes) -> Result<()> {
+        let (rank, world, device) = (self.env.rank as u64, self.env.world as u64, self.env.device);
+        let b = self.env.config.data.batch_size as u64;
+        let batches = self.env.config.train.eval_batches.max(1);
+        let learner = &mut self.learner;
+        let mut sums = tch::no_grad(|| {
+            let mut acc = Tensor::zeros([3], (Kind::Double, device));
+            for i in 0..batches {
+                let key = BatchKey { step: i, micro: 0, first_sample: rank * b, count: b };
+                let batch = learner.dataset.batch(Split::Val, key).to_device(device, true);
+                let logits = if learner.autocast {
+                    tch::autocast(true, || learner.model.forward(&batch.inputs, false))
+                } else {
+                    learner.model.forward(&batch.inputs, false)
+                };
+                let loss = model::loss(learner.task, &logits, &batch.targets).to_kind(Kind::Double);
+                let right = match learner.task {
+                    Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
+                    Task::LanguageModel => Tensor::zeros([], (Kind::Double, device)),
+                };
+                acc += Tensor::stack(&[loss, right, Tensor::from(batch.targets.size()[0] as f64).to_device(device)], 0);
+            }
+            acc
+        });
+        if let Some(d) = &self.dist {
+            d.collectives().all_reduce_sum(&mut sums).map_err(Error::Dist)?;
+        }
+        let (loss_sum, correct, count) = match Vec::<f64>::try_from(sums.to_device(Device::Cpu)) {
+            Ok(v) => (v[0], v[1], v[2]),
+            Err(_) => (0.0, 0.0, 0.0),
+        };
+        let loss = loss_sum / (batches * world) as f64;
+        let accuracy = (learner.task == Task::Classification).then(|| correct / count.max(1.0));
+        self.tally.evals.push(EvalPoint { step, loss, accuracy });
+        let accuracy_text = accuracy.map(|a| format!(", accuracy {a:.3}")).unwrap_or_default();
+        self.metrics.progress.println(&format!("eval at step {step}: loss {loss:.4}{accuracy_text}"));
+        let mut metrics = vec![Metric::scalar("eval/loss", loss)];
+        if let Some(a) = accuracy {
+            metrics.push(Metric::scalar("eval/accuracy", a));
+        }
+        let scalars: Vec<Scalar<'_>> = metrics.iter().filter_map(|m| Some(Scalar { name: m.name.as_rstr(), value: m.as_scalar()? })).collect();
+        let at = At { hook: Hook::Eval, step, micro_batch: 0, lr, phases };
+        let ctx = step_context(&self.env, &self.tally, self.learner.dataset.train_len(), at, StepTensors::NONE, &scalars);
+        self.host.dispatch(Event::Step(&ctx), Reach::Due, &mut self.metrics.emitted);
+        self.metrics.emitted.extend(metrics);
+        Ok(())
+    }
+}

@@ -1,0 +1,141 @@
+//! The end of a run, however it ended: an emergency checkpoint when it stopped
+//! early, the last metrics, the plugins' end, the summary, and a final barrier so
+//! no rank leaves before rank 0 has written.
+
+use std::time::Instant;
+
+use ptrain_plugin_api::CheckpointReason;
+use tch::{Device, Kind, Tensor};
+
+use super::{
+    run::Run,
+    stop::Stop,
+    summary::{PhaseSummary, Summary},
+    Outcome,
+};
+use crate::{
+    device,
+    error::{Error, Result},
+    hooks::StepPlan,
+    host::RunEndData,
+};
+
+impl Run {
+    pub(super) fn finish(mut self, last_step: u64, stop: Option<Stop>, started: Instant) -> Result<Outcome> {
+        let (status, exit_code, stop_reason, emergency) = match &stop {
+            None => ("completed", 0, None, None),
+            Some(Stop::Signal(sig)) => ("interrupted", 128 + sig, Some(format!("signal {sig}")), Some(CheckpointReason::Interrupted)),
+            Some(Stop::Requested(r)) => ("stopped", 1, Some(r.clone()), Some(CheckpointReason::Interrupted)),
+            Some(Stop::NonFinite(r)) => ("nonfinite", 1, Some(r.clone()), Some(CheckpointReason::NonFinite)),
+        };
+        if let Some(reason) = &stop_reason {
+            self.metrics.progress.println(&format!("stopping after step {last_step}: {reason}"));
+        }
+        if let Some(reason) = emergency {
+            if last_step > self.env.start_step {
+                self.save(last_step, reason)?;
+            }
+        }
+        if stop.is_some() && !self.metrics.emitted.is_empty() {
+            self.emit_metrics(last_step, self.learner.schedule.lr(last_step), StepPlan::NONE);
+        }
+        self.host.wait_saves();
+        self.learner.loader = None;
+        let wall_s = started.elapsed().as_secs_f64();
+        // Every distributed stop is agreed (see `StopControl::agree`), so all ranks
+        // end at the same step and can meet in one more collective.
+        let (first_loss, final_loss) = self.mean_losses()?;
+        self.metrics.progress.finish();
+        let final_eval_loss = self.tally.evals.last().map(|e| e.loss);
+        let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
+        let scalars = scalars.into_iter().filter_map(|(name, v)| Some((name.to_string(), v?))).collect();
+        let plugin_summaries = self.host.run_end(RunEndData { step: last_step, exit_code, wall_s, scalars });
+        let (env, tally) = (&self.env, &self.tally);
+        let steps = last_step - env.start_step;
+        let samples = steps * tally.step_samples * env.world as u64;
+        let tokens = steps * tally.step_tokens * env.world as u64;
+        let p = &tally.phases_total;
+        let summary = Summary {
+            status: status.into(),
+            exit_code,
+            stop_reason,
+            steps,
+            start_step: env.start_step,
+            last_step,
+            total_steps: env.total_steps,
+            samples,
+            tokens,
+            wall_s,
+            setup_s: env.setup_s,
+            steps_per_s: steps as f64 / wall_s.max(1e-9),
+            samples_per_s: samples as f64 / wall_s.max(1e-9),
+            tokens_per_s: tokens as f64 / wall_s.max(1e-9),
+            first_loss,
+            final_loss,
+            final_eval_loss,
+            evals: tally.evals.clone(),
+            phase_times: PhaseSummary {
+                data_s: p.data_s,
+                forward_s: p.forward_s,
+                backward_s: p.backward_s,
+                optimizer_s: p.optimizer_s,
+                hooks_s: tally.hooks_total_s,
+            },
+            peak_memory_bytes: device::peak_memory(env.device),
+            device: device::label(env.device),
+            device_name: env.run_data.device_name.clone(),
+            precision: env.run_data.precision.clone(),
+            world_size: env.world,
+            collective_s: self.dist.as_ref().map_or(0.0, |d| d.collective_secs()),
+            model: env.run_data.model_kind.clone(),
+            parameters: env.run_data.n_params,
+            nonfinite_steps: self.nonfinite.total,
+            resumed_from: env.resumed_from.clone(),
+            checkpoint_wait_s: tally.checkpoint_wait_s,
+            plugins_loaded: self.host.loaded(),
+            plugin_failures: self.host.failures().to_vec(),
+            detached_plugins: self.host.detached(),
+            queue_drops: self.host.queue_drops(),
+            plugins: plugin_summaries,
+        };
+        if env.config.debug.dump_params {
+            self.dump_params()?;
+        }
+        if env.rank == 0 {
+            let path = env.run_dir.join("summary.json");
+            summary.write(&path).map_err(|source| Error::Io { path, source })?;
+        }
+        // A barrier: launchers tear the job down when any rank exits non-zero (an
+        // interrupted one exits 130), so no rank leaves before rank 0 has written
+        // its checkpoint and summary.
+        if let Some(d) = &self.dist {
+            let mut done = Tensor::zeros([1], (Kind::Float, env.device));
+            d.collectives().all_reduce_sum(&mut done).map_err(Error::Dist)?;
+        }
+        Ok(Outcome { summary, run_dir: self.env.run_dir.clone(), exit_code })
+    }
+
+    /// The first and last training loss, averaged over the ranks.
+    fn mean_losses(&self) -> Result<(Option<f64>, Option<f64>)> {
+        let (Some(first), Some(last)) = (&self.tally.first_loss, &self.tally.last_loss) else {
+            return Ok((None, None));
+        };
+        let mut both = Tensor::stack(&[first.to_kind(Kind::Double), last.to_kind(Kind::Double)], 0);
+        if let Some(d) = &self.dist {
+            d.collectives().all_reduce_sum(&mut both).map_err(Error::Dist)?;
+            both /= self.env.world as f64;
+        }
+        let v = Vec::<f64>::try_from(both.to_device(Device::Cpu)).unwrap_or_default();
+        Ok((v.first().copied(), v.get(1).copied()))
+    }
+
+    /// `[debug] dump_params`: this rank's final parameters, so tests can compare ranks.
+    fn dump_params(&self) -> Result<()> {
+        let dir = &self.env.run_dir;
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+        let path = dir.join(format!("params-rank{}.safetensors", self.env.rank));
+        let host: Vec<(&str, Tensor)> = self.learner.params.iter().map(|(n, t)| (n.as_str(), t.to_device(Device::Cpu))).collect();
+        Tensor::write_safetensors(&host, &path)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,60 @@
+//! Handing a checkpoint to the checkpoint plugins. The loop waits only for a
+//! previous save still being written and for the copies to host memory; the
+//! plugin's worker thread does the I/O.
+
+use std::time::Instant;
+
+use ptrain_plugin_api::{CheckpointPayload, CheckpointReason};
+
+use super::{
+    payload,
+    run::Run,
+    state::{EvalRecord, TrainState},
+};
+use crate::{
+    error::Result,
+    host::{Event, Reach},
+};
+
+impl Run {
+    /// The training state at `step`, as `state.json` keeps it.
+    fn train_state(&self, step: u64) -> TrainState {
+        TrainState {
+            samples_seen: self.tally.samples_seen,
+            tokens_seen: self.tally.tokens_seen,
+            nonfinite_total: self.nonfinite.total,
+            nonfinite_run: self.nonfinite.run,
+            eval: self.tally.evals.last().map(|e| EvalRecord { step: e.step, loss: e.loss }),
+            ..TrainState::new(step, self.env.config.run.seed, self.env.world)
+        }
+    }
+
+    /// Saves the run at `step`. Rank 0 only; a scheduled save reaches the
+    /// checkpoint plugins due now, an emergency save every checkpoint plugin.
+    pub(super) fn save(&mut self, step: u64, reason: CheckpointReason) -> Result<()> {
+        if self.env.rank != 0 || !self.host.has_checkpointer() {
+            return Ok(());
+        }
+        let waited = Instant::now();
+        self.host.wait_saves();
+        self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
+        let model = self.learner.params.iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
+        let optimizer = self.learner.optimizer.state().iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
+        let plugin_states = self.host.save_states(step);
+        let payload = CheckpointPayload {
+            step,
+            reason,
+            model: model.into(),
+            optimizer: optimizer.into(),
+            state_json: self.train_state(step).to_json().into(),
+            config_toml: self.env.run_data.config_toml.as_str().into(),
+            plugin_states,
+        };
+        let reach = match reason {
+            CheckpointReason::Scheduled | CheckpointReason::End => Reach::Due,
+            CheckpointReason::Interrupted | CheckpointReason::NonFinite => Reach::Declared,
+        };
+        self.host.dispatch(Event::Checkpoint(payload.into()), reach, &mut Vec::new());
+        Ok(())
+    }
+}

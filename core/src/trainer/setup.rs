@@ -1,0 +1,220 @@
+//! Set-up, in the order a run needs it: the checkpoint to resume (so a bad path
+//! fails first), the device, the data and the model, the optimizer and restored
+//! state, the plugins and the schedule, the loader. Every usage error surfaces
+//! here, before the run directory is created.
+
+use std::{path::PathBuf, sync::Arc, time::Instant};
+
+use ptrain_plugin_api::{DeviceKind, Hook, Needs};
+use tch::{nn, Device, Tensor};
+
+use super::{
+    clock::{stamp, unix_now},
+    metrics::MetricsProcessor,
+    nonfinite::NonFinite,
+    progress::Progress,
+    run::{Learner, Run, RunEnv, Tally},
+    state::{self, TrainState},
+    stop::StopControl,
+    Trainer,
+};
+use crate::{
+    config::{Config, Precision},
+    data::{loader::DrawPlan, Loader},
+    device,
+    error::{Error, Result},
+    hooks::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, Ticker},
+    host::{HostServices, PluginHost, RunData},
+    model,
+    optim::{LrSchedule, Optimizer},
+    signals::Signals,
+};
+
+/// `run.run_dir`, or `runs/<name>-<YYYYmmdd-HHMMSS>` (UTC) when it is empty.
+fn run_dir(config: &Config) -> PathBuf {
+    if config.run.run_dir.is_empty() {
+        PathBuf::from("runs").join(format!("{}-{}", config.run.name, stamp()))
+    } else {
+        PathBuf::from(&config.run.run_dir)
+    }
+}
+
+fn core_slot(task: CoreTask, cadence: Cadence) -> SlotSpec {
+    SlotSpec { owner: Owner::Core(task), hook: Hook::StepEnd, cadence, needs: Needs::NONE }
+}
+
+/// The core's own periodic work: evaluation, progress lines, reading the
+/// non-finite flags, and CUDA's `empty_cache`.
+fn core_slots(config: &Config, device: Device) -> Vec<SlotSpec> {
+    let t = &config.train;
+    let mut slots = vec![core_slot(CoreTask::Eval, Cadence::NEVER.with_eval())];
+    if config.run.log_every > 0 {
+        slots.push(core_slot(CoreTask::Progress, Cadence::every(config.run.log_every).with_end()));
+    }
+    slots.push(core_slot(CoreTask::NonFiniteCheck, Cadence::every(t.nonfinite_check_every.max(1)).with_end()));
+    if t.empty_cache_every > 0 && device.is_cuda() {
+        slots.push(core_slot(CoreTask::EmptyCache, Cadence::every(t.empty_cache_every)));
+    }
+    slots
+}
+
+impl Run {
+    pub fn setup(trainer: Trainer) -> Result<Run> {
+        let started = Instant::now();
+        let Trainer { config, model: model_factory, dataset, resume, handle_signals, progress, dist } = trainer;
+        let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.rank(), d.world_size()));
+        let run_dir = run_dir(&config);
+        let checkpoint = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?.map(|p| state::read(&p)).transpose()?;
+
+        if config.run.threads > 0 {
+            tch::set_num_threads(config.run.threads as i32);
+        }
+        tch::manual_seed(config.run.seed as i64);
+        let device = match &dist {
+            Some(d) => d.device(),
+            None => device::select(config.run.device, 0)?,
+        };
+        let autocast = config.train.precision == Precision::Bf16 && device.is_cuda();
+        if autocast {
+            ptrain_torch_ext::cuda::autocast_bf16().map_err(|e| Error::Device { device: device::label(device), message: e.to_string() })?;
+        } else if config.train.precision == Precision::Bf16 {
+            tracing::warn!("precision = \"bf16\" autocasts on CUDA only; training in fp32 on the CPU");
+        }
+
+        let dataset = match dataset {
+            Some(d) => d,
+            None => crate::data::from_config(&config)?,
+        };
+        let vs = nn::VarStore::new(device);
+        let model = match model_factory {
+            Some(factory) => factory(&vs.root(), dataset.as_ref())?,
+            None => model::from_config(&config, &vs.root(), dataset.as_ref())?,
+        };
+        let mut params: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        if params.is_empty() {
+            return Err(Error::Other("the model has no trainable parameters".into()));
+        }
+        let mut optimizer = Optimizer::new(&config.optim, &params)?;
+
+        let total_steps = config.train.steps;
+        let restored = match &checkpoint {
+            Some(ckpt) => state::restore(ckpt, &mut params, &mut optimizer, device)?,
+            None => TrainState::new(0, config.run.seed, world),
+        };
+        let start_step = restored.step;
+        if let Some(ckpt) = &checkpoint {
+            if start_step >= total_steps {
+                tracing::warn!("checkpoint is at step {start_step}, at or past train.steps = {total_steps}: nothing to train");
+            }
+            tracing::info!("resuming from {} (step {start_step})", ckpt.path.display());
+        }
+        if let Some(d) = &dist {
+            d.broadcast_params(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
+        }
+
+        let services = HostServices::leak(Arc::new(crate::hooks::Gate::new(0)), dist.as_ref().map(|d| d.collectives()));
+        let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, services, rank)?;
+        // Only now, with every usage error ruled out, does the run leave traces.
+        if rank == 0 {
+            let io = |path: PathBuf| move |source| Error::Io { path, source };
+            std::fs::create_dir_all(&run_dir).map_err(io(run_dir.clone()))?;
+            let config_path = run_dir.join("config.toml");
+            std::fs::write(&config_path, config.to_toml()).map_err(io(config_path.clone()))?;
+        }
+        slots.extend(core_slots(&config, device));
+        if world > 1 {
+            // Clocks differ between ranks, and what is due must be the same on all of
+            // them (emitting metrics is a collective).
+            for slot in slots.iter_mut().filter(|s| s.cadence.every_secs > 0.0) {
+                tracing::warn!("time-based cadences (every_secs) are ignored in distributed runs; use every = N steps");
+                slot.cadence.every_secs = 0.0;
+            }
+        }
+        host.schedule(Scheduler::new(slots, start_step + 1, total_steps, config.train.eval_every), world > 1);
+        let ticker = host.min_period_secs().map(|secs| Ticker::start(host.gate(), std::time::Duration::from_secs_f64((secs / 4.0).clamp(0.05, 1.0))));
+        let signals = if handle_signals { Some(Signals::install(services)?) } else { None };
+
+        let b = config.data.batch_size as u64;
+        let accum = config.optim.accum_steps;
+        let seq_len = dataset.seq_len();
+        let pin = config.data.pin_memory && device.is_cuda();
+        let draws = DrawPlan { first_step: start_step + 1, accum_steps: accum, batch_size: b, rank: rank as u64 };
+        let loader = Loader::new(dataset.clone(), draws, config.data.num_workers, config.data.prefetch, pin.then_some(device));
+        let run_data = Arc::new(RunData {
+            run_dir: run_dir.display().to_string(),
+            run_name: config.run.name.clone(),
+            config_toml: config.to_toml(),
+            seed: config.run.seed,
+            start_step,
+            total_steps,
+            rank,
+            world_size: world,
+            device_kind: if device.is_cuda() { DeviceKind::Cuda } else { DeviceKind::Cpu },
+            device_index: match device {
+                Device::Cuda(i) => i as i32,
+                _ => -1,
+            },
+            device_name: device::name(device),
+            model_kind: model.kind().to_string(),
+            task: model.task(),
+            n_params: params.iter().map(|(_, p)| p.numel() as u64).sum(),
+            layers: model.layers(seq_len),
+            datasets: dataset.dataset_names(),
+            batch_size: b,
+            seq_len: seq_len as u64,
+            accum_steps: accum,
+            precision: format!("{:?}", config.train.precision).to_lowercase(),
+            start_time: unix_now(),
+        });
+        if let Some(ckpt) = &checkpoint {
+            host.load_states(&ckpt.plugin_states, start_step);
+        }
+        let nonfinite_counts = (restored.nonfinite_run, restored.nonfinite_total);
+        let nonfinite = NonFinite::new(&config.train, config.debug.nonfinite_loss_at.clone(), device, start_step, nonfinite_counts);
+        let tally = Tally {
+            step_samples: b * accum,
+            step_tokens: b * accum * seq_len.max(1) as u64,
+            samples_seen: restored.samples_seen,
+            tokens_seen: restored.tokens_seen,
+            ..Tally::default()
+        };
+        let learner = Learner {
+            task: model.task(),
+            // Whether the model draws random numbers is the model's to say.
+            reseed: model.uses_randomness(),
+            schedule: LrSchedule::new(&config.optim, total_steps),
+            _vs: vs,
+            model,
+            params,
+            optimizer,
+            dataset,
+            loader: Some(loader),
+            autocast,
+        };
+        let env = RunEnv {
+            resumed_from: checkpoint.as_ref().map(|c| c.path.display().to_string()),
+            setup_s: started.elapsed().as_secs_f64(),
+            unix_start: unix_now(),
+            config,
+            run_dir,
+            rank,
+            world,
+            device,
+            start_step,
+            total_steps,
+            run_data,
+        };
+        Ok(Run {
+            metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress && rank == 0)),
+            stop: StopControl::new(signals, services),
+            env,
+            learner,
+            host,
+            dist,
+            tally,
+            nonfinite,
+            _ticker: ticker,
+        })
+    }
+}

@@ -1,0 +1,134 @@
+//! The training state a checkpoint keeps besides tensors (`state.json`), and
+//! resuming from a checkpoint: finding it, restoring weights, optimizer state and
+//! counters.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Tensor};
+
+use super::{payload, Resume};
+use crate::{
+    checkpoint::{self as ckpt, Checkpoint},
+    error::{ConfigError, Error, Result},
+    optim::Optimizer,
+};
+
+/// `state.json`: written and read by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// The last optimizer step the checkpoint includes.
+    pub step: u64,
+    /// Over every rank, since the start of training.
+    pub samples_seen: u64,
+    pub tokens_seen: u64,
+    pub seed: u64,
+    pub world_size: u32,
+    pub data: DataPosition,
+    pub rng: RngScheme,
+    /// Non-finite losses in all, and in a row at the end.
+    pub nonfinite_total: u64,
+    pub nonfinite_run: u64,
+    /// The last evaluation, if any.
+    pub eval: Option<EvalRecord>,
+    pub ptrain_version: String,
+}
+
+/// Where the data stream resumes: batches are keyed by (seed, step, micro-batch,
+/// sample), so the next step is the whole position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataPosition {
+    pub next_step: u64,
+    pub scheme: String,
+}
+
+/// How random numbers are drawn: torch's generator is reseeded from (seed, step)
+/// each step when the model uses randomness, so there is no generator state to keep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RngScheme {
+    pub scheme: String,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRecord {
+    pub step: u64,
+    pub loss: f64,
+}
+
+impl TrainState {
+    pub fn new(step: u64, seed: u64, world_size: u32) -> TrainState {
+        TrainState {
+            step,
+            samples_seen: 0,
+            tokens_seen: 0,
+            seed,
+            world_size,
+            data: DataPosition { next_step: step + 1, scheme: "keyed by (seed, step, micro-batch, sample)".into() },
+            rng: RngScheme { scheme: "torch generator reseeded from (seed, step) each step when the model uses randomness".into(), seed },
+            nonfinite_total: 0,
+            nonfinite_run: 0,
+            eval: None,
+            ptrain_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("the training state serializes")
+    }
+}
+
+/// The checkpoint to resume from, if any: `Resume::Path` names a checkpoint, or a
+/// run or checkpoints directory (its newest valid checkpoint); `Resume::Auto`
+/// takes the run directory's newest valid checkpoint and starts fresh without one.
+pub fn locate(resume: Option<&Resume>, run_dir: &Path, run_dir_given: bool) -> Result<Option<PathBuf>> {
+    let path = match resume {
+        None => return Ok(None),
+        Some(Resume::Auto) if !run_dir_given => {
+            return Err(ConfigError {
+                origin: "--auto-resume".into(),
+                key: "run.run_dir".into(),
+                message: "auto-resume looks in the run directory: pass --run-dir".into(),
+            }
+            .into())
+        }
+        Some(Resume::Auto) => run_dir,
+        Some(Resume::Path(p)) if !p.exists() => return Err(Error::MissingFile { what: "checkpoint", path: p.clone() }),
+        Some(Resume::Path(p)) => p,
+    };
+    let (found, warnings) = ckpt::resolve(path);
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    match (found, resume) {
+        (Some(found), _) => Ok(Some(found)),
+        (None, Some(Resume::Auto)) => {
+            tracing::info!("auto-resume: no checkpoint in {}, starting fresh", run_dir.display());
+            Ok(None)
+        }
+        (None, _) => Err(Error::Checkpoint { path: path.to_owned(), message: "no valid checkpoint here".into() }),
+    }
+}
+
+/// Reads and validates a checkpoint.
+pub fn read(path: &Path) -> Result<Checkpoint> {
+    ckpt::read(path).map_err(|e| Error::Checkpoint { path: path.to_owned(), message: e.to_string() })
+}
+
+/// Copies the checkpoint's weights and optimizer state into the live ones and
+/// returns its training state.
+pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimizer: &mut Optimizer, device: Device) -> Result<TrainState> {
+    let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
+    for (name, live) in params.iter_mut() {
+        let saved = checkpoint.model.get(name).ok_or_else(|| bad(format!("no weights for `{name}`")))?;
+        payload::restore(name, live, saved)?;
+    }
+    optimizer.load_state(|name| {
+        checkpoint
+            .optimizer
+            .get(name)
+            .and_then(|t| Tensor::f_from_data_size(&t.data, &t.shape, payload::kind_of(t.dtype)).ok())
+            .map(|t| t.to_device(device))
+    })?;
+    serde_json::from_value(checkpoint.state.clone()).map_err(|e| bad(format!("{}: {e}", ckpt::STATE_FILE)))
+}

@@ -1,0 +1,170 @@
+//! The loop: `train` runs the steps, `train_step` is one optimizer step,
+//! `forward_backward_step` one micro-batch, and `after_step` what a due step does
+//! after the update. A step with nothing due pays one gate check.
+
+use std::time::Instant;
+
+use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, StepTensors, TensorRef};
+use tch::Tensor;
+
+use super::{
+    hooks::At,
+    run::Run,
+    stop::Stop,
+    timing::{Phase, StepTimer},
+    Outcome,
+};
+use crate::{
+    error::{Error, Result},
+    hooks::{CoreTask, StepPlan},
+    model,
+};
+
+impl Run {
+    pub fn train(mut self) -> Result<Outcome> {
+        // Plugins' start-up (opening files, the flops plugin's peak measurement) is
+        // set-up, not training.
+        let plugins_started = Instant::now();
+        self.host.run_start(&self.env.run_data);
+        self.env.setup_s += plugins_started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        let mut stop: Option<Stop> = None;
+        let mut last_done = self.env.start_step;
+        for step in self.env.start_step + 1..=self.env.total_steps {
+            let plan = if self.host.is_due(step) {
+                if let Some(reason) = self.stop.before_step(self.env.world) {
+                    stop = Some(reason);
+                    break;
+                }
+                self.host.plan(step)
+            } else {
+                StepPlan::NONE
+            };
+            let lr = self.learner.schedule.lr(step);
+            let phases = self.train_step(step, lr, plan)?;
+            last_done = step;
+            if !plan.is_empty() {
+                if let Some(reason) = self.after_step(step, lr, phases, plan)? {
+                    stop = Some(reason);
+                    break;
+                }
+            }
+        }
+        if stop.is_none() && last_done < self.env.total_steps {
+            stop = self.stop.requested();
+        }
+        self.finish(last_done, stop, started)
+    }
+
+    /// One optimizer step: `accum_steps` micro-batches forward and backward, the
+    /// non-finite flag, the gradient all-reduce, clipping and the update.
+    fn train_step(&mut self, step: u64, lr: f64, plan: StepPlan) -> Result<PhaseTimes> {
+        if self.learner.reseed {
+            tch::manual_seed(self.env.config.run.seed.wrapping_add(step.wrapping_mul(0x9E37_79B9)) as i64);
+        }
+        let accum = self.env.config.optim.accum_steps;
+        let detailed = plan.needs.contains(Needs::DETAILED_METRICS);
+        let mut timer = StepTimer::start(self.env.device, detailed);
+        if plan.has(Hook::StepStart) {
+            self.call_hook(At { hook: Hook::StepStart, step, micro_batch: 0, lr, phases: timer.phases }, StepTensors::NONE);
+            timer.book(Phase::Hooks);
+        }
+        self.learner.optimizer.zero_grad()?;
+        let mut step_loss: Option<Tensor> = None;
+        for micro in 0..accum {
+            let loss = self.forward_backward_step(step, micro, lr, plan, &mut timer);
+            step_loss = Some(match step_loss {
+                None => loss,
+                Some(sum) => sum + loss,
+            });
+        }
+        let mut step_loss = step_loss.expect("at least one micro-batch");
+        if plan.has(Hook::AfterBackward) {
+            let tensors = StepTensors { loss: TensorRef::of(&step_loss), ..StepTensors::NONE };
+            self.call_hook(At { hook: Hook::AfterBackward, step, micro_batch: accum - 1, lr, phases: timer.phases }, tensors);
+            timer.book(Phase::Hooks);
+        }
+        let found_inf = self.nonfinite.flag(step, &mut step_loss);
+        if let Some(dist) = self.dist.as_mut() {
+            dist.all_reduce_grads(&self.learner.optimizer, found_inf).map_err(Error::Dist)?;
+        }
+        if self.env.config.optim.grad_clip > 0.0 || detailed {
+            self.tally.last_grad_norm = Some(self.learner.optimizer.clip_grad_norm()?);
+        }
+        self.learner.optimizer.step(lr, Some(found_inf))?;
+        timer.book(Phase::Optimizer);
+        let (phases, hooks_s) = timer.finish();
+        self.tally.count_step(self.env.world as u64, &phases, hooks_s, step_loss);
+        Ok(phases)
+    }
+
+    /// One micro-batch: fetch, forward, the `AfterForward` hook when due, backward.
+    /// Returns its (detached, accumulation-scaled) loss.
+    fn forward_backward_step(&mut self, step: u64, micro: u64, lr: f64, plan: StepPlan, timer: &mut StepTimer) -> Tensor {
+        let learner = &mut self.learner;
+        let accum = self.env.config.optim.accum_steps;
+        let batch = learner.loader.as_mut().expect("loader").next_batch().to_device(self.env.device, true);
+        timer.book(Phase::Data);
+        let logits = if learner.autocast {
+            tch::autocast(true, || learner.model.forward(&batch.inputs, true))
+        } else {
+            learner.model.forward(&batch.inputs, true)
+        };
+        let mut loss = model::loss(learner.task, &logits, &batch.targets);
+        if self.nonfinite.injects() && self.nonfinite.injected_at(step) {
+            loss *= f64::NAN;
+        }
+        if accum > 1 {
+            loss /= accum as f64;
+        }
+        timer.book(Phase::Forward);
+        if plan.has(Hook::AfterForward) {
+            let tensors = StepTensors {
+                loss: TensorRef::of(&loss),
+                logits: TensorRef::of(&logits),
+                labels: TensorRef::of(&batch.targets),
+                dataset_ids: batch.dataset_ids.as_ref().map_or(TensorRef::NULL, TensorRef::of),
+                inputs: TensorRef::of(&batch.inputs),
+            };
+            self.call_hook(At { hook: Hook::AfterForward, step, micro_batch: micro, lr, phases: timer.phases }, tensors);
+            timer.book(Phase::Hooks);
+        }
+        loss.backward();
+        timer.book(Phase::Backward);
+        loss.detach()
+    }
+
+    /// Everything a due step does after the update, in order. Returns a reason to stop.
+    fn after_step(&mut self, step: u64, lr: f64, phases: PhaseTimes, plan: StepPlan) -> Result<Option<Stop>> {
+        if plan.has(Hook::StepEnd) {
+            let at = At { hook: Hook::StepEnd, step, micro_batch: self.env.config.optim.accum_steps - 1, lr, phases };
+            let loss = self.tally.last_loss.as_ref().map_or(TensorRef::NULL, TensorRef::of);
+            self.call_hook(at, StepTensors { loss, ..StepTensors::NONE });
+        }
+        let mut stop = None;
+        if plan.core(CoreTask::NonFiniteCheck) {
+            stop = self.nonfinite.check(step);
+            if let (None, Some(dist)) = (&stop, &self.dist) {
+                stop = self.stop.agree(dist.as_ref(), self.env.device)?;
+            }
+        }
+        if plan.core(CoreTask::Eval) && stop.is_none() {
+            self.evaluate(step, lr, phases)?;
+        }
+        if plan.core(CoreTask::EmptyCache) {
+            let _ = ptrain_torch_ext::cuda::empty_cache();
+        }
+        // Metrics first: a checkpoint plugin scores this step's checkpoint by them.
+        if plan.has(Hook::Metrics) || !self.metrics.emitted.is_empty() {
+            self.emit_metrics(step, lr, plan);
+        }
+        if plan.has(Hook::Checkpoint) && stop.is_none() {
+            let reason = if step == self.env.total_steps { CheckpointReason::End } else { CheckpointReason::Scheduled };
+            self.save(step, reason)?;
+        }
+        if plan.core(CoreTask::Progress) {
+            self.show_progress(step, lr);
+        }
+        Ok(stop)
+    }
+}
