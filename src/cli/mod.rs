@@ -35,7 +35,7 @@ enum Command {
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    init_logging();
+    init_logging(matches!(&cli.command, Command::Run(args) if args.quiet));
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Launch(args) => launch::run(args),
@@ -52,11 +52,18 @@ pub fn exit_code(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(if usage { 2 } else { 1 })
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PTRAIN_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Log lines on stderr: `info` and up, or with `quiet` (`ptrain run --quiet`) only
+/// warnings and errors; `PTRAIN_LOG` (an `EnvFilter`) overrides both. Colour only
+/// on a terminal, and never with `NO_COLOR` set (https://no-color.org).
+fn init_logging(quiet: bool) {
+    use std::io::IsTerminal;
+    let default = if quiet { "warn" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PTRAIN_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .with_target(false)
         .with_timer(tracing_subscriber::fmt::time::uptime())
         .try_init();

@@ -34,9 +34,10 @@ pub struct RunArgs {
     /// Resume from the newest valid checkpoint in --run-dir, if there is one.
     #[arg(long)]
     auto_resume: bool,
-    /// No progress bar or progress lines.
+    /// Print only warnings, errors and the final summary line: no progress bar,
+    /// progress lines or evaluation lines (`PTRAIN_LOG` overrides the log level).
     #[arg(long)]
-    quiet: bool,
+    pub quiet: bool,
 }
 
 impl RunArgs {

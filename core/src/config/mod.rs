@@ -10,6 +10,7 @@ mod dist;
 mod model;
 mod optim;
 mod plugins;
+mod ranges;
 mod run;
 mod train;
 
@@ -123,6 +124,7 @@ impl ConfigBuilder {
 
     fn layer(mut self, layer: toml::Table, source: &str) -> Result<Self, Error> {
         merge(&mut self.table, layer);
+        ranges::check(&self.table, source)?;
         deserialize(&self.table).map_err(|mut e| {
             e.origin = source.to_string();
             e
@@ -188,23 +190,14 @@ impl Config {
     /// Checks values that types alone cannot (ranges, combinations, files).
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |key: &str, message: String| -> Error { ConfigError { origin: "configuration".into(), key: key.into(), message }.into() };
-        if self.train.steps == 0 {
-            return Err(bad("train.steps", "must be at least 1".into()));
-        }
-        if self.data.batch_size == 0 {
-            return Err(bad("data.batch_size", "must be at least 1".into()));
-        }
-        if self.optim.accum_steps == 0 {
-            return Err(bad("optim.accum_steps", "must be at least 1".into()));
+        // Again on the whole: typed overrides (command-line flags) skip the layers.
+        let table = toml::Table::try_from(self).expect("config serializes");
+        ranges::check(&table, "configuration")?;
+        if self.optim.min_lr > self.optim.lr {
+            return Err(bad("optim.min_lr", format!("{} is above optim.lr = {}: must be <= lr", self.optim.min_lr, self.optim.lr)));
         }
         if self.model.kind == ModelKind::Gpt && self.model.n_embd % self.model.n_head.max(1) != 0 {
             return Err(bad("model.n_embd", format!("{} is not divisible by n_head = {}", self.model.n_embd, self.model.n_head)));
-        }
-        if self.model.kind == ModelKind::Gpt && self.model.vocab_size < 2 {
-            return Err(bad("model.vocab_size", "must be at least 2".into()));
-        }
-        if !(0.0..1.0).contains(&self.data.val_fraction) {
-            return Err(bad("data.val_fraction", "must be in [0, 1)".into()));
         }
         for (key, path) in self.input_files() {
             if !path.exists() {

@@ -59,6 +59,10 @@ pub struct PluginSettings {
     pub attachments: BTreeMap<String, CadenceOverride>,
     pub queue: usize,
     pub on_full: OnFull,
+    /// Seconds a worker plugin gets to drain its queue at the end.
+    pub finish_timeout_s: f64,
+    /// Seconds an inline plugin's hook may run before a watchdog warns.
+    pub hook_warn_s: f64,
     /// The remaining keys, for the plugin.
     pub options: serde_json::Value,
 }
@@ -73,6 +77,8 @@ impl PluginSettings {
             attachments: BTreeMap::new(),
             queue: 1024,
             on_full: OnFull::default(),
+            finish_timeout_s: 30.0,
+            hook_warn_s: 60.0,
             options: serde_json::Value::Object(Default::default()),
         };
         let mut options = serde_json::Map::new();
@@ -83,6 +89,18 @@ impl PluginSettings {
                 k if CADENCE_KEYS.contains(&k) => {}
                 "queue" => settings.queue = value.as_integer().filter(|q| *q >= 1).ok_or_else(|| err("must be an integer >= 1".into()))? as usize,
                 "on_full" => settings.on_full = value.clone().try_into().map_err(|_| err("must be \"drop_oldest\" or \"block\"".into()))?,
+                "finish_timeout_s" | "hook_warn_s" => {
+                    let secs = value
+                        .as_float()
+                        .or_else(|| value.as_integer().map(|i| i as f64))
+                        .filter(|s| s.is_finite() && *s > 0.0)
+                        .ok_or_else(|| err(format!("{value} is out of range: must be a number of seconds > 0")))?;
+                    if key == "hook_warn_s" {
+                        settings.hook_warn_s = secs;
+                    } else {
+                        settings.finish_timeout_s = secs;
+                    }
+                }
                 k if attachments.contains(&k) => {
                     let sub = value.as_table().ok_or_else(|| err(format!("`{k}` is an attachment: expected a table of cadence keys")))?;
                     if let Some(unknown) = sub.keys().find(|k| !CADENCE_KEYS.contains(&k.as_str())) {

@@ -11,6 +11,8 @@ pub struct RunConfig {
     pub plugins: Vec<String>,
     pub log_every: u64,
     pub threads: u32,
+    /// Seconds all worker plugins together get to drain at the end.
+    pub shutdown_timeout_s: f64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]

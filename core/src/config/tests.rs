@@ -96,3 +96,72 @@ fn plugin_tables_split_host_keys_from_options() {
     let e = PluginSettings::parse("tensorboard", &bad, &["scalars", "histograms"]).unwrap_err();
     assert_eq!(e.key, "plugins.tensorboard.histograms.evry");
 }
+
+/// A value outside `rule`'s range, as TOML, and one inside.
+fn out_and_in(path: &str) -> (String, String) {
+    let rule = ranges::RULES.iter().find(|(p, _)| *p == path).map(|(_, r)| format!("{r}")).unwrap();
+    // The rendered range says what to try: below its low end, or past 1 for [0, 1).
+    let (bad, good) = if rule.contains("in (0, 1)") {
+        ("1.0", "0.5")
+    } else if rule.contains("in [0, 1)") {
+        ("1.0", "0.0")
+    } else if rule.starts_with("an integer >= 2") && rule.contains("or 0") {
+        ("1", "0")
+    } else if rule.starts_with("an integer >= 2") {
+        ("1", "2")
+    } else if rule.starts_with("an integer >= 1") {
+        (if rule.contains("or 0") { "-1" } else { "0" }, "1")
+    } else if rule.starts_with("an integer >= 0") {
+        ("-1", "0")
+    } else if rule.starts_with("a number > 0") {
+        (if rule.contains("or 0") { "-0.5" } else { "0.0" }, "0.25")
+    } else if rule.starts_with("a number >= 0") {
+        ("-0.5", "0.0")
+    } else {
+        panic!("no test values for the range of {path}: {rule}")
+    };
+    (bad.to_string(), good.to_string())
+}
+
+/// `--set` assignments putting `value` at a rule path (`a.b`, `a.b[]`, `a.b[].c`).
+fn assignment(path: &str, value: &str) -> String {
+    match path.split_once("[]") {
+        None => format!("{path}={value}"),
+        Some((head, "")) => format!("{head}=[{value}]"),
+        Some((head, key)) => format!("{head}=[{{name = \"a\", {} = {value}}}]", key.trim_start_matches('.')),
+    }
+}
+
+#[test]
+fn every_numeric_key_of_the_default_has_a_range() {
+    let rules: Vec<&str> = ranges::RULES.iter().map(|(p, _)| *p).collect();
+    for path in ranges::numeric_paths(&default_table()) {
+        assert!(rules.contains(&path.as_str()), "{path} has no range in config/ranges.rs");
+    }
+}
+
+#[test]
+fn every_range_refuses_a_value_outside_it_naming_key_value_and_range() {
+    for (path, range) in ranges::RULES {
+        let (bad, good) = out_and_in(path);
+        let set = assignment(path, &bad);
+        let e = config_error(ConfigBuilder::default().set(&set));
+        let head = path.split("[]").next().unwrap();
+        assert!(e.key.starts_with(head), "{set}: names {}", e.key);
+        assert_eq!(e.origin, format!("--set {set}"));
+        assert!(e.message.contains(&bad) && e.message.contains(&range.to_string()), "{set}: {e}");
+        let ok = assignment(path, &good);
+        assert!(ConfigBuilder::default().set(&ok).is_ok(), "{ok} is in range");
+    }
+}
+
+#[test]
+fn non_finite_numbers_and_min_lr_above_lr_are_refused() {
+    let e = config_error(ConfigBuilder::default().set("optim.lr=nan"));
+    assert_eq!(e.key, "optim.lr");
+    let e = ConfigBuilder::default().set("optim.lr=1e-5").unwrap().build().unwrap_err();
+    assert!(e.to_string().contains("optim.min_lr") && e.to_string().contains("must be <= lr"), "{e}");
+    // Typed overrides skip the layers and are checked at the end.
+    let e = ConfigBuilder::default().build_with(|c| c.train.steps = 0).unwrap_err();
+    assert!(e.to_string().contains("train.steps"), "{e}");
+}

@@ -17,9 +17,10 @@ pub mod loader;
 mod queue;
 mod run_data;
 mod services;
+mod watchdog;
 mod worker;
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use ptrain_plugin_api::{Hook, Outbox, PluginBox, Threading};
 use serde::Serialize;
@@ -31,7 +32,7 @@ pub use queue::{BoundedQueue, QueueItem};
 pub use run_data::{RunData, RunEndData};
 pub use services::HostServices;
 
-use self::worker::Worker;
+use self::{watchdog::Watchdog, worker::Worker};
 use crate::{
     config::PluginSettings,
     error::{Error, Result},
@@ -70,6 +71,10 @@ struct Instance {
     detached: Option<String>,
     /// Hooks the plugin has attachments to, as a bit mask.
     declared: u32,
+    /// `finish_timeout_s`: how long a worker may drain at the end.
+    finish_timeout: Duration,
+    /// `hook_warn_s`: how long an inline hook may run before the watchdog warns.
+    hook_warn: Duration,
 }
 
 impl Instance {
@@ -84,6 +89,10 @@ pub struct PluginHost {
     gate: Arc<Gate>,
     outbox: Outbox,
     failures: Vec<Failure>,
+    /// Workers given up on at the end, with how many events they never handled.
+    abandoned: BTreeMap<String, u64>,
+    /// Warns while an inline plugin's hook runs too long; only with inline plugins.
+    watchdog: Option<Watchdog>,
     services: &'static HostServices,
     /// In a distributed run a failed plugin keeps its slots (its calls are simply
     /// skipped): every rank must keep the same schedule, since metric emission and
@@ -106,6 +115,8 @@ impl PluginHost {
             gate: services.gate(),
             outbox: Outbox::new(),
             failures: Vec::new(),
+            abandoned: BTreeMap::new(),
+            watchdog: None,
             services,
             keep_schedule: false,
         };
@@ -139,7 +150,14 @@ impl PluginHost {
                     Hook::Eval => Cadence::NEVER.with_eval(),
                     _ => {
                         let primary = if k == 0 { settings.primary.apply(a.cadence) } else { a.cadence };
-                        settings.attachments.get(a.name.as_str()).map_or(primary, |o| o.apply(primary))
+                        let cadence = settings.attachments.get(a.name.as_str()).map_or(primary, |o| o.apply(primary));
+                        if cadence.is_never() && !a.cadence.is_never() {
+                            tracing::warn!(
+                                "plugin `{name}`: attachment `{}` is never due with these settings (every = 0 and every_secs = 0 switch those off)",
+                                a.name
+                            );
+                        }
+                        cadence
                     }
                 };
                 slots.push(SlotSpec { owner: Owner::Plugin(index), hook: a.hook, cadence, needs: a.needs });
@@ -167,7 +185,13 @@ impl PluginHost {
                 failed: false,
                 detached: None,
                 declared,
+                finish_timeout: Duration::from_secs_f64(settings.finish_timeout_s),
+                hook_warn: Duration::from_secs_f64(settings.hook_warn_s),
             });
+        }
+        let inline = host.instances.iter().filter(|i| matches!(i.runner, Runner::Inline(_)));
+        if let Some(shortest) = inline.map(|i| i.hook_warn).min() {
+            host.watchdog = Some(Watchdog::start(host.instances.iter().map(|i| i.info.name.clone()).collect(), shortest));
         }
         Ok((host, slots))
     }
@@ -219,6 +243,11 @@ impl PluginHost {
     /// Whether a checkpoint handed over now would reach a plugin that writes it.
     pub fn has_checkpointer(&self) -> bool {
         self.instances.iter().any(|i| i.declares(Hook::Checkpoint) && !i.failed && i.detached.is_none() && !matches!(i.runner, Runner::Absent))
+    }
+
+    /// Workers abandoned at the end, with how many events each never handled.
+    pub fn abandoned(&self) -> &BTreeMap<String, u64> {
+        &self.abandoned
     }
 
     /// Plugins that took themselves off the schedule, with why.

@@ -5,7 +5,7 @@ mod gpt;
 mod mlp;
 mod torchscript;
 
-use tch::{nn, Reduction, Tensor};
+use tch::{nn, Kind, Reduction, Tensor};
 
 pub use gpt::Gpt;
 pub use mlp::Mlp;
@@ -80,8 +80,18 @@ pub trait Model: Send {
     }
 }
 
-/// Mean cross-entropy of `logits` against `targets` for the task.
+/// Mean cross-entropy of `logits` against `targets` for the task, in float32 even
+/// when the logits come out of bf16 autocast (as PyTorch's autocast computes
+/// `cross_entropy`): a log-softmax over a large vocabulary in bf16 loses about two
+/// decimal digits of the loss and of its gradient.
 pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
+    let upcast;
+    let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) {
+        upcast = logits.to_kind(Kind::Float);
+        &upcast
+    } else {
+        logits
+    };
     match task {
         Task::Classification => logits.cross_entropy_loss::<Tensor>(targets, None, Reduction::Mean, -100, 0.0),
         Task::LanguageModel => {

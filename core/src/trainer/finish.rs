@@ -2,7 +2,7 @@
 //! early, the last metrics, the plugins' end, the summary, and a final barrier so
 //! no rank leaves before rank 0 has written.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ptrain_plugin_api::CheckpointReason;
 use tch::{Device, Kind, Tensor};
@@ -49,7 +49,12 @@ impl Run {
         let final_eval_loss = self.tally.evals.last().map(|e| e.loss);
         let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
         let scalars = scalars.into_iter().filter_map(|(name, v)| Some((name.to_string(), v?))).collect();
-        let plugin_summaries = self.host.run_end(RunEndData { step: last_step, exit_code, wall_s, scalars });
+        let end = RunEndData { step: last_step, exit_code, wall_s, scalars };
+        let shutdown = Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s);
+        let plugin_summaries = match &self.stop.signals {
+            Some(signals) => self.host.run_end(end, shutdown, &signals.draining()),
+            None => self.host.run_end(end, shutdown, &|| false),
+        };
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
         let samples = steps * tally.step_samples * env.world as u64;
@@ -95,6 +100,7 @@ impl Run {
             plugins_loaded: self.host.loaded(),
             plugin_failures: self.host.failures().to_vec(),
             detached_plugins: self.host.detached(),
+            abandoned_plugins: self.host.abandoned().clone(),
             queue_drops: self.host.queue_drops(),
             plugins: plugin_summaries,
         };

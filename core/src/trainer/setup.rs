@@ -74,12 +74,8 @@ impl Run {
             Some(d) => d.device(),
             None => device::select(config.run.device, 0)?,
         };
-        let autocast = config.train.precision == Precision::Bf16 && device.is_cuda();
-        if autocast {
-            ptrain_torch_ext::cuda::autocast_bf16().map_err(|e| Error::Device { device: device::label(device), message: e.to_string() })?;
-        } else if config.train.precision == Precision::Bf16 {
-            tracing::warn!("precision = \"bf16\" autocasts on CUDA only; training in fp32 on the CPU");
-        }
+        // bf16 autocasts the forward pass on the CPU as on CUDA (libtorch supports both).
+        let autocast = (config.train.precision == Precision::Bf16).then_some(device.is_cuda());
 
         let dataset = match dataset {
             Some(d) => d,

@@ -105,11 +105,7 @@ impl Run {
         let accum = self.env.config.optim.accum_steps;
         let batch = learner.loader.as_mut().expect("loader").next_batch().to_device(self.env.device, true);
         timer.book(Phase::Data);
-        let logits = if learner.autocast {
-            tch::autocast(true, || learner.model.forward(&batch.inputs, true))
-        } else {
-            learner.model.forward(&batch.inputs, true)
-        };
+        let logits = learner.forward(&batch.inputs, true);
         let mut loss = model::loss(learner.task, &logits, &batch.targets);
         if self.nonfinite.injects() && self.nonfinite.injected_at(step) {
             loss *= f64::NAN;

@@ -63,6 +63,9 @@ pub struct Summary {
     pub plugin_failures: Vec<Failure>,
     /// Plugins that took themselves off the schedule, with why.
     pub detached_plugins: BTreeMap<String, String>,
+    /// Worker plugins given up on at the end (`finish_timeout_s`, a signal during
+    /// the drain), with how many events each never handled.
+    pub abandoned_plugins: BTreeMap<String, u64>,
     pub queue_drops: BTreeMap<String, u64>,
     pub plugins: BTreeMap<String, serde_json::Value>,
 }
