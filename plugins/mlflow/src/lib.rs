@@ -318,12 +318,14 @@ impl Plugin for Mlflow {
             "pending_items": report.pending_items,
             "refused": report.refused,
         });
-        if report.pending_items > 0 {
-            let why = if report.gave_up { format!(" (still sending after {:.0} s)", self.settings.end_timeout.as_secs_f64()) } else { String::new() };
-            self.log(
-                LogLevel::Info,
-                &format!("{} items not sent{why} are in {}; send them with: {sync_command}", report.pending_items, pending.display()),
-            );
+        // Items of an earlier part of a resumed run may wait too.
+        if report.pending_items > 0 || active.state.unsynced_bytes().unwrap_or(0) > 0 {
+            let what = match (report.pending_items, report.gave_up) {
+                (0, _) => "items of an earlier part of this run".to_string(),
+                (n, true) => format!("{n} items not sent (still sending after {:.0} s)", self.settings.end_timeout.as_secs_f64()),
+                (n, false) => format!("{n} items not sent"),
+            };
+            self.log(LogLevel::Info, &format!("{what} are in {}; send them with: {sync_command}", pending.display()));
             fragment["pending_file"] = json!(pending);
             fragment["sync_command"] = json!(sync_command);
         } else if let Some(url) = &run_url {
