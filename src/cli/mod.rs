@@ -5,6 +5,7 @@ mod config;
 mod launch;
 mod plugins;
 mod run;
+mod sync;
 
 use std::process::ExitCode;
 
@@ -32,6 +33,9 @@ enum Command {
     /// Inspect checkpoints.
     #[command(subcommand)]
     Checkpoints(checkpoints::CheckpointsCommand),
+    /// Send what a sink plugin could not deliver during the run.
+    #[command(subcommand)]
+    Sync(sync::SyncCommand),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -42,6 +46,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Plugins(cmd) => plugins::run(cmd),
         Command::Config(args) => config::run(args),
         Command::Checkpoints(cmd) => checkpoints::run(cmd),
+        Command::Sync(cmd) => sync::run(cmd),
     }
 }
 
