@@ -2,9 +2,12 @@
 
 mod checkpoints;
 mod config;
+mod export;
 mod launch;
+mod logits;
 mod plugins;
 mod run;
+mod tokenize;
 
 use std::process::ExitCode;
 
@@ -32,6 +35,10 @@ enum Command {
     /// Inspect checkpoints.
     #[command(subcommand)]
     Checkpoints(checkpoints::CheckpointsCommand),
+    // Their help texts are the argument structs' doc comments.
+    Export(export::ExportArgs),
+    Tokenize(tokenize::TokenizeArgs),
+    Logits(logits::LogitsArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -42,6 +49,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Plugins(cmd) => plugins::run(cmd),
         Command::Config(args) => config::run(args),
         Command::Checkpoints(cmd) => checkpoints::run(cmd),
+        Command::Export(args) => export::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Logits(args) => logits::run(args),
     }
 }
 

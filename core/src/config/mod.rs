@@ -10,6 +10,7 @@ mod dist;
 mod model;
 mod optim;
 mod plugins;
+mod resolve;
 mod run;
 mod train;
 
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 pub use data::{DataConfig, DataKind, DatasetSpec};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig};
-pub use model::{ModelConfig, ModelKind, TaskKind};
+pub use model::{Activation, ModelConfig, ModelKind, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
 pub use plugins::{CadenceOverride, OnFull, PluginSettings, HOST_KEYS};
 pub use run::{DeviceChoice, RunConfig};
@@ -62,11 +63,14 @@ fn default_table() -> toml::Table {
 /// Builds a [`Config`] from layers, checking each one as it is applied.
 pub struct ConfigBuilder {
     table: toml::Table,
+    /// Dotted paths of the keys a layer set (rather than the default), with the
+    /// layer that set them last: `model.init_from` may fill only the others.
+    explicit: BTreeMap<String, String>,
 }
 
 impl Default for ConfigBuilder {
     fn default() -> Self {
-        ConfigBuilder { table: default_table() }
+        ConfigBuilder { table: default_table(), explicit: BTreeMap::new() }
     }
 }
 
@@ -77,13 +81,17 @@ impl ConfigBuilder {
             std::io::ErrorKind::NotFound => Error::MissingFile { what: "config file", path: path.to_owned() },
             _ => Error::Io { path: path.to_owned(), source: e },
         })?;
-        let source = path.display().to_string();
+        self.toml(&text, &path.display().to_string())
+    }
+
+    /// Layers TOML text over the configuration so far; `origin` names it in errors.
+    pub fn toml(self, text: &str, origin: &str) -> Result<Self, Error> {
         let layer: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
-            origin: source.clone(),
+            origin: origin.to_string(),
             key: String::new(),
             message: e.to_string().trim().replace('\n', " "),
         })?;
-        self.layer(layer, &source)
+        self.layer(layer, origin)
     }
 
     /// Applies `section.key=value`; the value is read as TOML, or as a bare string.
@@ -110,6 +118,7 @@ impl ConfigBuilder {
     }
 
     fn layer(mut self, layer: toml::Table, source: &str) -> Result<Self, Error> {
+        record_keys(&layer, "", source, &mut self.explicit);
         merge(&mut self.table, layer);
         deserialize(&self.table).map_err(|mut e| {
             e.origin = source.to_string();
@@ -118,10 +127,32 @@ impl ConfigBuilder {
         Ok(self)
     }
 
+    /// The configuration, with what `model.init_from` and `data.tokenizer` decide
+    /// filled in (see [`Config::resolve_pretrained`]), validated.
     pub fn build(self) -> Result<Config, Error> {
-        let config = deserialize(&self.table)?;
+        let mut config = deserialize(&self.table)?;
+        config.resolve_pretrained(&self.explicit)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// A configuration a run already resolved (a checkpoint's `config.toml`), as
+    /// recorded: not resolved again, and its input files need not exist any more.
+    pub fn build_recorded(self) -> Result<Config, Error> {
+        Ok(deserialize(&self.table)?)
+    }
+}
+
+/// Records the dotted path of every value in `layer` (tables are walked into).
+fn record_keys(layer: &toml::Table, prefix: &str, source: &str, out: &mut BTreeMap<String, String>) {
+    for (key, value) in layer {
+        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        match value {
+            toml::Value::Table(t) => record_keys(t, &path, source, out),
+            _ => {
+                out.insert(path, source.to_string());
+            }
+        }
     }
 }
 
@@ -187,6 +218,10 @@ impl Config {
         if !(0.0..1.0).contains(&self.data.val_fraction) {
             return Err(bad("data.val_fraction", "must be in [0, 1)".into()));
         }
+        if self.model.layer_norm_eps <= 0.0 {
+            return Err(bad("model.layer_norm_eps", "must be positive".into()));
+        }
+        self.validate_pretrained()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });
@@ -212,6 +247,9 @@ impl Config {
         }
         if self.model.kind == ModelKind::Torchscript {
             files.push(("model.path", PathBuf::from(&self.model.path)));
+        }
+        if let Some(p) = named(&self.data.tokenizer) {
+            files.push(("data.tokenizer", p));
         }
         files
     }
