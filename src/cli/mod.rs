@@ -2,10 +2,13 @@
 
 mod checkpoints;
 mod config;
+mod export;
 mod launch;
+mod logits;
 mod plugins;
 mod run;
 mod sync;
+mod tokenize;
 
 use std::process::ExitCode;
 
@@ -36,6 +39,10 @@ enum Command {
     /// Send what a sink plugin could not deliver during the run.
     #[command(subcommand)]
     Sync(sync::SyncCommand),
+    // Their help texts are the argument structs' doc comments.
+    Export(export::ExportArgs),
+    Tokenize(tokenize::TokenizeArgs),
+    Logits(logits::LogitsArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -47,6 +54,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config(args) => config::run(args),
         Command::Checkpoints(cmd) => checkpoints::run(cmd),
         Command::Sync(cmd) => sync::run(cmd),
+        Command::Export(args) => export::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Logits(args) => logits::run(args),
     }
 }
 

@@ -11,6 +11,7 @@ mod model;
 mod optim;
 mod plugins;
 mod ranges;
+mod resolve;
 mod run;
 mod train;
 
@@ -24,7 +25,7 @@ use serde::{Deserialize, Serialize};
 pub use data::{DataConfig, DataKind, DatasetSpec};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig};
-pub use model::{ModelConfig, ModelKind, TaskKind};
+pub use model::{Activation, ModelConfig, ModelKind, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
 pub use plugins::{CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
@@ -63,11 +64,14 @@ fn default_table() -> toml::Table {
 /// Builds a [`Config`] from layers, checking each one as it is applied.
 pub struct ConfigBuilder {
     table: toml::Table,
+    /// Dotted paths of the keys a layer set (rather than the default), with the
+    /// layer that set them last: `model.init_from` may fill only the others.
+    explicit: BTreeMap<String, String>,
 }
 
 impl Default for ConfigBuilder {
     fn default() -> Self {
-        ConfigBuilder { table: default_table() }
+        ConfigBuilder { table: default_table(), explicit: BTreeMap::new() }
     }
 }
 
@@ -90,13 +94,17 @@ impl ConfigBuilder {
             std::io::ErrorKind::NotFound => Error::MissingFile { what: "config file", path: path.to_owned() },
             _ => Error::Io { path: path.to_owned(), source: e },
         })?;
-        let source = path.display().to_string();
+        self.toml(&text, &path.display().to_string())
+    }
+
+    /// Layers TOML text over the configuration so far; `origin` names it in errors.
+    pub fn toml(self, text: &str, origin: &str) -> Result<Self, Error> {
         let layer: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
-            origin: source.clone(),
+            origin: origin.to_string(),
             key: String::new(),
             message: e.to_string().trim().replace('\n', " "),
         })?;
-        self.layer(layer, &source)
+        self.layer(layer, origin)
     }
 
     /// Applies `section.key=value`; the value is read as TOML, or as a bare string.
@@ -123,6 +131,7 @@ impl ConfigBuilder {
     }
 
     fn layer(mut self, layer: toml::Table, source: &str) -> Result<Self, Error> {
+        record_keys(&layer, "", source, &mut self.explicit);
         merge(&mut self.table, layer);
         ranges::check(&self.table, source)?;
         deserialize(&self.table).map_err(|mut e| {
@@ -132,6 +141,8 @@ impl ConfigBuilder {
         Ok(self)
     }
 
+    /// The configuration, with what `model.init_from` and `data.tokenizer` decide
+    /// filled in (see [`Config::resolve_pretrained`]), validated.
     pub fn build(self) -> Result<Config, Error> {
         self.build_with(|_| {})
     }
@@ -141,8 +152,28 @@ impl ConfigBuilder {
     pub fn build_with(self, last: impl FnOnce(&mut Config)) -> Result<Config, Error> {
         let mut config = deserialize(&self.table)?;
         last(&mut config);
+        config.resolve_pretrained(&self.explicit)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// A configuration a run already resolved (a checkpoint's `config.toml`), as
+    /// recorded: not resolved again, and its input files need not exist any more.
+    pub fn build_recorded(self) -> Result<Config, Error> {
+        Ok(deserialize(&self.table)?)
+    }
+}
+
+/// Records the dotted path of every value in `layer` (tables are walked into).
+fn record_keys(layer: &toml::Table, prefix: &str, source: &str, out: &mut BTreeMap<String, String>) {
+    for (key, value) in layer {
+        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        match value {
+            toml::Value::Table(t) => record_keys(t, &path, source, out),
+            _ => {
+                out.insert(path, source.to_string());
+            }
+        }
     }
 }
 
@@ -199,6 +230,7 @@ impl Config {
         if self.model.kind == ModelKind::Gpt && self.model.n_embd % self.model.n_head.max(1) != 0 {
             return Err(bad("model.n_embd", format!("{} is not divisible by n_head = {}", self.model.n_embd, self.model.n_head)));
         }
+        self.validate_pretrained()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });
@@ -224,6 +256,9 @@ impl Config {
         }
         if self.model.kind == ModelKind::Torchscript {
             files.push(("model.path", PathBuf::from(&self.model.path)));
+        }
+        if let Some(p) = named(&self.data.tokenizer) {
+            files.push(("data.tokenizer", p));
         }
         files
     }

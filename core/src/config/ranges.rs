@@ -113,6 +113,7 @@ pub const RULES: &[(&str, Range)] = &[
     ("model.n_embd", int(1)),
     ("model.block_size", int(1)),
     ("model.dropout", unit()),
+    ("model.layer_norm_eps", positive()),
     ("model.hidden[]", int(1)),
     ("model.input_dim", int(1).or_zero("taken from the data")),
     ("model.num_classes", int(2).or_zero("taken from the data")),

@@ -165,3 +165,43 @@ fn non_finite_numbers_and_min_lr_above_lr_are_refused() {
     let e = ConfigBuilder::default().build_with(|c| c.train.steps = 0).unwrap_err();
     assert!(e.to_string().contains("train.steps"), "{e}");
 }
+
+/// A GPT-2 directory as far as configuration goes (the weights are only checked to exist).
+fn gpt2_dir(dir: &tempfile::TempDir) -> String {
+    let json = r#"{"model_type": "gpt2", "n_layer": 3, "n_head": 2, "n_embd": 48, "vocab_size": 300, "n_positions": 96, "layer_norm_epsilon": 1e-6}"#;
+    std::fs::write(dir.path().join("config.json"), json).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), b"").unwrap();
+    dir.path().display().to_string()
+}
+
+#[test]
+fn init_from_fills_the_architecture_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ConfigBuilder::default().set(&format!("model.init_from={}", gpt2_dir(&dir))).unwrap().build().unwrap();
+    let m = &config.model;
+    assert_eq!((m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.block_size), (3, 2, 48, 300, 96));
+    assert_eq!((m.layer_norm_eps, m.activation), (1e-6, Activation::GeluTanh));
+}
+
+#[test]
+fn a_key_set_to_another_value_than_init_from_names_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let init = format!("model.init_from={}", gpt2_dir(&dir));
+    // Agreeing explicit keys are fine, wherever they were set.
+    let file = write(&dir, "[model]\nn_layer = 3\nactivation = \"gelu_tanh\"\n");
+    ConfigBuilder::default().file(&file).unwrap().set(&init).unwrap().build().unwrap();
+    let e = config_error(ConfigBuilder::default().set(&init).unwrap().set("model.block_size=64").unwrap().build().map(|_| ConfigBuilder::default()));
+    assert_eq!((e.key.as_str(), e.origin.as_str()), ("model.block_size", "--set model.block_size=64"));
+    assert!(e.message.contains("64 disagrees with n_positions = 96") && e.message.contains("data.max_seq_len"), "{e}");
+    let file = write(&dir, "[model]\nn_layer = 2\n");
+    let e = config_error(ConfigBuilder::default().file(&file).unwrap().set(&init).unwrap().build().map(|_| ConfigBuilder::default()));
+    assert_eq!(e.origin, file.display().to_string());
+    assert!(e.message.contains("2 disagrees with n_layer = 3"), "{e}");
+}
+
+#[test]
+fn a_recorded_configuration_is_read_as_it_was() {
+    let config = Config { model: ModelConfig { init_from: "/gone".into(), ..Config::default().model }, ..Config::default() };
+    let again = ConfigBuilder::default().toml(&config.to_toml(), "config.toml").unwrap().build_recorded().unwrap();
+    assert_eq!(again, config);
+}

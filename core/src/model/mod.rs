@@ -2,7 +2,9 @@
 //! `mlp` and `torchscript` are built from the configuration.
 
 mod gpt;
+pub mod hf;
 mod mlp;
+pub mod probe;
 mod torchscript;
 
 use tch::{nn, Kind, Reduction, Tensor};
@@ -105,7 +107,13 @@ pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
 pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
     let m = &config.model;
     Ok(match m.kind {
-        ModelKind::Gpt => Box::new(Gpt::new(vs, m)),
+        ModelKind::Gpt => {
+            let gpt = Gpt::new(vs, m);
+            if !m.init_from.is_empty() {
+                hf::load_weights(vs, m)?;
+            }
+            Box::new(gpt)
+        }
         ModelKind::Mlp => {
             let input_dim = if m.input_dim > 0 { m.input_dim } else { dataset.input_dim() };
             let classes = if m.num_classes > 0 { m.num_classes } else { dataset.num_classes() };
