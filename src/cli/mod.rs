@@ -5,6 +5,7 @@ mod config;
 mod launch;
 mod plugins;
 mod run;
+mod scaffold;
 
 use std::process::ExitCode;
 
@@ -24,7 +25,7 @@ enum Command {
     Run(run::RunArgs),
     /// Start a data-parallel job on this machine: N ranks of `ptrain <COMMAND>`.
     Launch(launch::LaunchArgs),
-    /// List and inspect plugins.
+    /// List, inspect and create plugins.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
     /// Print the resolved configuration, or the commented default.

@@ -11,6 +11,8 @@ pub struct RunConfig {
     pub plugins: Vec<String>,
     pub log_every: u64,
     pub threads: u32,
+    /// A plugin failure makes a run that otherwise completed exit 3 (for CI).
+    pub strict_plugins: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]

@@ -50,6 +50,12 @@ impl Run {
         let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
         let scalars = scalars.into_iter().filter_map(|(name, v)| Some((name.to_string(), v?))).collect();
         let plugin_summaries = self.host.run_end(RunEndData { step: last_step, exit_code, wall_s, scalars });
+        // Decided after the plugins' end, which may fail too; the plugins saw how training went.
+        let exit_code = if exit_code == 0 && self.env.config.run.strict_plugins && !self.host.failures().is_empty() {
+            super::EXIT_PLUGIN_FAILED
+        } else {
+            exit_code
+        };
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
         let samples = steps * tally.step_samples * env.world as u64;
