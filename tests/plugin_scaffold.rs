@@ -9,7 +9,11 @@
 
 mod common;
 
-use std::{path::Path, process::Command};
+use std::{
+    hash::{Hash, Hasher},
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use common::*;
 
@@ -37,9 +41,35 @@ fn new_plugin(name: &str, kind: &[&str], dir: &Path) {
     assert!(dir.join("Cargo.toml").is_file() && dir.join("src/lib.rs").is_file() && dir.join(".cargo/config.toml").is_file());
 }
 
+/// A fresh directory under the system's temporary one, the same for every run from this
+/// checkout: the crates' artifacts in the workspace's build directory are then replaced by
+/// the next run instead of piling up (a new path would be a new package each time).
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new() -> ScratchDir {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        repo().hash(&mut hasher);
+        let dir = std::env::temp_dir().join(format!("ptrain-plugin-scaffold-{:016x}", hasher.finish()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn both_kinds_of_scaffold_build_on_the_workspace_and_run_together() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = ScratchDir::new();
     assert!(!dir.path().starts_with(repo()), "the crates must lie outside the workspace");
     let (inline, sink) = (dir.path().join("gradwatch"), dir.path().join("csv-sink"));
     new_plugin("gradwatch", &[], &inline);

@@ -105,11 +105,8 @@ mod tests {
 
     #[test]
     fn emits_the_global_norm_and_the_largest_gradient() {
-        let mut plugin = {{Type}}::new(
-            serde_json::json!({ "warn_above": 100.0 }),
-            HostApi::standalone(),
-        )
-        .unwrap();
+        let options = serde_json::json!({ "warn_above": 100.0 });
+        let mut plugin = {{Type}}::new(options, HostApi::standalone()).unwrap();
         // Two parameters' gradients, as the host would hand them over at a due step.
         let w = Tensor::from_slice(&[3.0f32, 0.0, -4.0]);
         let b = Tensor::from_slice(&[12.0f32]);
@@ -124,18 +121,17 @@ mod tests {
         let mut out = Outbox::new();
         plugin.on_step(&ctx, &mut out).unwrap();
         let emitted = testing::scalars(&mut out);
-        assert!((testing::scalar(&emitted, "{{name}}/grad_norm").unwrap() - 13.0).abs() < 1e-5); // sqrt(9 + 16 + 144)
-        assert_eq!(testing::scalar(&emitted, "{{name}}/grad_max_abs"), Some(12.0));
+        let norm = testing::scalar(&emitted, "{{name}}/grad_norm").unwrap();
+        assert!((norm - 13.0).abs() < 1e-5, "{norm}"); // sqrt(9 + 16 + 144)
+        let max_abs = testing::scalar(&emitted, "{{name}}/grad_max_abs");
+        assert_eq!(max_abs, Some(12.0));
     }
 
     #[test]
     fn a_misspelt_option_is_refused_naming_it() {
-        let err = {{Type}}::new(
-            serde_json::json!({ "warn_abov": 1.0 }),
-            HostApi::standalone(),
-        )
-        .err()
-        .unwrap();
+        let options = serde_json::json!({ "warn_abov": 1.0 });
+        let result = {{Type}}::new(options, HostApi::standalone());
+        let err = result.err().expect("a misspelt option is refused");
         assert!(err.message().contains("warn_abov"), "{err}");
     }
 }

@@ -65,11 +65,9 @@ impl Plugin for {{Type}} {
 
     /// Called on every plugin before the first step: open the file here.
     fn on_run_start(&mut self, run: &RunInfo<'_>) -> PluginResult {
-        let path = self
-            .options
-            .path
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(run.run_dir.as_str()).join("{{name}}.csv"));
+        let file = format!("{}.csv", Self::DESCRIPTOR.name);
+        let default = PathBuf::from(run.run_dir.as_str()).join(file);
+        let path = self.options.path.clone().unwrap_or(default);
         // A resumed run (start_step > 0) continues the file; a fresh one starts it.
         let resumed = run.start_step > 0 && path.exists();
         let file = OpenOptions::new()
@@ -122,9 +120,11 @@ mod tests {
 
     #[test]
     fn writes_one_row_per_scalar() {
-        let dir = std::env::temp_dir().join(format!("{{name}}-test-{}", std::process::id()));
+        let name = format!("{{name}}-test-{}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut plugin = {{Type}}::new(serde_json::json!({}), HostApi::standalone()).unwrap();
+        let options = serde_json::json!({});
+        let mut plugin = {{Type}}::new(options, HostApi::standalone()).unwrap();
         let run_dir = dir.display().to_string();
         plugin
             .on_run_start(&RunInfo {
