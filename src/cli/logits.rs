@@ -51,7 +51,7 @@ pub struct LogitsArgs {
 pub fn run(args: LogitsArgs) -> anyhow::Result<ExitCode> {
     let recorded = args.checkpoint.as_ref().map(|c| ptrain_core::model::hf::resolve_checkpoint(c)).transpose()?;
     let file = args.config.clone().or_else(|| recorded.as_ref().map(|c| c.join("config.toml")));
-    let config = super::run::build_config(file.as_deref(), &args.set)?;
+    let config = ptrain_core::ConfigBuilder::layered(file.as_deref(), &args.set)?.build()?;
     let batch = match (&args.inputs, args.split) {
         (Some(path), _) => ProbeBatch::from_file(path)?,
         (None, SplitArg::Train) => ProbeBatch::Drawn { split: Split::Train, step: args.step.unwrap_or(1) },

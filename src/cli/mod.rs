@@ -9,6 +9,7 @@ mod plugins;
 mod run;
 mod sync;
 mod tokenize;
+mod scaffold;
 
 use std::process::ExitCode;
 
@@ -28,7 +29,7 @@ enum Command {
     Run(run::RunArgs),
     /// Start a data-parallel job on this machine: N ranks of `ptrain <COMMAND>`.
     Launch(launch::LaunchArgs),
-    /// List and inspect plugins.
+    /// List, inspect and create plugins.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
     /// Print the resolved configuration, or the commented default.

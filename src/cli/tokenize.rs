@@ -24,7 +24,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
-    let config = super::run::build_config(args.config.as_deref(), &args.set)?;
+    let config = ptrain_core::ConfigBuilder::layered(args.config.as_deref(), &args.set)?.build()?;
     if !config.tokenizes() {
         return Err(ptrain_core::Error::from(ptrain_core::ConfigError {
             origin: "configuration".into(),

@@ -27,7 +27,7 @@ pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig};
 pub use model::{Activation, ModelConfig, ModelKind, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
-pub use plugins::{CadenceOverride, OnFull, PluginSettings};
+pub use plugins::{check_tables_claimed, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
 pub use train::{NanPolicy, Precision, TrainConfig};
 

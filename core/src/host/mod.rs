@@ -4,12 +4,16 @@
 //! worker plugins on their own threads. A plugin that fails is disabled (one error
 //! line, training goes on).
 //!
-//! Who receives an event is one rule:
-//! - run start, run end and the state events reach every plugin that has not failed;
+//! Who receives an event is one rule, the same for inline and worker plugins:
+//! - run start, run end and the state events reach every plugin that has not failed
+//!   (detached ones included), whatever it declares; an attachment to `RunStart` or
+//!   `RunEnd` is ignored;
 //! - a step hook, `Eval`, `Metrics` or `Checkpoint` event reaches the plugins with an
-//!   attachment to that hook due at this step ([`Reach::Due`]), or, for metrics that
-//!   plugins or evaluation emitted and for emergency checkpoints, every plugin with
-//!   an attachment to that hook ([`Reach::Declared`]).
+//!   attachment to that hook due at this step ([`Reach::Due`]; an `Eval` attachment
+//!   is due at every step that evaluates), or, for metrics that plugins or evaluation
+//!   emitted and for emergency checkpoints, every plugin with an attachment to that
+//!   hook ([`Reach::Declared`]). Worker plugins attach to `Metrics` and `Checkpoint`
+//!   only.
 
 mod dispatch;
 mod event;
@@ -34,7 +38,7 @@ pub use services::HostServices;
 
 use self::{watchdog::Watchdog, worker::Worker};
 use crate::{
-    config::PluginSettings,
+    config::{check_tables_claimed, PluginSettings},
     error::{Error, Result},
     hooks::{Cadence, Gate, Owner, Scheduler, SlotSpec, StepPlan},
 };
@@ -121,9 +125,17 @@ impl PluginHost {
             keep_schedule: false,
         };
         let mut slots = Vec::new();
-        for request in requests {
-            let path = loader::resolve(request)?;
-            let lib = loader::load(&path)?;
+        // Every library is checked, and every table claimed, before any plugin is created.
+        let libraries = requests
+            .iter()
+            .map(|request| {
+                let path = loader::resolve(request)?;
+                Ok((request, loader::load(&path)?, path))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let claimed: Vec<&str> = libraries.iter().flat_map(|(request, lib, _)| [lib.descriptor.name.as_str(), request.as_str()]).collect();
+        check_tables_claimed(tables, &claimed)?;
+        for (request, lib, path) in libraries {
             let d = lib.descriptor;
             let name = d.name.as_str().to_string();
             if host.instances.iter().any(|i| i.info.name == name) {
@@ -136,16 +148,17 @@ impl PluginHost {
             let index = host.instances.len();
             let mut declared = 0;
             for (k, a) in d.attachments.iter().enumerate() {
-                let worker_step_hook =
-                    d.threading == Threading::Worker && !matches!(a.hook, Hook::Metrics | Hook::Checkpoint | Hook::RunStart | Hook::RunEnd);
-                if worker_step_hook {
+                // Run start and end reach every plugin: an attachment to them (as
+                // plugins once declared) means nothing.
+                if a.hook.is_lifecycle() {
+                    continue;
+                }
+                if d.threading == Threading::Worker && !matches!(a.hook, Hook::Metrics | Hook::Checkpoint) {
                     tracing::warn!("plugin `{name}`: worker plugins cannot attach to {}; ignored", a.hook.name());
                     continue;
                 }
                 declared |= a.hook.bit();
                 let cadence = match a.hook {
-                    // Run start and end reach every plugin; they need no schedule.
-                    Hook::RunStart | Hook::RunEnd => continue,
                     // Due exactly when the run evaluates.
                     Hook::Eval => Cadence::NEVER.with_eval(),
                     _ => {

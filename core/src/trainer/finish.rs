@@ -55,6 +55,12 @@ impl Run {
             Some(signals) => self.host.run_end(end, shutdown, &signals.draining()),
             None => self.host.run_end(end, shutdown, &|| false),
         };
+        // Decided after the plugins' end, which may fail too; the plugins saw how training went.
+        let exit_code = if exit_code == 0 && self.env.config.run.strict_plugins && !self.host.failures().is_empty() {
+            super::EXIT_PLUGIN_FAILED
+        } else {
+            exit_code
+        };
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
         let samples = steps * tally.step_samples * env.world as u64;

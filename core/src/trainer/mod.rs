@@ -53,9 +53,13 @@ pub type ModelFactory = Box<dyn FnOnce(&nn::Path, &dyn Dataset) -> Result<Box<dy
 pub struct Outcome {
     pub summary: Summary,
     pub run_dir: PathBuf,
-    /// 0 completed, 130 SIGINT, 143 SIGTERM, 1 stopped on non-finite losses.
+    /// 0 completed, 130 SIGINT, 143 SIGTERM, 1 stopped on non-finite losses,
+    /// [`EXIT_PLUGIN_FAILED`] completed with a plugin failure under `run.strict_plugins`.
     pub exit_code: i32,
 }
+
+/// The exit code of a run that completed while a plugin failed, with `run.strict_plugins`.
+pub const EXIT_PLUGIN_FAILED: i32 = 3;
 
 /// Where to resume from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -72,8 +72,6 @@ const ATTACHMENTS: &[Attachment] = &[
     Attachment::new("save", Hook::Checkpoint, Cadence::every(1000).with_end()),
     // Receives eval results (they reach every sink) to score checkpoints.
     Attachment::new("metrics", Hook::Metrics, Cadence::NEVER),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 impl Checkpointer {

@@ -36,8 +36,6 @@ pub struct Csv {
 const ATTACHMENTS: &[Attachment] = &[
     Attachment::new("metrics", Hook::Metrics, Cadence::every(10).with_end()).needs(Needs::BASIC_METRICS),
     Attachment::new("detailed", Hook::Metrics, Cadence::every(50)).needs(Needs::DETAILED_METRICS),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 impl Plugin for Csv {
