@@ -76,6 +76,7 @@ pub struct Checkpointer {
     reported_errors: Vec<String>,
     latest: Option<String>,
     rank: u32,
+    leftovers_removed: bool,
     /// How long rank 0 waits for the other ranks' parts of a sharded checkpoint.
     part_wait: Duration,
 }
@@ -119,6 +120,21 @@ impl Checkpointer {
         }
     }
 
+    /// Leftovers of a writer that crashed: never committed, safe to remove. With
+    /// peers this waits for the first save, whose layout names this launch's
+    /// staging directories (`keep`): a peer may already be writing into one.
+    fn remove_leftovers(&mut self, keep: Option<&str>) {
+        self.leftovers_removed = true;
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = keep.is_some_and(|id| name.ends_with(&format!("-{id}")));
+            if (name.starts_with(".tmp-") || name.starts_with(".trash-")) && !ours {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+
     fn apply_retention(&mut self, latest: u64) {
         for Action::Delete(step) in self.retention().plan(&self.entries, latest) {
             let path = self.dir.join(ptrain_checkpoint::dir_name(step));
@@ -158,6 +174,7 @@ impl Plugin for Checkpointer {
             reported_errors: Vec::new(),
             latest: None,
             rank: 0,
+            leftovers_removed: false,
             part_wait: Duration::from_secs(60),
         })
     }
@@ -170,14 +187,8 @@ impl Plugin for Checkpointer {
             // Other ranks only write their parts; rank 0 owns the directory.
             return Ok(());
         }
-        // Leftovers of a writer that crashed: never committed, safe to remove.
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with(".tmp-") || name.starts_with(".trash-") {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
+        if run.world_size == 1 {
+            self.remove_leftovers(None);
         }
         // Checkpoints already here (a resumed run) take part in retention; their
         // scores come from the state restored with the checkpoint.
@@ -210,6 +221,9 @@ impl Plugin for Checkpointer {
                 }
             }
             return Ok(());
+        }
+        if !self.leftovers_removed {
+            self.remove_leftovers(layout.as_ref().map(|l| l.save_id.as_str()));
         }
         let written = match &layout {
             Some(layout) => ptrain_checkpoint::write_sharded(&self.dir, payload, layout, self.part_wait),
