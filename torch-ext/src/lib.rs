@@ -191,6 +191,8 @@ pub fn zero_all(tensors: &TensorList) -> Result<(), TorchError> {
     check(unsafe { ptx_foreach_zero(tensors.ptr(), tensors.len() as i64) })
 }
 
+pub mod grads;
+
 /// libtorch's profiler, recording input shapes to count FLOPs.
 pub mod profiler {
     use super::*;

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use data::{DataConfig, DataKind, DatasetSpec};
 pub use debug::DebugConfig;
-pub use dist::{DistBackend, DistConfig};
+pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use model::{Activation, ModelConfig, ModelKind, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
 pub use plugins::{check_tables_claimed, CadenceOverride, OnFull, PluginSettings};

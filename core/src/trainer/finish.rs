@@ -45,6 +45,7 @@ impl Run {
         // Every distributed stop is agreed (see `StopControl::agree`), so all ranks
         // end at the same step and can meet in one more collective.
         let (first_loss, final_loss) = self.mean_losses()?;
+        let memory = self.memory_figures()?;
         self.metrics.progress.finish();
         let final_eval_loss = self.tally.evals.last().map(|e| e.loss);
         let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
@@ -98,6 +99,10 @@ impl Run {
             precision: env.run_data.precision.clone(),
             world_size: env.world,
             collective_s: self.dist.as_ref().map_or(0.0, |d| d.collective_secs()),
+            shard: self.learner.optimizer.shard().map_or("none", |s| s.mode().name()).into(),
+            optimizer_state_bytes: memory.optimizer_state_bytes,
+            gradient_bytes: memory.gradient_bytes,
+            gradient_peak_bytes: memory.gradient_peak_bytes,
             model: env.run_data.model_kind.clone(),
             parameters: env.run_data.n_params,
             nonfinite_steps: self.nonfinite.total,

@@ -10,7 +10,8 @@
 //!   across ranks);
 //! - `eval`, `metrics` (the core metrics and their since-last-emit state), `save`
 //!   (checkpoint payloads), `state` (the typed training state, and resuming);
-//! - `finish`, `summary`: the end of the run and `summary.json`.
+//! - `finish`, `summary`, `memory`: the end of the run and `summary.json` (with
+//!   each rank's optimizer and gradient memory).
 //!
 //! ```no_run
 //! use ptrain_core::{config::Config, Trainer};
@@ -23,9 +24,10 @@ mod clock;
 mod eval;
 mod finish;
 mod hooks;
+mod memory;
 mod metrics;
 mod nonfinite;
-mod payload;
+pub(crate) mod payload;
 mod progress;
 mod run;
 mod save;

@@ -92,6 +92,9 @@ impl Run {
             self.tally.last_grad_norm = Some(self.learner.optimizer.clip_grad_norm()?);
         }
         self.learner.optimizer.step(lr, Some(found_inf))?;
+        if let Some(dist) = self.dist.as_mut() {
+            dist.after_update(&self.learner.optimizer).map_err(Error::Dist)?;
+        }
         timer.book(Phase::Optimizer);
         let (phases, hooks_s) = timer.finish();
         self.tally.count_step(self.env.world as u64, &phases, hooks_s, step_loss);

@@ -53,6 +53,13 @@ pub struct Summary {
     pub precision: String,
     pub world_size: u32,
     pub collective_s: f64,
+    /// `dist.shard` as trained (`none` when there was a single rank).
+    pub shard: String,
+    /// Per rank, measured from the tensors held: optimizer state, gradient held
+    /// after the last step, and gradient held when a step's gradient is reduced.
+    pub optimizer_state_bytes: Vec<u64>,
+    pub gradient_bytes: Vec<u64>,
+    pub gradient_peak_bytes: Vec<u64>,
     pub model: String,
     pub parameters: u64,
     pub nonfinite_steps: u64,
