@@ -7,9 +7,9 @@ mod launch;
 mod logits;
 mod plugins;
 mod run;
+mod scaffold;
 mod sync;
 mod tokenize;
-mod scaffold;
 
 use std::process::ExitCode;
 
