@@ -17,7 +17,7 @@ use crate::{
     context::{RunEnd, RunInfo, StepContext},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
-    schedule::Descriptor,
+    schedule::{Descriptor, StepWindows},
 };
 
 /// The error a plugin call returns; the host disables the plugin and logs it.
@@ -101,11 +101,26 @@ pub trait Plugin: Send + Sized + 'static {
     fn on_run_end(&mut self, _end: &RunEnd<'_>) -> PluginResult<Option<serde_json::Value>> {
         Ok(None)
     }
+
+    /// Windows of consecutive steps on which this plugin's step hooks are due, on
+    /// top of their cadences (a profiler's recording windows). Asked once, right
+    /// after [`Plugin::new`]; an error there is an option mistake (exit 2).
+    fn step_windows(&self) -> PluginResult<StepWindows> {
+        Ok(StepWindows::NONE)
+    }
 }
 
 /// Deserializes plugin options, naming the offending key on error.
 pub fn parse_options<T: serde::de::DeserializeOwned>(options: serde_json::Value) -> PluginResult<T> {
-    serde_json::from_value(options).map_err(|e| PluginError(format!("invalid options: {e}")))
+    serde_path_to_error::deserialize(options).map_err(|e| {
+        let path = e.path().to_string();
+        let error = e.into_inner();
+        if path.is_empty() || path == "." {
+            PluginError(format!("invalid options: {error}"))
+        } else {
+            PluginError(format!("invalid options: `{path}`: {error}"))
+        }
+    })
 }
 
 thread_local! {
@@ -179,5 +194,9 @@ impl<P: Plugin> FfiPlugin for Adapter<P> {
             let summary = self.0.on_run_end(end)?;
             Ok(summary.map(|v| v.to_string()).unwrap_or_default().into())
         })
+    }
+
+    fn step_windows(&self) -> RResult<StepWindows, RString> {
+        guard(|| self.0.step_windows())
     }
 }

@@ -206,6 +206,9 @@ impl Config {
         if !(0.0..1.0).contains(&self.data.val_fraction) {
             return Err(bad("data.val_fraction", "must be in [0, 1)".into()));
         }
+        if !(self.debug.grad_spike_factor.is_finite() && self.debug.grad_spike_factor > 0.0) {
+            return Err(bad("debug.grad_spike_factor", "must be a finite number > 0".into()));
+        }
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });
