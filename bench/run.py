@@ -177,7 +177,8 @@ def every_step_sets(plugins, idle=False):
             if len(parts) < 4 or parts[1] != "hook":
                 continue
             cadence = " ".join(parts[3:])
-            if cadence in ("on the event", "never"):
+            # Not scheduled: evaluation attachments, and ignored run start/end ones.
+            if cadence in ("never", "at every evaluation") or cadence.startswith("ignored"):
                 continue
             if not idle:
                 sets.append(f"plugins.{name}.{parts[0]}.every=1")

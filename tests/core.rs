@@ -224,20 +224,52 @@ fn a_torchscript_module_from_python_trains() {
 }
 
 #[test]
-fn bf16_on_the_cpu_warns_and_trains_in_fp32() {
-    let dir = run_dir();
-    let out = run_expect(
-        ptrain().args(tiny_gpt(3)).args(["--set", "train.precision=\"bf16\""]).arg("--run-dir").arg(dir.path()).env("PTRAIN_LOG", "warn"),
-        0,
-    );
-    assert!(stderr(&out).contains("CUDA only"), "{}", stderr(&out));
-}
-
-#[test]
 fn the_default_config_is_printed_commented() {
     let out = run_expect(ptrain().args(["config", "--default"]), 0);
     let text = stdout(&out);
     assert!(text.contains("# ") && text.contains("[optim]"));
     let parsed: toml::Table = text.parse().expect("the default parses");
     assert!(parsed.contains_key("train"));
+}
+
+/// bf16 on the CPU trains (autocast, loss in float32) and ends close to fp32.
+#[test]
+fn a_bf16_cpu_run_ends_within_two_percent_of_fp32() {
+    let run = |precision: &str| {
+        let dir = run_dir();
+        let set = format!("train.precision=\"{precision}\"");
+        run_expect(ptrain().args(tiny_gpt(200)).args(["--set", &set]).arg("--run-dir").arg(dir.path()), 0);
+        let s = summary(dir.path());
+        assert_eq!(s["precision"], precision);
+        s["final_loss"].as_f64().unwrap()
+    };
+    let (fp32, bf16) = (run("fp32"), run("bf16"));
+    assert_ne!(fp32, bf16, "bf16 must actually run in bf16");
+    assert!((bf16 - fp32).abs() <= 0.02 * fp32, "bf16 {bf16} vs fp32 {fp32}");
+}
+
+#[test]
+fn an_out_of_range_value_is_refused_naming_key_value_range_and_source() {
+    let dir = run_dir();
+    let out = run_expect(ptrain().args(tiny_gpt(5)).args(["--set", "optim.lr=-1"]).arg("--run-dir").arg(dir.path().join("r")), 2);
+    let err = stderr(&out);
+    assert!(err.contains("`optim.lr`") && err.contains("--set optim.lr=-1") && err.contains("-1 is out of range: must be a number > 0"), "{err}");
+    assert!(!dir.path().join("r").exists(), "refused before anything is written");
+    let out = run_expect(ptrain().args(tiny_gpt(0)), 2);
+    assert!(stderr(&out).contains("`train.steps`"), "{}", stderr(&out));
+}
+
+#[test]
+fn logs_have_no_colour_off_a_terminal_and_quiet_keeps_only_the_summary_line() {
+    let dir = run_dir();
+    let args: Vec<String> = tiny_gpt(20).into_iter().filter(|a| a != "--quiet").collect();
+    let out = run_expect(ptrain().env_remove("PTRAIN_LOG").args(&args).args(["--set", "run.log_every=5"]).arg("--run-dir").arg(dir.path()), 0);
+    let err = stderr(&out);
+    assert!(err.contains("INFO") && err.contains("step 5/20"), "progress lines at info: {err}");
+    assert!(!err.contains('\u{1b}'), "no ANSI escapes when stderr is not a terminal: {err:?}");
+    let out =
+        run_expect(ptrain().env_remove("PTRAIN_LOG").args(&args).args(["--quiet", "--set", "run.log_every=5"]).arg("--run-dir").arg(dir.path()), 0);
+    let err = stderr(&out);
+    assert!(!err.contains("INFO") && !err.contains("step 5/20") && !err.contains("eval at step"), "--quiet: {err}");
+    assert!(stdout(&out).starts_with("completed: 20 steps"), "{}", stdout(&out));
 }

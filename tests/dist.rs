@@ -6,56 +6,17 @@ mod common;
 
 use std::{
     io::{BufRead, BufReader},
-    net::TcpListener,
-    path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    path::Path,
+    process::{Child, Command, Stdio},
     sync::mpsc,
     thread,
     time::{Duration, Instant},
 };
 
-use common::*;
+use common::{ranks::*, *};
 
 /// The dead-rank bound of the spec is `dist.timeout_s` + 10 s.
 const TIMEOUT_S: u64 = 5;
-
-/// Variables that would place a process in some outer job.
-const PLACEMENT_VARS: &[&str] = &[
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_NTASKS",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "TORCHELASTIC_USE_AGENT_STORE",
-];
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
-
-/// `ptrain` outside any job.
-fn single() -> Command {
-    let mut cmd = ptrain();
-    for var in PLACEMENT_VARS {
-        cmd.env_remove(var);
-    }
-    cmd
-}
-
-/// `ptrain` as rank `rank` of `world`, the way torchrun would start it.
-fn rank_cmd(rank: u32, world: u32, port: u16) -> Command {
-    let mut cmd = single();
-    cmd.env("RANK", rank.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string());
-    cmd
-}
 
 /// A tiny GPT run with per-rank batch `batch`, no dropout, every step's metrics in
 /// metrics.jsonl and each rank's final parameters dumped.
@@ -79,13 +40,6 @@ fn params(run_dir: &Path, rank: u32) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The tensor names in a safetensors file's JSON header.
-fn tensor_names(file: &[u8]) -> Vec<String> {
-    let len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + len]).expect("safetensors header");
-    header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect()
-}
-
 /// Both ranks hold bit-identical parameters (with different data shards, they
 /// would not unless gradients were averaged).
 fn assert_ranks_identical(run_dir: &Path) {
@@ -96,16 +50,6 @@ fn assert_ranks_identical(run_dir: &Path) {
 
 fn losses(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {
     read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|row| Some((row["step"].as_u64()?, row[key].as_f64()?))).collect()
-}
-
-fn torchrun() -> PathBuf {
-    let venv_bin = std::env::var_os("PTRAIN_PYTHON")
-        .map(PathBuf::from)
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-        .unwrap_or_else(|| repo().join(".venv/bin"));
-    let torchrun = venv_bin.join("torchrun");
-    assert!(torchrun.exists(), "no torchrun at {}: run scripts/bootstrap.sh", torchrun.display());
-    torchrun
 }
 
 #[test]
@@ -231,25 +175,6 @@ fn wait_for_line(rx: &mpsc::Receiver<String>, matches: impl Fn(&str) -> bool) ->
         }
     }
     false
-}
-
-fn signal(pid: u32, sig: &str) {
-    let status = Command::new("sh").arg("-c").arg(format!("kill -{sig} {pid}")).status().expect("sh");
-    assert!(status.success(), "kill -{sig} {pid}");
-}
-
-/// Waits for `child` at most `limit` (and kills it after that).
-fn wait_within(mut child: Child, limit: Duration) -> Option<ExitStatus> {
-    let (tx, rx) = mpsc::channel();
-    let pid = child.id();
-    thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    let status = rx.recv_timeout(limit).ok().map(|r| r.expect("wait"));
-    if status.is_none() {
-        signal(pid, "KILL");
-    }
-    status
 }
 
 /// Starts a long two-rank job and returns (rank 0, its stderr lines, rank 1) once

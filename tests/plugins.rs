@@ -7,6 +7,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
+use ptrain_plugin_api::API_VERSION;
 
 fn fixture(name: &str) -> PathBuf {
     let path = build_dir().join(format!("libptrain_fixture_{}.so", name.replace('-', "_")));
@@ -52,7 +53,62 @@ fn a_plugin_built_against_another_plugin_api_is_refused_naming_both_versions() {
     let err = stderr(&out);
     let line = err.lines().find(|l| l.contains("error:")).unwrap_or_default();
     assert!(line.contains(&old.display().to_string()), "{err}");
-    assert!(line.contains("ptrain-plugin-api 0.0.1") && line.contains(&format!("ptrain-plugin-api {}", env!("CARGO_PKG_VERSION"))), "{line}");
+    assert!(line.contains("ptrain-plugin-api 0.0.1") && line.contains(&format!("ptrain-plugin-api {API_VERSION}")), "{line}");
+}
+
+/// The one `error:` line of a refused run.
+fn error_line(out: &std::process::Output) -> String {
+    let err = stderr(out);
+    err.lines().find(|l| l.contains("error:")).unwrap_or_else(|| panic!("no error line in:\n{err}")).to_string()
+}
+
+#[test]
+fn a_plugin_of_another_plugin_api_version_is_refused_for_the_version_even_with_identical_types() {
+    let newer = fixture("newer-api");
+    let out = run_expect(ptrain().args(with_plugins(5, &newer.display().to_string())), 2);
+    let line = error_line(&out);
+    assert!(line.contains(&newer.display().to_string()), "{line}");
+    assert!(
+        line.contains("built against ptrain-plugin-api 0.2.0")
+            && line.contains(&format!("this ptrain uses ptrain-plugin-api {API_VERSION}"))
+            && line.contains("the versions are incompatible"),
+        "{line}"
+    );
+    assert!(!line.contains("layout"), "a version bump is not a layout change: {line}");
+}
+
+#[test]
+fn a_plugin_of_this_version_whose_types_changed_is_refused_for_their_layout() {
+    let changed = fixture("changed-layout");
+    let out = run_expect(ptrain().args(with_plugins(5, &changed.display().to_string())), 2);
+    let line = error_line(&out);
+    assert!(line.contains(&changed.display().to_string()), "{line}");
+    assert!(
+        line.contains(&format!("built against ptrain-plugin-api {API_VERSION}, the version this ptrain uses"))
+            && line.contains("the layout of its types differs")
+            && line.contains("in `PluginMod`"),
+        "{line}"
+    );
+    assert!(!line.contains("versions are incompatible"), "{line}");
+}
+
+#[test]
+fn a_table_of_a_plugin_that_is_not_loaded_exits_2_naming_the_closest_loaded_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = run_expect(ptrain().args(with_plugins(5, "jsonl,perf")).args(["--set", "plugins.jsnol.every=5"]).arg("--run-dir").arg(&run), 2);
+    let line = error_line(&out);
+    assert!(line.contains("[plugins.jsnol] configures a plugin that is not loaded") && line.contains("did you mean `jsonl`?"), "{line}");
+    assert!(!run.exists(), "nothing may be written before training");
+    let out = run_expect(ptrain().args(tiny_gpt(5)).args(["--set", "plugins.jsonl.every=5"]), 2);
+    assert!(error_line(&out).contains("[plugins.jsonl] configures a plugin that is not loaded: no plugin is loaded"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_wrong_option_type_names_the_option_by_its_key_path() {
+    let out = run_expect(ptrain().args(with_plugins(5, "jsonl")).args(["--set", "plugins.jsonl.detailed=\"oops\""]), 2);
+    let line = error_line(&out);
+    assert!(line.contains("invalid options: plugins.jsonl.detailed: invalid type: string \"oops\", expected a boolean"), "{line}");
 }
 
 #[test]
@@ -226,13 +282,18 @@ fn names_resolve_through_ptrain_plugin_path_first() {
 fn plugins_list_and_info_describe_hooks_and_cadences() {
     let out = run_expect(ptrain().args(["plugins", "list"]), 0);
     let text = stdout(&out);
-    for name in ["jsonl", "tensorboard", "wandb", "flops", "dataset-metrics", "perf", "checkpoint", "health", "early-stop", "trace"] {
+    for name in ["jsonl", "csv", "tensorboard", "wandb", "mlflow", "flops", "dataset-metrics", "perf", "checkpoint", "health", "early-stop", "trace"]
+    {
         assert!(text.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing from:\n{text}");
     }
     let out = run_expect(ptrain().args(["plugins", "info", "jsonl"]), 0);
     let text = stdout(&out);
     assert!(text.contains(&format!("jsonl {}", env!("CARGO_PKG_VERSION"))), "{text}");
     assert!(text.contains("hook metrics") && text.contains("every 10 steps, at end"), "{text}");
+    assert!(!text.contains("run_start") && !text.contains("run_end"), "no plugin attaches to run start or end any more:\n{text}");
+    let out = run_expect(ptrain().args(["plugins", "info", &fixture("lifecycle-worker").display().to_string()]), 0);
+    let start = stdout(&out).lines().find(|l| l.contains("hook run_start")).map(str::to_string).unwrap_or_default();
+    assert!(start.ends_with("ignored (run start and end reach every plugin)"), "{}", stdout(&out));
     assert!(text.contains("libptrain_plugin_jsonl.so"), "{text}");
     let out = run_expect(ptrain().args(["plugins", "info", "nosuch"]), 2);
     assert!(stderr(&out).contains("unknown plugin"), "{}", stderr(&out));

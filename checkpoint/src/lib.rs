@@ -4,7 +4,8 @@
 //! <run-dir>/checkpoints/
 //!   step-00001000/
 //!     model.safetensors      weights, loadable by safetensors.torch.load_file
-//!     optimizer.safetensors  optimizer state
+//!     optimizer.safetensors  optimizer state (unsharded runs), or
+//!     optimizer-rank00000-of-00002.safetensors ...  each rank's slice (sharded runs)
 //!     state.json             step, counters, data position, RNG scheme
 //!     config.toml            the resolved configuration
 //!     plugins/<name>.bin     each plugin's own state
@@ -14,16 +15,20 @@
 //!
 //! A checkpoint is written into a temporary directory, every file and the directory
 //! are fsync'ed, and it is renamed into place: a crash at any moment leaves either
-//! the whole checkpoint or none of it, and never touches older ones.
+//! the whole checkpoint or none of it, and never touches older ones. A sharded run's
+//! ranks write their parts into one staging directory and rank 0 commits it once
+//! every part is there (see [`shard`]).
 
 mod commit;
 mod read;
+pub mod shard;
 mod write;
 
 use std::path::{Path, PathBuf};
 
 pub use commit::{commit_latest, delete, read_latest};
 pub use read::{checkpoints_in, find_resumable, list, read, resolve, validate, Checkpoint, Tensor};
+pub use shard::{part_name, write_part, write_sharded, ShardEntry, ShardLayout, ShardSet};
 pub use write::write;
 
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -34,6 +39,8 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const PLUGINS_DIR: &str = "plugins";
 pub const LATEST_FILE: &str = "latest";
 pub const FORMAT_VERSION: u32 = 1;
+/// Sharded checkpoints: the optimizer state is in one part per rank.
+pub const SHARDED_FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -83,6 +90,9 @@ pub struct Manifest {
     pub step: u64,
     pub reason: String,
     pub files: Vec<FileEntry>,
+    /// Sharded checkpoints (format 2): the optimizer parts and their slices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardSet>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]

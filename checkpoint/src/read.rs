@@ -8,7 +8,7 @@ use std::{
 use ptrain_plugin_api::DType;
 use safetensors::SafeTensors;
 
-use crate::{parse_dir_name, Error, Manifest, Result};
+use crate::{parse_dir_name, Error, Manifest, Result, ShardEntry, ShardSet};
 
 /// A tensor read back from a checkpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +23,11 @@ pub struct Checkpoint {
     pub path: PathBuf,
     pub manifest: Manifest,
     pub model: BTreeMap<String, Tensor>,
+    /// The optimizer state of an unsharded checkpoint (empty for a sharded one:
+    /// read its parts with [`Checkpoint::read_part`]).
     pub optimizer: BTreeMap<String, Tensor>,
+    /// A sharded checkpoint's parts.
+    pub shards: Option<ShardSet>,
     pub state: serde_json::Value,
     pub config_toml: String,
     pub plugin_states: BTreeMap<String, Vec<u8>>,
@@ -34,10 +38,21 @@ pub fn validate(checkpoint: &Path) -> Result<Manifest> {
     let manifest_path = checkpoint.join(crate::MANIFEST_FILE);
     let text = std::fs::read(&manifest_path).map_err(|_| Error::invalid(checkpoint, "no manifest.json: the checkpoint is incomplete"))?;
     let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| Error::invalid(&manifest_path, format!("unreadable manifest: {e}")))?;
-    if manifest.format != crate::FORMAT_VERSION {
-        return Err(Error::invalid(checkpoint, format!("format {} (this ptrain reads {})", manifest.format, crate::FORMAT_VERSION)));
-    }
-    for required in [crate::MODEL_FILE, crate::OPTIMIZER_FILE, crate::STATE_FILE, crate::CONFIG_FILE] {
+    let optimizer_files = match (manifest.format, &manifest.shards) {
+        (crate::FORMAT_VERSION, None) => Some(crate::OPTIMIZER_FILE),
+        (crate::SHARDED_FORMAT_VERSION, Some(shards)) => {
+            shards.check(&manifest.files).map_err(|m| Error::invalid(checkpoint, m))?;
+            None
+        }
+        (crate::SHARDED_FORMAT_VERSION, None) => return Err(Error::invalid(checkpoint, "format 2 without optimizer parts")),
+        (format, _) => {
+            return Err(Error::invalid(
+                checkpoint,
+                format!("format {format} (this ptrain reads {} and {})", crate::FORMAT_VERSION, crate::SHARDED_FORMAT_VERSION),
+            ))
+        }
+    };
+    for required in [crate::MODEL_FILE, crate::STATE_FILE, crate::CONFIG_FILE].into_iter().chain(optimizer_files) {
         if !manifest.files.iter().any(|f| f.path == required) {
             return Err(Error::invalid(checkpoint, format!("manifest lacks {required}")));
         }
@@ -82,12 +97,21 @@ pub fn read(checkpoint: &Path) -> Result<Checkpoint> {
     Ok(Checkpoint {
         path: checkpoint.to_owned(),
         model: tensors(&checkpoint.join(crate::MODEL_FILE))?,
-        optimizer: tensors(&checkpoint.join(crate::OPTIMIZER_FILE))?,
+        optimizer: if manifest.shards.is_some() { BTreeMap::new() } else { tensors(&checkpoint.join(crate::OPTIMIZER_FILE))? },
+        shards: manifest.shards.clone(),
         manifest,
         state,
         config_toml,
         plugin_states,
     })
+}
+
+impl Checkpoint {
+    /// One optimizer part of a sharded checkpoint, read from disk (parts are read
+    /// on demand: a rank needs only those that overlap its slice).
+    pub fn read_part(&self, part: &ShardEntry) -> Result<BTreeMap<String, Tensor>> {
+        tensors(&self.path.join(&part.path))
+    }
 }
 
 /// Committed checkpoint directories under `checkpoints`, by step, oldest first.

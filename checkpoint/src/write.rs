@@ -24,7 +24,7 @@ fn dtype(blob: &TensorBlob) -> Dtype {
     }
 }
 
-fn reason(r: CheckpointReason) -> &'static str {
+pub(crate) fn reason(r: CheckpointReason) -> &'static str {
     match r {
         CheckpointReason::Scheduled => "scheduled",
         CheckpointReason::End => "end",
@@ -34,7 +34,7 @@ fn reason(r: CheckpointReason) -> &'static str {
 }
 
 /// A file written and fsync'ed, recording its size and CRC for the manifest.
-fn write_file(dir: &Path, relative: &str, bytes: &[u8], files: &mut Vec<FileEntry>) -> Result<()> {
+pub(crate) fn write_file(dir: &Path, relative: &str, bytes: &[u8], files: &mut Vec<FileEntry>) -> Result<()> {
     let path = dir.join(relative);
     let mut file = File::create(&path).map_err(Error::io(&path))?;
     file.write_all(bytes).map_err(Error::io(&path))?;
@@ -43,7 +43,8 @@ fn write_file(dir: &Path, relative: &str, bytes: &[u8], files: &mut Vec<FileEntr
     Ok(())
 }
 
-fn safetensors_bytes(path: &Path, blobs: &[TensorBlob], step: u64) -> Result<Vec<u8>> {
+/// `blobs` as a safetensors file, with `format: pt`, the step and `extra` in its metadata.
+pub(crate) fn safetensors_bytes(path: &Path, blobs: &[TensorBlob], step: u64, extra: &[(&str, String)]) -> Result<Vec<u8>> {
     let views = blobs
         .iter()
         .map(|b| {
@@ -52,7 +53,10 @@ fn safetensors_bytes(path: &Path, blobs: &[TensorBlob], step: u64) -> Result<Vec
         })
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::invalid(path, format!("tensor does not match its shape: {e}")))?;
-    let metadata = [("format".to_string(), "pt".to_string()), ("step".to_string(), step.to_string())].into_iter().collect();
+    let metadata = [("format".to_string(), "pt".to_string()), ("step".to_string(), step.to_string())]
+        .into_iter()
+        .chain(extra.iter().map(|(k, v)| (k.to_string(), v.clone())))
+        .collect();
     safetensors::serialize(views, Some(metadata)).map_err(|e| Error::invalid(path, e.to_string()))
 }
 
@@ -84,23 +88,35 @@ pub fn write(checkpoints: &Path, payload: &CheckpointPayload) -> Result<PathBuf>
 }
 
 fn write_into(tmp: &Path, payload: &CheckpointPayload) -> Result<()> {
-    std::fs::create_dir_all(tmp.join(crate::PLUGINS_DIR)).map_err(Error::io(tmp))?;
+    std::fs::create_dir_all(tmp).map_err(Error::io(tmp))?;
     let mut files = Vec::new();
-    let model = safetensors_bytes(&tmp.join(crate::MODEL_FILE), &payload.model, payload.step)?;
-    write_file(tmp, crate::MODEL_FILE, &model, &mut files)?;
-    drop(model);
-    let optimizer = safetensors_bytes(&tmp.join(crate::OPTIMIZER_FILE), &payload.optimizer, payload.step)?;
+    let optimizer = safetensors_bytes(&tmp.join(crate::OPTIMIZER_FILE), &payload.optimizer, payload.step, &[])?;
     write_file(tmp, crate::OPTIMIZER_FILE, &optimizer, &mut files)?;
     drop(optimizer);
-    write_file(tmp, crate::STATE_FILE, payload.state_json.as_bytes(), &mut files)?;
-    write_file(tmp, crate::CONFIG_FILE, payload.config_toml.as_bytes(), &mut files)?;
+    write_common(tmp, payload, &mut files)?;
+    let manifest = Manifest { format: crate::FORMAT_VERSION, step: payload.step, reason: reason(payload.reason).into(), files, shards: None };
+    write_manifest(tmp, &manifest)
+}
+
+/// What every checkpoint has besides its optimizer state: weights, state.json,
+/// the configuration and the plugins' states.
+pub(crate) fn write_common(tmp: &Path, payload: &CheckpointPayload, files: &mut Vec<FileEntry>) -> Result<()> {
+    std::fs::create_dir_all(tmp.join(crate::PLUGINS_DIR)).map_err(Error::io(tmp))?;
+    let model = safetensors_bytes(&tmp.join(crate::MODEL_FILE), &payload.model, payload.step, &[])?;
+    write_file(tmp, crate::MODEL_FILE, &model, files)?;
+    drop(model);
+    write_file(tmp, crate::STATE_FILE, payload.state_json.as_bytes(), files)?;
+    write_file(tmp, crate::CONFIG_FILE, payload.config_toml.as_bytes(), files)?;
     for blob in payload.plugin_states.iter() {
         let relative = format!("{}/{}.bin", crate::PLUGINS_DIR, blob.name.as_str());
-        write_file(tmp, &relative, blob.data.as_slice(), &mut files)?;
+        write_file(tmp, &relative, blob.data.as_slice(), files)?;
     }
-    fsync_dir(&tmp.join(crate::PLUGINS_DIR))?;
-    let manifest = Manifest { format: crate::FORMAT_VERSION, step: payload.step, reason: reason(payload.reason).into(), files };
-    let text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+    fsync_dir(&tmp.join(crate::PLUGINS_DIR))
+}
+
+/// The manifest, last, then the directory: after this the checkpoint is complete.
+pub(crate) fn write_manifest(tmp: &Path, manifest: &Manifest) -> Result<()> {
+    let text = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
     let path = tmp.join(crate::MANIFEST_FILE);
     let mut file = File::create(&path).map_err(Error::io(&path))?;
     file.write_all(&text).map_err(Error::io(&path))?;

@@ -1,9 +1,11 @@
 //! SIGINT/SIGTERM: the first asks the run to stop after the current step (an
 //! emergency checkpoint, flushed sinks, exit 130/143); a second one exits at once.
-//! Checkpoints are atomic, so even that leaves the previous one intact.
+//! Checkpoints are atomic, so even that leaves the previous one intact. Once the
+//! run is only draining its plugins (every checkpoint on disk), any signal ends
+//! the drain instead, so the abandoned plugins are still reported.
 
 use std::sync::{
-    atomic::{AtomicI32, Ordering},
+    atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering},
     Arc,
 };
 
@@ -16,6 +18,10 @@ use crate::{
 
 pub struct Signals {
     received: Arc<AtomicI32>,
+    /// Signals received in all.
+    count: Arc<AtomicU32>,
+    /// The run is draining its plugins: a signal ends that, nothing else.
+    draining: Arc<AtomicBool>,
     handle: signal_hook::iterator::Handle,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -25,11 +31,19 @@ impl Signals {
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| Error::Other(format!("cannot handle signals: {e}")))?;
         let handle = signals.handle();
         let received = Arc::new(AtomicI32::new(0));
-        let flag = received.clone();
+        let count = Arc::new(AtomicU32::new(0));
+        let draining = Arc::new(AtomicBool::new(false));
+        let (flag, counter, drain) = (received.clone(), count.clone(), draining.clone());
         let thread = std::thread::Builder::new()
             .name("ptrain-signals".into())
             .spawn(move || {
                 for sig in signals.forever() {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    if drain.load(Ordering::SeqCst) {
+                        eprintln!("received signal {sig}: no longer waiting for plugins to finish");
+                        let _ = flag.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+                        continue;
+                    }
                     if flag.swap(sig, Ordering::SeqCst) != 0 {
                         eprintln!("second signal: exiting now (the last committed checkpoint is intact)");
                         std::process::exit(128 + sig);
@@ -39,7 +53,15 @@ impl Signals {
                 }
             })
             .map_err(|e| Error::Other(format!("cannot handle signals: {e}")))?;
-        Ok(Signals { received, handle, thread: Some(thread) })
+        Ok(Signals { received, count, draining, handle, thread: Some(thread) })
+    }
+
+    /// From now on a signal ends the final drain (see the module doc); returns a
+    /// test for "a signal came since this call".
+    pub fn draining(&self) -> impl Fn() -> bool + '_ {
+        self.draining.store(true, Ordering::SeqCst);
+        let before = self.count.load(Ordering::SeqCst);
+        move || self.count.load(Ordering::SeqCst) > before
     }
 
     /// The signal received, if any.

@@ -1,6 +1,6 @@
 // Rendezvous (TCPStore), the Gloo process group, and the few operations the Rust
-// side drives: asynchronous all-reduce and broadcast, waiting, and the foreach
-// copies that fill and drain gradient buckets.
+// side drives: asynchronous all-reduce, broadcast, reduce-scatter and all-gather,
+// waiting, and the foreach copies that fill and drain gradient buckets.
 #include "pd.h"
 #include "backend.h"
 
@@ -137,6 +137,28 @@ extern "C" char* pd_broadcast(pd_group* group, pd_tensor t, int32_t root, pd_wor
   c10d::BroadcastOptions options;
   options.rootRank = root;
   *out = new pd_work{group->backend->broadcast(tensors, options)};
+  PD_CATCH
+}
+
+extern "C" char* pd_reduce_scatter(pd_group* group, pd_tensor out, pd_tensor* rows, int64_t n,
+                                   pd_work** work) {
+  PD_TRY
+  std::vector<at::Tensor> outputs{tensor(out)};
+  std::vector<std::vector<at::Tensor>> inputs{list(rows, n)};
+  *work = new pd_work{group->backend->reduce_scatter(outputs, inputs)};
+  PD_CATCH
+}
+
+extern "C" char* pd_reduce_scatter_flat(pd_group* group, pd_tensor out, pd_tensor in,
+                                        pd_work** work) {
+  PD_TRY
+  *work = new pd_work{group->backend->_reduce_scatter_base(tensor(out), tensor(in))};
+  PD_CATCH
+}
+
+extern "C" char* pd_all_gather_flat(pd_group* group, pd_tensor out, pd_tensor in, pd_work** work) {
+  PD_TRY
+  *work = new pd_work{group->backend->_allgather_base(tensor(out), tensor(in))};
   PD_CATCH
 }
 

@@ -22,6 +22,13 @@ void pd_group_free(pd_group* group);
 // Starts an in-place sum all-reduce / broadcast; finish it with pd_work_wait.
 char* pd_allreduce(pd_group* group, pd_tensor tensor, pd_work** out);
 char* pd_broadcast(pd_group* group, pd_tensor tensor, int32_t root, pd_work** out);
+// Sharded training. Reduce-scatter: out = this rank's part of the sum, where
+// `rows` holds one tensor per rank (rank r's part); `_flat`: in is one contiguous
+// tensor of world * out.numel() elements. All-gather (`_flat`): out (world *
+// in.numel() elements) receives every rank's `in`; in may be out's own part.
+char* pd_reduce_scatter(pd_group* group, pd_tensor out, pd_tensor* rows, int64_t n, pd_work** work);
+char* pd_reduce_scatter_flat(pd_group* group, pd_tensor out, pd_tensor in, pd_work** work);
+char* pd_all_gather_flat(pd_group* group, pd_tensor out, pd_tensor in, pd_work** work);
 // Waits for the work and frees it (also on error).
 char* pd_work_wait(pd_work* work);
 void pd_work_free(pd_work* work);

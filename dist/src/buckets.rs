@@ -93,6 +93,11 @@ impl Buckets {
         self.buckets.len()
     }
 
+    /// Bytes of the bucket buffers (gradient copies kept for the whole run).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.buckets.iter().map(|b| (b.flat.numel() * b.flat.kind().elt_size_in_bytes()) as u64).sum()
+    }
+
     /// Averages the gradients across ranks in place; `found_inf` becomes 1 on every
     /// rank when it was 1 on any.
     pub fn all_reduce(&mut self, group: &Group, found_inf: &Tensor) -> Result<(), String> {

@@ -36,6 +36,9 @@ extern "C" {
     pub fn pd_group_free(group: *mut PdGroup);
     pub fn pd_allreduce(group: *mut PdGroup, tensor: Raw, out: *mut *mut PdWork) -> *mut c_char;
     pub fn pd_broadcast(group: *mut PdGroup, tensor: Raw, root: i32, out: *mut *mut PdWork) -> *mut c_char;
+    pub fn pd_reduce_scatter(group: *mut PdGroup, out: Raw, rows: *const Raw, n: i64, work: *mut *mut PdWork) -> *mut c_char;
+    pub fn pd_reduce_scatter_flat(group: *mut PdGroup, out: Raw, input: Raw, work: *mut *mut PdWork) -> *mut c_char;
+    pub fn pd_all_gather_flat(group: *mut PdGroup, out: Raw, input: Raw, work: *mut *mut PdWork) -> *mut c_char;
     pub fn pd_work_wait(work: *mut PdWork) -> *mut c_char;
     pub fn pd_work_free(work: *mut PdWork);
     pub fn pd_copy(dst: *const Raw, src: *const Raw, n: i64) -> *mut c_char;

@@ -14,7 +14,7 @@ use std::{
 use ptrain_core::dist::Collectives;
 use tch::{Device, Tensor};
 
-use crate::ffi::{self, check, raw, PdGroup, PdWork};
+use crate::ffi::{self, check, raw, Handles, PdGroup, PdWork};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -174,6 +174,32 @@ impl Group {
         // SAFETY: as in start_all_reduce.
         check(unsafe { ffi::pd_broadcast(self.raw, raw(tensor), root as i32, &mut out) })?;
         Ok(Work(out))
+    }
+
+    /// Starts a sum reduce-scatter: `out` receives this rank's part of the sum of
+    /// `rows` (one tensor per rank, each shaped like `out`; they may be views).
+    pub fn start_reduce_scatter(&self, out: &Tensor, rows: &Handles) -> Result<Work, String> {
+        let mut work = std::ptr::null_mut();
+        // SAFETY: live group; `rows` holds `len` live handles.
+        check(unsafe { ffi::pd_reduce_scatter(self.raw, raw(out), rows.ptr(), rows.len() as i64, &mut work) })?;
+        Ok(Work(work))
+    }
+
+    /// Starts a sum reduce-scatter of one contiguous tensor of `world * out` elements.
+    pub fn start_reduce_scatter_flat(&self, out: &Tensor, input: &Tensor) -> Result<Work, String> {
+        let mut work = std::ptr::null_mut();
+        // SAFETY: live group and tensors.
+        check(unsafe { ffi::pd_reduce_scatter_flat(self.raw, raw(out), raw(input), &mut work) })?;
+        Ok(Work(work))
+    }
+
+    /// Starts an all-gather into one contiguous tensor of `world * input`
+    /// elements; `input` may be this rank's part of `out` (in place).
+    pub fn start_all_gather_flat(&self, out: &Tensor, input: &Tensor) -> Result<Work, String> {
+        let mut work = std::ptr::null_mut();
+        // SAFETY: live group and tensors.
+        check(unsafe { ffi::pd_all_gather_flat(self.raw, raw(out), raw(input), &mut work) })?;
+        Ok(Work(work))
     }
 
     /// Runs `f`, counting its wall time as time spent communicating.

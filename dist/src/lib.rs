@@ -19,6 +19,7 @@ pub mod env;
 mod ffi;
 pub mod group;
 pub mod launch;
+mod shard;
 #[cfg(test)]
 mod tests;
 

@@ -2,7 +2,11 @@
 
 use std::{net::TcpListener, time::Duration};
 
-use ptrain_core::dist::{Collectives, DataParallel};
+use ptrain_core::{
+    config::{Config, ShardMode},
+    dist::{Collectives, DataParallel},
+    optim::{Optimizer, ShardSpec},
+};
 use tch::{Device, Kind, Tensor};
 
 use crate::{C10dDataParallel, Group, GroupSpec};
@@ -94,5 +98,61 @@ fn parameters_start_from_rank_zeros_values() {
         assert_eq!(first, vec![1.0; 6], "rank {rank}");
         assert_eq!(second, 0, "rank {rank}");
         assert!(secs > 0.0, "rank {rank}: time in collectives is counted");
+    }
+}
+
+/// A rank's view after a sharded step: owned averaged gradient, [sum of squares,
+/// flag], the flag, a parameter after the all-gather.
+type StepView = (Vec<f32>, Vec<f32>, f64, Vec<f32>);
+
+/// One sharded step's collectives on two ranks: parameters of 6 + 4 + 5 = 15
+/// elements (slices [0, 8) and [8, 15), buffers padded to 16), rank r's flat
+/// gradient `(r + 1) * i`, rank 1 reporting a non-finite loss.
+fn sharded_step(mode: ShardMode, reduce_scatter: bool, bucket_mb: f64) -> Vec<StepView> {
+    on_two_ranks(bucket_mb, |rank, dp| {
+        let params: Vec<(String, Tensor)> = [vec![2i64, 3], vec![4], vec![5]]
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| (format!("p{i}"), Tensor::zeros(shape.as_slice(), (Kind::Float, Device::Cpu)).set_requires_grad(true)))
+            .collect();
+        let spec = ShardSpec { mode, rank, world: 2, save_id: 1, launch_secs: 0 };
+        let mut optimizer = Optimizer::sharded(&Config::default().optim, &params, spec).expect("sharded optimizer");
+        optimizer.zero_grad().expect("zero_grad");
+        let shard = optimizer.shard().expect("sharded");
+        let flat = shard.flat_grads().expect("a flat gradient").shallow_clone();
+        // The parameters' `.grad` are views of the flat gradient.
+        assert_eq!(params[1].1.grad().data_ptr(), flat.narrow(0, 6, 4).data_ptr());
+        flat.narrow(0, 0, 15).copy_(&(Tensor::arange(15, (Kind::Float, Device::Cpu)) * (rank as f64 + 1.0)));
+        let found_inf = Tensor::from(rank as f32);
+        dp.reduce_sharded(&optimizer, &found_inf, Some(reduce_scatter)).expect("reduce");
+        let shard = optimizer.shard().expect("sharded");
+        let owned = values(shard.owned_grads());
+        let stats = values(shard.stats());
+        let _ = shard.flat_params().narrow(0, rank as i64 * 8, 8).fill_(rank as f64 + 1.0);
+        dp.after_update(&optimizer).expect("all-gather");
+        (owned, stats, found_inf.double_value(&[]), values(&params[2].1))
+    })
+}
+
+#[test]
+fn sharded_gradients_reduce_to_each_ranks_slice_by_every_path() {
+    let mean = |range: std::ops::Range<i32>| range.map(|i| 1.5 * i as f32).collect::<Vec<_>>();
+    let sumsq: f32 = (0..15).map(|i| (1.5 * i as f32).powi(2)).sum();
+    // Buckets of 2 elements (1 per rank's slice), and one bucket for everything.
+    for (mode, reduce_scatter, bucket_mb) in [
+        (ShardMode::Gradients, true, 8e-6),
+        (ShardMode::Gradients, true, 25.0),
+        (ShardMode::Gradients, false, 8e-6),
+        (ShardMode::Optimizer, false, 8e-6),
+    ] {
+        let out = sharded_step(mode, reduce_scatter, bucket_mb);
+        for (rank, (owned, stats, flag, p2)) in out.into_iter().enumerate() {
+            let case = format!("{mode:?}, reduce-scatter {reduce_scatter}, {bucket_mb} MB, rank {rank}");
+            assert_eq!(owned, if rank == 0 { mean(0..8) } else { mean(8..15) }, "{case}");
+            assert!((stats[0] - sumsq).abs() <= 1e-4 * sumsq, "{case}: {stats:?}");
+            assert_eq!((stats[1], flag), (1.0, 1.0), "{case}");
+            // p2 is flat [10, 15): rank 0's slice ends at 8, so all of it is rank 1's.
+            assert_eq!(p2, vec![2.0; 5], "{case}");
+        }
     }
 }

@@ -44,11 +44,22 @@ pub struct NamedTensor<'a> {
     pub tensor: TensorRef,
 }
 
+impl<'a> NamedTensor<'a> {
+    /// A named handle, as a test builds them:
+    /// `let grads = [NamedTensor::new("w", TensorRef::of(&g))];` then
+    /// `StepContext { grads: grads.as_slice().into(), ..testing::step(Hook::AfterBackward, 1) }`.
+    pub const fn new(name: &'a str, tensor: TensorRef) -> NamedTensor<'a> {
+        NamedTensor { name: RStr::from_str(name), tensor }
+    }
+}
+
 /// Tensors of the current batch. Each is null unless the attachment asked for it.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy)]
 pub struct StepTensors {
-    /// Scalar mean loss of the last micro-batch, on the device.
+    /// A scalar on the device. At `AfterForward`: this micro-batch's mean loss
+    /// (divided by `accum_steps` when accumulating), still in the autograd graph
+    /// (`detach()` it). At `AfterBackward`: the step's loss, detached.
     pub loss: TensorRef,
     /// `[batch, classes]` for classifiers, `[batch, seq, vocab]` for language models.
     pub logits: TensorRef,
@@ -56,7 +67,8 @@ pub struct StepTensors {
     pub labels: TensorRef,
     /// `[batch]` int64 index into [`RunInfo::datasets`].
     pub dataset_ids: TensorRef,
-    /// The model input of the batch.
+    /// The model input of the batch: `[batch, seq]` int64 token ids for language
+    /// models, `[batch, features]` for classifiers.
     pub inputs: TensorRef,
 }
 
@@ -155,8 +167,14 @@ pub struct StepContext<'a> {
     pub device: DeviceInfo<'a>,
     /// Core scalars computed for this step, when some sink was due.
     pub scalars: RSlice<'a, Scalar<'a>>,
+    /// The batch's tensors an attachment asked for (`Needs::LOSS`, `LOGITS`, ...).
     pub tensors: StepTensors,
+    /// Every trainable parameter by name, sorted, with `Needs::PARAMS`; empty otherwise.
     pub params: RSlice<'a, NamedTensor<'a>>,
+    /// The gradient of each parameter (same order and names as `params`) with
+    /// `Needs::GRADS`; empty otherwise. At `AfterBackward`: the step's gradients,
+    /// accumulated over its micro-batches, before clipping and (in a distributed run)
+    /// before the all-reduce, so this rank's own.
     pub grads: RSlice<'a, NamedTensor<'a>>,
 }
 

@@ -17,7 +17,7 @@ pub mod __private {
     use crate::{
         abi::{FfiPlugin_TO, PluginBox, PluginMod, PluginModRef},
         host::HostApi,
-        plugin::{guard, Adapter, Plugin, PluginError},
+        plugin::{guard, with_options_of, Adapter, Plugin, PluginError},
         schedule::Descriptor,
     };
 
@@ -28,7 +28,7 @@ pub mod __private {
     pub extern "C" fn create<P: Plugin>(options: RStr<'_>, host: HostApi) -> RResult<PluginBox, RString> {
         guard(|| {
             let options = serde_json::from_str(options.as_str()).map_err(|e| PluginError::msg(format!("options are not JSON: {e}")))?;
-            let plugin = P::new(options, host)?;
+            let plugin = with_options_of(P::DESCRIPTOR.name.as_str(), || P::new(options, host))?;
             Ok(FfiPlugin_TO::from_value(Adapter(plugin), TD_Opaque))
         })
     }

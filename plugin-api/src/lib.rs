@@ -6,7 +6,13 @@
 //! `catch_unwind` so a panicking plugin is disabled instead of aborting the run.
 //!
 //! Plugins declare *attachments*: a [`Hook`] (where in the loop) and a [`Cadence`]
-//! (which steps). The host calls a plugin only when one of its attachments is due.
+//! (which steps). The host calls `on_step`, `on_metrics` and `on_checkpoint` only
+//! when one of the plugin's attachments is due; `on_run_start`, `on_run_end`,
+//! `save_state` and `load_state` reach every plugin (see [`Plugin`]).
+//!
+//! A guide from the author's side, with a sink walkthrough, every tensor a step
+//! carries, testing and building: `docs/plugins.md` in ptrain's repository, or
+//! `ptrain plugins new <name>` for a ready crate.
 //!
 //! Libraries are never unloaded: a loaded plugin stays mapped until the process exits.
 

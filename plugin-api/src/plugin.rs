@@ -58,11 +58,22 @@ pub type PluginResult<T = ()> = Result<T, PluginError>;
 
 /// A ptrain plugin. Implement it, then `ptrain_plugin_api::export_plugin!(MyPlugin);`.
 ///
-/// `on_run_start`, `on_run_end`, `save_state` and `load_state` are called on every
-/// plugin, declared or not. `on_step`, `on_metrics` and `on_checkpoint` are called
-/// only through attachments in [`Plugin::DESCRIPTOR`], when one is due. Inline
-/// plugins are called on the training thread and may read tensors (never block
-/// there); worker plugins are called on their own thread.
+/// When each method is called is one rule, the same for inline and worker plugins:
+/// - `on_run_start` (once, before the first step), `on_run_end` (once, at the end,
+///   also after a signal), `save_state` (at each checkpoint) and `load_state` (on
+///   resume, when the checkpoint holds state of this plugin) are called on every
+///   plugin that has not failed. They need no attachment.
+/// - `on_step`, `on_metrics` and `on_checkpoint` are called only through attachments
+///   in [`Plugin::DESCRIPTOR`], when one is due: a step hook or `Metrics` at its
+///   cadence, `Eval` at the steps that evaluate, `Checkpoint` when a save is due.
+///   Besides, metrics that plugins or evaluation emitted reach every plugin with a
+///   `Metrics` attachment, and emergency checkpoints (signal, non-finite stop) every
+///   plugin with a `Checkpoint` attachment, due or not.
+///
+/// A plugin that returns an error or panics is never called again, not even
+/// `on_run_end`. Inline plugins are called on the training thread and may read
+/// tensors (never block there); worker plugins are called on their own thread, in
+/// order, and never see tensors.
 pub trait Plugin: Send + Sized + 'static {
     const DESCRIPTOR: Descriptor;
 
@@ -70,24 +81,29 @@ pub trait Plugin: Send + Sized + 'static {
     /// host's cadence keys, as a JSON object. Reject unknown options here.
     fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self>;
 
+    /// Once, before the first step (after `load_state` on resume). Every plugin.
     fn on_run_start(&mut self, _run: &RunInfo<'_>) -> PluginResult {
         Ok(())
     }
 
-    /// Scheduled step hooks and [`crate::Hook::Eval`]; `ctx.hook` says which.
+    /// Scheduled step hooks and [`crate::Hook::Eval`]; `ctx.hook` says which. Inline
+    /// plugins only.
     fn on_step(&mut self, _ctx: &StepContext<'_>, _out: &mut Outbox) -> PluginResult {
         Ok(())
     }
 
+    /// A batch of metrics (sinks): `batch.metrics`, each a name and a [`crate::MetricValue`].
     fn on_metrics(&mut self, _batch: &MetricBatch) -> PluginResult {
         Ok(())
     }
 
+    /// A checkpoint to persist: host copies of the model, optimizer and states.
     fn on_checkpoint(&mut self, _payload: &CheckpointPayload) -> PluginResult {
         Ok(())
     }
 
-    /// State to keep in checkpoints; handed back through `load_state` on resume.
+    /// State to keep in checkpoints (empty: none); handed back through `load_state`
+    /// on resume. Every plugin, at each checkpoint.
     fn save_state(&mut self) -> PluginResult<Vec<u8>> {
         Ok(Vec::new())
     }
@@ -97,7 +113,7 @@ pub trait Plugin: Send + Sized + 'static {
     }
 
     /// Flush and close. A returned JSON value goes into summary.json under the
-    /// plugin's name.
+    /// plugin's name. Every plugin, once; a worker's queue is drained first.
     fn on_run_end(&mut self, _end: &RunEnd<'_>) -> PluginResult<Option<serde_json::Value>> {
         Ok(None)
     }
@@ -110,21 +126,50 @@ pub trait Plugin: Send + Sized + 'static {
     }
 }
 
-/// Deserializes plugin options, naming the offending key on error.
+/// Deserializes plugin options, naming the offending key by its configuration path:
+/// `invalid options: plugins.gradwatch.every_n: invalid type: string "oops", expected f64`.
+/// Use `#[serde(deny_unknown_fields)]` on the options struct so a misspelt option is
+/// refused too (the run then exits 2 before training).
 pub fn parse_options<T: serde::de::DeserializeOwned>(options: serde_json::Value) -> PluginResult<T> {
     serde_path_to_error::deserialize(options).map_err(|e| {
         let path = e.path().to_string();
-        let error = e.into_inner();
-        if path.is_empty() || path == "." {
-            PluginError(format!("invalid options: {error}"))
-        } else {
-            PluginError(format!("invalid options: `{path}`: {error}"))
-        }
+        let message = e.into_inner().to_string();
+        // An unknown field is reported at its parent's path; name the field itself.
+        let field = message.strip_prefix("unknown field `").and_then(|m| m.split('`').next());
+        let key = match (field, path.as_str()) {
+            (Some(field), "." | "") => field.to_string(),
+            (Some(field), _) if path == field || path.ends_with(&format!(".{field}")) => path,
+            (Some(field), _) => format!("{path}.{field}"),
+            (None, _) => path,
+        };
+        let table = OPTIONS_OF.with(|name| name.borrow().as_ref().map(|n| format!("plugins.{n}")));
+        let key = match (table, key.as_str()) {
+            (Some(table), "." | "") => table,
+            (Some(table), _) => format!("{table}.{key}"),
+            (None, _) => key,
+        };
+        PluginError(format!("invalid options: {key}: {message}"))
     })
 }
 
 thread_local! {
     static PANIC_LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The plugin whose options are being parsed (set while `Plugin::new` runs), so
+    /// [`parse_options`] names keys as the user wrote them: `plugins.<name>.<key>`.
+    static OPTIONS_OF: RefCell<Option<&'static str>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (a plugin's `new`) with `plugin` as the table [`parse_options`] reports under.
+pub(crate) fn with_options_of<T>(plugin: &'static str, f: impl FnOnce() -> T) -> T {
+    /// Restores the previous name even when `f` panics.
+    struct Restore(Option<&'static str>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OPTIONS_OF.with(|name| *name.borrow_mut() = self.0.take());
+        }
+    }
+    let _restore = Restore(OPTIONS_OF.with(|name| name.borrow_mut().replace(plugin)));
+    f()
 }
 
 /// Replaces this library's panic hook (each cdylib has its own std) so a panic is
@@ -198,5 +243,52 @@ impl<P: Plugin> FfiPlugin for Adapter<P> {
 
     fn step_windows(&self) -> RResult<StepWindows, RString> {
         guard(|| self.0.step_windows())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::{parse_options, with_options_of};
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Options {
+        every_n: f64,
+        #[serde(default)]
+        nested: Nested,
+    }
+
+    #[derive(Debug, Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Nested {
+        depth: u32,
+    }
+
+    fn error(options: serde_json::Value) -> String {
+        with_options_of("gradwatch", || parse_options::<Options>(options)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn option_errors_name_the_key_path_under_the_plugin_table() {
+        assert_eq!(
+            error(serde_json::json!({ "every_n": "oops" })),
+            "invalid options: plugins.gradwatch.every_n: invalid type: string \"oops\", expected f64"
+        );
+        let unknown = error(serde_json::json!({ "every_n": 1.0, "colour": "red" }));
+        assert!(unknown.starts_with("invalid options: plugins.gradwatch.colour: unknown field `colour`"), "{unknown}");
+        let nested = error(serde_json::json!({ "every_n": 1.0, "nested": { "depth": -1 } }));
+        assert!(nested.starts_with("invalid options: plugins.gradwatch.nested.depth: invalid value: integer `-1`"), "{nested}");
+        let missing = error(serde_json::json!({}));
+        assert_eq!(missing, "invalid options: plugins.gradwatch: missing field `every_n`");
+    }
+
+    #[test]
+    fn outside_the_host_the_key_path_starts_at_the_options() {
+        let e = parse_options::<Options>(serde_json::json!({ "every_n": true })).unwrap_err().to_string();
+        assert_eq!(e, "invalid options: every_n: invalid type: boolean `true`, expected f64");
     }
 }

@@ -9,7 +9,9 @@ use abi_stable::{
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Hook {
-    /// Once, before the first step, with the resolved configuration.
+    /// Not an attachment point: `Plugin::on_run_start` reaches every plugin, once,
+    /// before the first step. An attachment to it is ignored. (Kept so the enum's
+    /// layout, and the ABI, stay as they are; failures are reported under its name.)
     RunStart,
     /// Before the batch of a due step is fetched.
     StepStart,
@@ -20,14 +22,16 @@ pub enum Hook {
     AfterBackward,
     /// After the optimizer step.
     StepEnd,
-    /// After an evaluation pass, with `eval/*` scalars.
+    /// After an evaluation pass, with `eval/*` scalars: due at every step that
+    /// evaluates, whatever the attachment's cadence.
     Eval,
     /// A checkpoint payload to persist (worker plugins), at the attachment's cadence
     /// and on emergencies (signals, non-finite stop).
     Checkpoint,
     /// A batch of emitted metrics (sinks).
     Metrics,
-    /// Once, after the last step; the plugin may return a summary fragment.
+    /// Not an attachment point: `Plugin::on_run_end` reaches every plugin that has
+    /// not failed, once, at the end. An attachment to it is ignored.
     RunEnd,
 }
 
@@ -44,9 +48,15 @@ impl Hook {
         Hook::RunEnd,
     ];
 
-    /// Hooks whose calls are selected by a cadence; the others fire on their event.
+    /// Hooks whose calls are selected by a cadence; `Eval` fires at evaluations, and
+    /// `RunStart`/`RunEnd` are no attachment points at all.
     pub const fn is_scheduled(self) -> bool {
         matches!(self, Hook::StepStart | Hook::AfterForward | Hook::AfterBackward | Hook::StepEnd | Hook::Checkpoint | Hook::Metrics)
+    }
+
+    /// `RunStart` and `RunEnd`: their methods reach every plugin, attached or not.
+    pub const fn is_lifecycle(self) -> bool {
+        matches!(self, Hook::RunStart | Hook::RunEnd)
     }
 
     pub const fn name(self) -> &'static str {

@@ -1,12 +1,15 @@
-//! Fixtures for unit-testing a plugin without the host: a run and a step as a
-//! single-process CPU run would describe them. Change what a test is about with
-//! struct-update syntax: `StepContext { elapsed_s: 2.0, ..testing::step(Hook::StepEnd, 10) }`.
+//! Fixtures for unit-testing a plugin without the host: a run, a step, a metrics
+//! batch and a run's end as a single-process CPU run would describe them. Change
+//! what a test is about with struct-update syntax:
+//! `StepContext { elapsed_s: 2.0, ..testing::step(Hook::StepEnd, 10) }`; hand tensors
+//! over with `StepTensors { logits: TensorRef::of(&t), ..StepTensors::NONE }` and
+//! gradients with `grads: named.as_slice().into()` (see [`crate::NamedTensor::new`]).
 
 use abi_stable::std_types::RSlice;
 
 use crate::{
-    context::{DeviceInfo, DeviceKind, ModelInfo, PhaseTimes, RunInfo, StepContext, StepTensors, Task},
-    metrics::{Metric, Outbox},
+    context::{DeviceInfo, DeviceKind, ModelInfo, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task},
+    metrics::{Metric, MetricBatch, Outbox},
     schedule::Hook,
 };
 
@@ -72,4 +75,14 @@ pub fn scalars(out: &mut Outbox) -> Vec<(String, f64)> {
 /// The value of the scalar `name` among `scalars`.
 pub fn scalar(scalars: &[(String, f64)], name: &str) -> Option<f64> {
     scalars.iter().find(|(n, _)| n == name).map(|s| s.1)
+}
+
+/// A metrics batch at `step`, as a sink receives it: `metric_batch(10, vec![Metric::scalar("train/loss", 2.5)])`.
+pub fn metric_batch(step: u64, metrics: Vec<Metric>) -> MetricBatch {
+    MetricBatch { step, wall_time: 0.0, elapsed_s: 0.0, metrics: metrics.into() }
+}
+
+/// The end of a run that completed at `step`.
+pub fn run_end(step: u64) -> RunEnd<'static> {
+    RunEnd { step, exit_code: 0, wall_s: 0.0, scalars: RSlice::EMPTY }
 }

@@ -2,9 +2,14 @@
 
 mod checkpoints;
 mod config;
+mod export;
 mod launch;
+mod logits;
 mod plugins;
 mod run;
+mod scaffold;
+mod sync;
+mod tokenize;
 
 use std::process::ExitCode;
 
@@ -24,7 +29,7 @@ enum Command {
     Run(run::RunArgs),
     /// Start a data-parallel job on this machine: N ranks of `ptrain <COMMAND>`.
     Launch(launch::LaunchArgs),
-    /// List and inspect plugins.
+    /// List, inspect and create plugins.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
     /// Print the resolved configuration, or the commented default.
@@ -32,16 +37,27 @@ enum Command {
     /// Inspect checkpoints.
     #[command(subcommand)]
     Checkpoints(checkpoints::CheckpointsCommand),
+    /// Send what a sink plugin could not deliver during the run.
+    #[command(subcommand)]
+    Sync(sync::SyncCommand),
+    // Their help texts are the argument structs' doc comments.
+    Export(export::ExportArgs),
+    Tokenize(tokenize::TokenizeArgs),
+    Logits(logits::LogitsArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    init_logging();
+    init_logging(matches!(&cli.command, Command::Run(args) if args.quiet));
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Launch(args) => launch::run(args),
         Command::Plugins(cmd) => plugins::run(cmd),
         Command::Config(args) => config::run(args),
         Command::Checkpoints(cmd) => checkpoints::run(cmd),
+        Command::Sync(cmd) => sync::run(cmd),
+        Command::Export(args) => export::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Logits(args) => logits::run(args),
     }
 }
 
@@ -52,11 +68,18 @@ pub fn exit_code(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(if usage { 2 } else { 1 })
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PTRAIN_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Log lines on stderr: `info` and up, or with `quiet` (`ptrain run --quiet`) only
+/// warnings and errors; `PTRAIN_LOG` (an `EnvFilter`) overrides both. Colour only
+/// on a terminal, and never with `NO_COLOR` set (https://no-color.org).
+fn init_logging(quiet: bool) {
+    use std::io::IsTerminal;
+    let default = if quiet { "warn" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PTRAIN_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .with_target(false)
         .with_timer(tracing_subscriber::fmt::time::uptime())
         .try_init();

@@ -1,6 +1,6 @@
-//! `ptrain plugins list|info`.
+//! `ptrain plugins list|info|new`.
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::Subcommand;
 use ptrain_core::host::{available, loader, resolve, search_dirs};
@@ -11,6 +11,21 @@ pub enum PluginsCommand {
     List,
     /// One plugin, by name or path.
     Info { name: String },
+    /// Write a new plugin crate, ready for `cargo build --release`: an inline plugin that
+    /// reads gradients every 20 steps and emits a metric, or with --sink a worker that
+    /// writes every metrics batch to a CSV file; each with a unit test. It depends on this
+    /// ptrain's plugin-api by path and builds on ptrain's compiled dependencies
+    /// (.cargo/config.toml), so the first build takes about a minute, not several.
+    New {
+        /// The plugin's name (lowercase letters, digits, inner dashes): `--plugins <NAME>` loads it.
+        name: String,
+        /// A sink (worker thread, metrics batches to a file) instead of an inline plugin reading tensors.
+        #[arg(long)]
+        sink: bool,
+        /// Where to write the crate (default `./<NAME>`); must be missing or empty.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn describe(lib: &loader::PluginLibrary, path: &std::path::Path) -> String {
@@ -24,7 +39,11 @@ fn describe(lib: &loader::PluginLibrary, path: &std::path::Path) -> String {
         path.display()
     );
     for a in d.attachments.iter() {
-        let cadence = if a.hook.is_scheduled() { a.cadence.to_string() } else { "on the event".to_string() };
+        let cadence = match a.hook {
+            h if h.is_scheduled() => a.cadence.to_string(),
+            h if h.is_lifecycle() => "ignored (run start and end reach every plugin)".to_string(),
+            _ => "at every evaluation".to_string(),
+        };
         out.push_str(&format!("  {:<12} hook {:<14} {}\n", a.name.as_str(), a.hook.name(), cadence));
     }
     out
@@ -33,6 +52,7 @@ fn describe(lib: &loader::PluginLibrary, path: &std::path::Path) -> String {
 pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         PluginsCommand::List => {
+            println!("this ptrain loads plugins built against ptrain-plugin-api {}", ptrain_plugin_api::API_VERSION);
             let found = available();
             if found.is_empty() {
                 let dirs: Vec<String> = search_dirs().iter().map(|d| d.display().to_string()).collect();
@@ -50,6 +70,7 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
             let lib = loader::load(&path)?;
             print!("{}", describe(&lib, &path));
         }
+        PluginsCommand::New { name, sink, dir } => super::scaffold::run(&name, sink, dir)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -5,7 +5,16 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::Args;
 use ptrain_core::{config::DeviceChoice, Config, ConfigBuilder, Resume, Trainer};
 
+/// The exit codes of `ptrain run`, for `--help`.
+const EXIT_CODES: &str = "Exit codes:
+  0        the run completed
+  1        training failed (or stopped: non-finite losses, a save error with on_save_error = \"stop\", a plugin's request)
+  2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin options
+  3        the run completed, but a plugin failed and --strict-plugins (run.strict_plugins) is set
+  130/143  interrupted by SIGINT/SIGTERM after saving an emergency checkpoint";
+
 #[derive(Debug, Args)]
+#[command(after_help = EXIT_CODES)]
 pub struct RunArgs {
     /// TOML file layered over the embedded default (`ptrain config --default` shows it).
     #[arg(short, long, value_name = "FILE")]
@@ -34,9 +43,15 @@ pub struct RunArgs {
     /// Resume from the newest valid checkpoint in --run-dir, if there is one.
     #[arg(long)]
     auto_resume: bool,
-    /// No progress bar or progress lines.
+    /// Print only warnings, errors and the final summary line: no progress bar,
+    /// progress lines or evaluation lines (`PTRAIN_LOG` overrides the log level).
     #[arg(long)]
-    quiet: bool,
+    pub quiet: bool,
+    /// A plugin failure (a plugin disabled after an error or a panic) makes a run that
+    /// otherwise completed exit 3, after finishing and writing its summary
+    /// (`run.strict_plugins`). For CI.
+    #[arg(long)]
+    strict_plugins: bool,
 }
 
 impl RunArgs {
@@ -56,6 +71,9 @@ impl RunArgs {
         }
         if let Some(seed) = self.seed {
             config.run.seed = seed;
+        }
+        if self.strict_plugins {
+            config.run.strict_plugins = true;
         }
     }
 }
@@ -91,6 +109,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     );
     for failure in &s.plugin_failures {
         println!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
+    }
+    if outcome.exit_code == ptrain_core::trainer::EXIT_PLUGIN_FAILED {
+        println!("exit {}: a plugin failed, and run.strict_plugins is set", outcome.exit_code);
     }
     if rank == 0 {
         println!("summary: {}", outcome.run_dir.join("summary.json").display());

@@ -2,6 +2,8 @@
 //! (and the venv's Python for the upstream readers) and read what it wrote.
 #![allow(dead_code)]
 
+pub mod ranks;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},

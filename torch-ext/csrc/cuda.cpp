@@ -1,8 +1,6 @@
-// CUDA pieces tch lacks: autocast to bfloat16, the caching allocator's statistics and
+// CUDA pieces tch lacks: the caching allocator's statistics and
 // empty_cache, and the device name. Compiled to no-ops without CUDA headers.
 #include "ptx.h"
-
-#include <ATen/autocast_mode.h>
 
 #ifdef PTX_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -16,12 +14,6 @@ cudaDeviceProp* getDeviceProperties(c10::DeviceIndex device);
 }
 #include <c10/cuda/CUDAFunctions.h>
 #endif
-
-extern "C" char* ptx_autocast_set_bf16() {
-  PTX_TRY
-  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  PTX_CATCH
-}
 
 extern "C" bool ptx_cuda_compiled() {
 #ifdef PTX_CUDA

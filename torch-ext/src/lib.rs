@@ -43,7 +43,8 @@ extern "C" {
     fn ptx_profiler_stop(flops: *mut u64, counted_ops: *mut u64) -> *mut c_char;
     fn ptx_flop_count_start() -> *mut c_char;
     fn ptx_flop_count_stop(out: *mut u64) -> *mut c_char;
-    fn ptx_autocast_set_bf16() -> *mut c_char;
+    fn ptx_autocast_enter(cuda: bool, was_enabled: *mut bool) -> *mut c_char;
+    fn ptx_autocast_exit(cuda: bool, was_enabled: bool) -> *mut c_char;
     fn ptx_cuda_compiled() -> bool;
     fn ptx_cuda_device_count() -> i64;
     fn ptx_cuda_empty_cache() -> *mut c_char;
@@ -202,6 +203,8 @@ pub fn clip_grad_norm(grads: &TensorList, max_norm: f64) -> Result<Tensor, Torch
 pub fn zero_all(tensors: &TensorList) -> Result<(), TorchError> {
     check(unsafe { ptx_foreach_zero(tensors.ptr(), tensors.len() as i64) })
 }
+
+pub mod grads;
 
 /// libtorch's profiler, recording input shapes to count FLOPs.
 pub mod profiler {
@@ -391,6 +394,22 @@ pub mod trace {
     }
 }
 
+/// Runs `f` with autocast to bfloat16 on the CPU (`cuda` false) or on CUDA, as
+/// `torch.autocast(device_type, torch.bfloat16)` does.
+pub fn autocast_bf16<T>(cuda: bool, f: impl FnOnce() -> T) -> Result<T, TorchError> {
+    let mut was_enabled = false;
+    check(unsafe { ptx_autocast_enter(cuda, &mut was_enabled) })?;
+    // Leaves the region even if `f` panics.
+    struct Exit(bool, bool);
+    impl Drop for Exit {
+        fn drop(&mut self) {
+            let _ = check(unsafe { ptx_autocast_exit(self.0, self.1) });
+        }
+    }
+    let _exit = Exit(cuda, was_enabled);
+    Ok(f())
+}
+
 /// CUDA helpers; all are harmless no-ops without CUDA.
 pub mod cuda {
     use super::*;
@@ -402,11 +421,6 @@ pub mod cuda {
 
     pub fn device_count() -> i64 {
         unsafe { ptx_cuda_device_count() }
-    }
-
-    /// Makes `tch::autocast` cast to bfloat16 rather than float16.
-    pub fn autocast_bf16() -> Result<(), TorchError> {
-        check(unsafe { ptx_autocast_set_bf16() })
     }
 
     pub fn empty_cache() -> Result<(), TorchError> {

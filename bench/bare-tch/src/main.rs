@@ -246,7 +246,8 @@ struct Loop {
 impl Loop {
     fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
         if self.autocast {
-            tch::autocast(true, || self.model.forward(inputs, train))
+            let model = &mut self.model;
+            ext::autocast_bf16(self.device.is_cuda(), || model.forward(inputs, train)).expect("autocast")
         } else {
             self.model.forward(inputs, train)
         }
@@ -301,10 +302,7 @@ fn run(args: Args) -> Result<serde_json::Value, Error> {
     }
     tch::manual_seed(config.run.seed as i64);
     let device = device::select(config.run.device, 0)?;
-    let autocast = config.train.precision == Precision::Bf16 && device.is_cuda();
-    if autocast {
-        ext::cuda::autocast_bf16()?;
-    }
+    let autocast = config.train.precision == Precision::Bf16;
     let dataset = ptrain_core::data::from_config(&config)?;
     let vs = nn::VarStore::new(device);
     let model = model::from_config(&config, &vs.root(), dataset.as_ref())?;

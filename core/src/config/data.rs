@@ -16,6 +16,14 @@ pub struct DataConfig {
     pub synthetic_len: usize,
     pub synthetic_features: i64,
     pub synthetic_classes: i64,
+    /// A Hugging Face `tokenizer.json` for `text` and `jsonl` data (empty: bytes / classification rows).
+    pub tokenizer: String,
+    /// `jsonl` with a tokenizer: the field of each row that holds its text.
+    pub text_field: String,
+    /// `jsonl` with a tokenizer: a token appended after each row (e.g. `<|endoftext|>`).
+    pub eos_token: String,
+    /// Where tokenized data is cached (empty: `tokens-cache/` beside the run directory).
+    pub tokens_cache: String,
     /// Last: an array of tables must follow plain values in TOML output.
     pub datasets: Vec<DatasetSpec>,
 }
@@ -25,11 +33,12 @@ pub struct DataConfig {
 pub enum DataKind {
     /// Generated in process: byte text for `gpt`, labelled clusters for `mlp`.
     Synthetic,
-    /// Any file, read as bytes (vocabulary 256).
+    /// Any file, read as bytes (vocabulary 256), or UTF-8 text tokenized with `tokenizer`.
     Text,
     /// nanoGPT-style pre-tokenized little-endian uint16 `.bin`, memory-mapped.
     Tokens,
-    /// Classification rows: `{"dataset": "a", "features": [..], "label": 3}`.
+    /// Classification rows: `{"dataset": "a", "features": [..], "label": 3}`; with
+    /// `tokenizer`, text rows `{"text": "..."}` for a language model.
     Jsonl,
 }
 

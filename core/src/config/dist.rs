@@ -7,6 +7,9 @@ pub struct DistConfig {
     pub backend: DistBackend,
     pub timeout_s: u64,
     pub bucket_mb: f64,
+    /// What each rank keeps only a slice of (ZeRO stage 1 or 2).
+    #[serde(default)]
+    pub shard: ShardMode,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -15,4 +18,27 @@ pub enum DistBackend {
     Auto,
     Gloo,
     Nccl,
+}
+
+/// `dist.shard`: `none` replicates everything (plain data parallelism);
+/// `optimizer` (ZeRO-1) gives each rank the optimizer state of its 1/world slice
+/// of the parameters; `gradients` (ZeRO-2) also reduce-scatters the gradients so a
+/// rank keeps only its slice's.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardMode {
+    #[default]
+    None,
+    Optimizer,
+    Gradients,
+}
+
+impl ShardMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardMode::None => "none",
+            ShardMode::Optimizer => "optimizer",
+            ShardMode::Gradients => "gradients",
+        }
+    }
 }

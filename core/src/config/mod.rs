@@ -10,6 +10,8 @@ mod dist;
 mod model;
 mod optim;
 mod plugins;
+mod ranges;
+mod resolve;
 mod run;
 mod train;
 
@@ -22,10 +24,10 @@ use serde::{Deserialize, Serialize};
 
 pub use data::{DataConfig, DataKind, DatasetSpec};
 pub use debug::DebugConfig;
-pub use dist::{DistBackend, DistConfig};
-pub use model::{ModelConfig, ModelKind, TaskKind};
+pub use dist::{DistBackend, DistConfig, ShardMode};
+pub use model::{Activation, ModelConfig, ModelKind, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
-pub use plugins::{CadenceOverride, OnFull, PluginSettings};
+pub use plugins::{check_tables_claimed, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
 pub use train::{NanPolicy, Precision, TrainConfig};
 
@@ -62,11 +64,14 @@ fn default_table() -> toml::Table {
 /// Builds a [`Config`] from layers, checking each one as it is applied.
 pub struct ConfigBuilder {
     table: toml::Table,
+    /// Dotted paths of the keys a layer set (rather than the default), with the
+    /// layer that set them last: `model.init_from` may fill only the others.
+    explicit: BTreeMap<String, String>,
 }
 
 impl Default for ConfigBuilder {
     fn default() -> Self {
-        ConfigBuilder { table: default_table() }
+        ConfigBuilder { table: default_table(), explicit: BTreeMap::new() }
     }
 }
 
@@ -89,13 +94,17 @@ impl ConfigBuilder {
             std::io::ErrorKind::NotFound => Error::MissingFile { what: "config file", path: path.to_owned() },
             _ => Error::Io { path: path.to_owned(), source: e },
         })?;
-        let source = path.display().to_string();
+        self.toml(&text, &path.display().to_string())
+    }
+
+    /// Layers TOML text over the configuration so far; `origin` names it in errors.
+    pub fn toml(self, text: &str, origin: &str) -> Result<Self, Error> {
         let layer: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
-            origin: source.clone(),
+            origin: origin.to_string(),
             key: String::new(),
             message: e.to_string().trim().replace('\n', " "),
         })?;
-        self.layer(layer, &source)
+        self.layer(layer, origin)
     }
 
     /// Applies `section.key=value`; the value is read as TOML, or as a bare string.
@@ -122,7 +131,9 @@ impl ConfigBuilder {
     }
 
     fn layer(mut self, layer: toml::Table, source: &str) -> Result<Self, Error> {
+        record_keys(&layer, "", source, &mut self.explicit);
         merge(&mut self.table, layer);
+        ranges::check(&self.table, source)?;
         deserialize(&self.table).map_err(|mut e| {
             e.origin = source.to_string();
             e
@@ -130,6 +141,8 @@ impl ConfigBuilder {
         Ok(self)
     }
 
+    /// The configuration, with what `model.init_from` and `data.tokenizer` decide
+    /// filled in (see [`Config::resolve_pretrained`]), validated.
     pub fn build(self) -> Result<Config, Error> {
         self.build_with(|_| {})
     }
@@ -139,8 +152,28 @@ impl ConfigBuilder {
     pub fn build_with(self, last: impl FnOnce(&mut Config)) -> Result<Config, Error> {
         let mut config = deserialize(&self.table)?;
         last(&mut config);
+        config.resolve_pretrained(&self.explicit)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// A configuration a run already resolved (a checkpoint's `config.toml`), as
+    /// recorded: not resolved again, and its input files need not exist any more.
+    pub fn build_recorded(self) -> Result<Config, Error> {
+        Ok(deserialize(&self.table)?)
+    }
+}
+
+/// Records the dotted path of every value in `layer` (tables are walked into).
+fn record_keys(layer: &toml::Table, prefix: &str, source: &str, out: &mut BTreeMap<String, String>) {
+    for (key, value) in layer {
+        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        match value {
+            toml::Value::Table(t) => record_keys(t, &path, source, out),
+            _ => {
+                out.insert(path, source.to_string());
+            }
+        }
     }
 }
 
@@ -188,27 +221,16 @@ impl Config {
     /// Checks values that types alone cannot (ranges, combinations, files).
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |key: &str, message: String| -> Error { ConfigError { origin: "configuration".into(), key: key.into(), message }.into() };
-        if self.train.steps == 0 {
-            return Err(bad("train.steps", "must be at least 1".into()));
-        }
-        if self.data.batch_size == 0 {
-            return Err(bad("data.batch_size", "must be at least 1".into()));
-        }
-        if self.optim.accum_steps == 0 {
-            return Err(bad("optim.accum_steps", "must be at least 1".into()));
+        // Again on the whole: typed overrides (command-line flags) skip the layers.
+        let table = toml::Table::try_from(self).expect("config serializes");
+        ranges::check(&table, "configuration")?;
+        if self.optim.min_lr > self.optim.lr {
+            return Err(bad("optim.min_lr", format!("{} is above optim.lr = {}: must be <= lr", self.optim.min_lr, self.optim.lr)));
         }
         if self.model.kind == ModelKind::Gpt && self.model.n_embd % self.model.n_head.max(1) != 0 {
             return Err(bad("model.n_embd", format!("{} is not divisible by n_head = {}", self.model.n_embd, self.model.n_head)));
         }
-        if self.model.kind == ModelKind::Gpt && self.model.vocab_size < 2 {
-            return Err(bad("model.vocab_size", "must be at least 2".into()));
-        }
-        if !(0.0..1.0).contains(&self.data.val_fraction) {
-            return Err(bad("data.val_fraction", "must be in [0, 1)".into()));
-        }
-        if !(self.debug.grad_spike_factor.is_finite() && self.debug.grad_spike_factor > 0.0) {
-            return Err(bad("debug.grad_spike_factor", "must be a finite number > 0".into()));
-        }
+        self.validate_pretrained()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });
@@ -234,6 +256,9 @@ impl Config {
         }
         if self.model.kind == ModelKind::Torchscript {
             files.push(("model.path", PathBuf::from(&self.model.path)));
+        }
+        if let Some(p) = named(&self.data.tokenizer) {
+            files.push(("data.tokenizer", p));
         }
         files
     }

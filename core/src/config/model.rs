@@ -12,6 +12,11 @@ pub struct ModelConfig {
     pub block_size: i64,
     pub dropout: f64,
     pub bias: bool,
+    /// `gelu` (exact, erf) or `gelu_tanh` (the tanh approximation GPT-2 uses).
+    pub activation: Activation,
+    pub layer_norm_eps: f64,
+    /// A local Hugging Face GPT-2 directory to start from (empty: random init).
+    pub init_from: String,
     pub hidden: Vec<i64>,
     pub input_dim: i64,
     pub num_classes: i64,
@@ -32,4 +37,28 @@ pub enum ModelKind {
 pub enum TaskKind {
     Classification,
     LanguageModel,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    Gelu,
+    GeluTanh,
+}
+
+impl Activation {
+    /// libtorch's `approximate` argument of `gelu`.
+    pub fn approximate(self) -> &'static str {
+        match self {
+            Activation::Gelu => "none",
+            Activation::GeluTanh => "tanh",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_tanh",
+        }
+    }
 }

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{error::ConfigError, hooks::Cadence};
+use crate::{
+    error::{ConfigError, Error},
+    hooks::Cadence,
+};
 
 /// Keys of a plugin table that override a cadence; with `queue` and `on_full` the
 /// host's keys. Every other key is a plugin option.
@@ -59,6 +62,10 @@ pub struct PluginSettings {
     pub attachments: BTreeMap<String, CadenceOverride>,
     pub queue: usize,
     pub on_full: OnFull,
+    /// Seconds a worker plugin gets to drain its queue at the end.
+    pub finish_timeout_s: f64,
+    /// Seconds an inline plugin's hook may run before a watchdog warns.
+    pub hook_warn_s: f64,
     /// The remaining keys, for the plugin.
     pub options: serde_json::Value,
 }
@@ -76,6 +83,8 @@ impl PluginSettings {
             attachments: BTreeMap::new(),
             queue: 1024,
             on_full: OnFull::default(),
+            finish_timeout_s: 30.0,
+            hook_warn_s: 60.0,
             options: serde_json::Value::Object(Default::default()),
         };
         let mut options = serde_json::Map::new();
@@ -86,6 +95,18 @@ impl PluginSettings {
                 k if CADENCE_KEYS.contains(&k) && scheduled_primary => {}
                 "queue" => settings.queue = value.as_integer().filter(|q| *q >= 1).ok_or_else(|| err("must be an integer >= 1".into()))? as usize,
                 "on_full" => settings.on_full = value.clone().try_into().map_err(|_| err("must be \"drop_oldest\" or \"block\"".into()))?,
+                "finish_timeout_s" | "hook_warn_s" => {
+                    let secs = value
+                        .as_float()
+                        .or_else(|| value.as_integer().map(|i| i as f64))
+                        .filter(|s| s.is_finite() && *s > 0.0)
+                        .ok_or_else(|| err(format!("{value} is out of range: must be a number of seconds > 0")))?;
+                    if key == "hook_warn_s" {
+                        settings.hook_warn_s = secs;
+                    } else {
+                        settings.finish_timeout_s = secs;
+                    }
+                }
                 k if attachments.contains(&k) => {
                     let sub = value.as_table().ok_or_else(|| err(format!("`{k}` is an attachment: expected a table of cadence keys")))?;
                     if let Some(unknown) = sub.keys().find(|k| !CADENCE_KEYS.contains(&k.as_str())) {
@@ -106,6 +127,46 @@ impl PluginSettings {
         settings.options = serde_json::Value::Object(options);
         Ok(settings)
     }
+}
+
+/// Refuses a `[plugins.<name>]` table that no loaded plugin claims (by name, or by
+/// the name or path it was requested as): a misspelt table would otherwise be
+/// ignored. Names the closest loaded plugin.
+pub fn check_tables_claimed(tables: &BTreeMap<String, toml::Table>, claimed: &[&str]) -> Result<(), Error> {
+    let Some(table) = tables.keys().find(|t| !claimed.contains(&t.as_str())) else { return Ok(()) };
+    let loaded: Vec<&str> = claimed.iter().copied().filter(|c| !c.contains('/') && !c.ends_with(".so")).collect();
+    let closest = loaded.iter().copied().min_by_key(|name| edit_distance(table, name));
+    let hint = match closest {
+        None => "no plugin is loaded".to_string(),
+        Some(name) => {
+            let mut names = loaded.clone();
+            names.sort();
+            names.dedup();
+            format!("did you mean `{name}`? (loaded: {})", names.join(", "))
+        }
+    };
+    Err(Error::Plugin {
+        name: table.clone(),
+        message: format!(
+            "[plugins.{table}] configures a plugin that is not loaded: {hint}; load it with --plugins or run.plugins, or remove the table"
+        ),
+    })
+}
+
+/// Levenshtein distance, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
 }
 
 fn cadence(source: &str, prefix: &str, table: &toml::Table) -> Result<CadenceOverride, ConfigError> {
@@ -130,4 +191,32 @@ fn cadence(source: &str, prefix: &str, table: &toml::Table) -> Result<CadenceOve
         at_checkpoint: flag("at_checkpoint")?,
         at_end: flag("at_end")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tables(names: &[&str]) -> BTreeMap<String, toml::Table> {
+        names.iter().map(|n| (n.to_string(), toml::Table::new())).collect()
+    }
+
+    #[test]
+    fn edit_distance_counts_insertions_deletions_and_substitutions() {
+        assert_eq!(edit_distance("gradwach", "gradwatch"), 1);
+        assert_eq!(edit_distance("jsnol", "jsonl"), 2);
+        assert_eq!(edit_distance("", "perf"), 4);
+        assert_eq!(edit_distance("flops", "flops"), 0);
+    }
+
+    #[test]
+    fn a_table_of_a_plugin_not_loaded_is_refused_naming_the_closest_loaded_one() {
+        let claimed = ["jsonl", "gradwatch", "./target/release/libptrain_plugin_gradwatch.so"];
+        assert!(check_tables_claimed(&tables(&["jsonl", "gradwatch"]), &claimed).is_ok());
+        let e = check_tables_claimed(&tables(&["gradwach"]), &claimed).unwrap_err().to_string();
+        assert!(e.starts_with("plugin gradwach: [plugins.gradwach] configures a plugin that is not loaded"), "{e}");
+        assert!(e.contains("did you mean `gradwatch`? (loaded: gradwatch, jsonl)"), "{e}");
+        let e = check_tables_claimed(&tables(&["flops"]), &[]).unwrap_err().to_string();
+        assert!(e.contains("no plugin is loaded"), "{e}");
+    }
 }

@@ -11,6 +11,10 @@ pub struct RunConfig {
     pub plugins: Vec<String>,
     pub log_every: u64,
     pub threads: u32,
+    /// Seconds all worker plugins together get to drain at the end.
+    pub shutdown_timeout_s: f64,
+    /// A plugin failure makes a run that otherwise completed exit 3 (for CI).
+    pub strict_plugins: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]

@@ -104,3 +104,112 @@ fn cadence_keys_are_options_of_a_plugin_without_a_scheduled_primary() {
     assert!(s.primary.is_empty());
     assert_eq!(s.options, serde_json::json!({"every": 500, "active": 2}));
 }
+
+/// A value outside `rule`'s range, as TOML, and one inside.
+fn out_and_in(path: &str) -> (String, String) {
+    let rule = ranges::RULES.iter().find(|(p, _)| *p == path).map(|(_, r)| format!("{r}")).unwrap();
+    // The rendered range says what to try: below its low end, or past 1 for [0, 1).
+    let (bad, good) = if rule.contains("in (0, 1)") {
+        ("1.0", "0.5")
+    } else if rule.contains("in [0, 1)") {
+        ("1.0", "0.0")
+    } else if rule.starts_with("an integer >= 2") && rule.contains("or 0") {
+        ("1", "0")
+    } else if rule.starts_with("an integer >= 2") {
+        ("1", "2")
+    } else if rule.starts_with("an integer >= 1") {
+        (if rule.contains("or 0") { "-1" } else { "0" }, "1")
+    } else if rule.starts_with("an integer >= 0") {
+        ("-1", "0")
+    } else if rule.starts_with("a number > 0") {
+        (if rule.contains("or 0") { "-0.5" } else { "0.0" }, "0.25")
+    } else if rule.starts_with("a number >= 0") {
+        ("-0.5", "0.0")
+    } else {
+        panic!("no test values for the range of {path}: {rule}")
+    };
+    (bad.to_string(), good.to_string())
+}
+
+/// `--set` assignments putting `value` at a rule path (`a.b`, `a.b[]`, `a.b[].c`).
+fn assignment(path: &str, value: &str) -> String {
+    match path.split_once("[]") {
+        None => format!("{path}={value}"),
+        Some((head, "")) => format!("{head}=[{value}]"),
+        Some((head, key)) => format!("{head}=[{{name = \"a\", {} = {value}}}]", key.trim_start_matches('.')),
+    }
+}
+
+#[test]
+fn every_numeric_key_of_the_default_has_a_range() {
+    let rules: Vec<&str> = ranges::RULES.iter().map(|(p, _)| *p).collect();
+    for path in ranges::numeric_paths(&default_table()) {
+        assert!(rules.contains(&path.as_str()), "{path} has no range in config/ranges.rs");
+    }
+}
+
+#[test]
+fn every_range_refuses_a_value_outside_it_naming_key_value_and_range() {
+    for (path, range) in ranges::RULES {
+        let (bad, good) = out_and_in(path);
+        let set = assignment(path, &bad);
+        let e = config_error(ConfigBuilder::default().set(&set));
+        let head = path.split("[]").next().unwrap();
+        assert!(e.key.starts_with(head), "{set}: names {}", e.key);
+        assert_eq!(e.origin, format!("--set {set}"));
+        assert!(e.message.contains(&bad) && e.message.contains(&range.to_string()), "{set}: {e}");
+        let ok = assignment(path, &good);
+        assert!(ConfigBuilder::default().set(&ok).is_ok(), "{ok} is in range");
+    }
+}
+
+#[test]
+fn non_finite_numbers_and_min_lr_above_lr_are_refused() {
+    let e = config_error(ConfigBuilder::default().set("optim.lr=nan"));
+    assert_eq!(e.key, "optim.lr");
+    let e = ConfigBuilder::default().set("optim.lr=1e-5").unwrap().build().unwrap_err();
+    assert!(e.to_string().contains("optim.min_lr") && e.to_string().contains("must be <= lr"), "{e}");
+    // Typed overrides skip the layers and are checked at the end.
+    let e = ConfigBuilder::default().build_with(|c| c.train.steps = 0).unwrap_err();
+    assert!(e.to_string().contains("train.steps"), "{e}");
+}
+
+/// A GPT-2 directory as far as configuration goes (the weights are only checked to exist).
+fn gpt2_dir(dir: &tempfile::TempDir) -> String {
+    let json = r#"{"model_type": "gpt2", "n_layer": 3, "n_head": 2, "n_embd": 48, "vocab_size": 300, "n_positions": 96, "layer_norm_epsilon": 1e-6}"#;
+    std::fs::write(dir.path().join("config.json"), json).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), b"").unwrap();
+    dir.path().display().to_string()
+}
+
+#[test]
+fn init_from_fills_the_architecture_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ConfigBuilder::default().set(&format!("model.init_from={}", gpt2_dir(&dir))).unwrap().build().unwrap();
+    let m = &config.model;
+    assert_eq!((m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.block_size), (3, 2, 48, 300, 96));
+    assert_eq!((m.layer_norm_eps, m.activation), (1e-6, Activation::GeluTanh));
+}
+
+#[test]
+fn a_key_set_to_another_value_than_init_from_names_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let init = format!("model.init_from={}", gpt2_dir(&dir));
+    // Agreeing explicit keys are fine, wherever they were set.
+    let file = write(&dir, "[model]\nn_layer = 3\nactivation = \"gelu_tanh\"\n");
+    ConfigBuilder::default().file(&file).unwrap().set(&init).unwrap().build().unwrap();
+    let e = config_error(ConfigBuilder::default().set(&init).unwrap().set("model.block_size=64").unwrap().build().map(|_| ConfigBuilder::default()));
+    assert_eq!((e.key.as_str(), e.origin.as_str()), ("model.block_size", "--set model.block_size=64"));
+    assert!(e.message.contains("64 disagrees with n_positions = 96") && e.message.contains("data.max_seq_len"), "{e}");
+    let file = write(&dir, "[model]\nn_layer = 2\n");
+    let e = config_error(ConfigBuilder::default().file(&file).unwrap().set(&init).unwrap().build().map(|_| ConfigBuilder::default()));
+    assert_eq!(e.origin, file.display().to_string());
+    assert!(e.message.contains("2 disagrees with n_layer = 3"), "{e}");
+}
+
+#[test]
+fn a_recorded_configuration_is_read_as_it_was() {
+    let config = Config { model: ModelConfig { init_from: "/gone".into(), ..Config::default().model }, ..Config::default() };
+    let again = ConfigBuilder::default().toml(&config.to_toml(), "config.toml").unwrap().build_recorded().unwrap();
+    assert_eq!(again, config);
+}

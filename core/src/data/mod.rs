@@ -9,6 +9,8 @@
 
 mod classify;
 pub mod loader;
+pub mod token_cache;
+pub mod tokenize;
 mod tokens;
 
 use std::sync::Arc;
@@ -101,7 +103,9 @@ pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
     };
     let classify = config.model.kind == crate::config::ModelKind::Mlp
         || (config.model.kind == crate::config::ModelKind::Torchscript && config.model.task == crate::config::TaskKind::Classification);
+    let tokenized = !data.tokenizer.is_empty() && matches!(data.kind, DataKind::Text | DataKind::Jsonl);
     Ok(match (data.kind, classify) {
+        _ if tokenized => Arc::new(token_cache::windows(config, seq_len)?),
         (DataKind::Synthetic, false) => Arc::new(TokenWindows::synthetic(config, seq_len)),
         (DataKind::Synthetic, true) => Arc::new(Classification::synthetic(config)),
         (DataKind::Text, _) => Arc::new(TokenWindows::bytes_file(config, seq_len)?),

@@ -1,5 +1,6 @@
 //! Language-model data: random windows over a token stream (bytes of a text file,
-//! a memory-mapped nanoGPT uint16 `.bin`, or generated text).
+//! a memory-mapped nanoGPT uint16 `.bin`, ptrain's cached tokenized text (uint16 or
+//! uint32), or generated text).
 
 use std::{fs::File, path::Path};
 
@@ -18,6 +19,8 @@ enum Store {
     MappedBytes(Mmap),
     /// Little-endian uint16 tokens.
     MappedU16(Mmap),
+    /// Little-endian uint32 tokens (vocabularies over 65536 ids).
+    MappedU32(Mmap),
 }
 
 impl Store {
@@ -26,6 +29,7 @@ impl Store {
             Store::Bytes(b) => b.len(),
             Store::MappedBytes(m) => m.len(),
             Store::MappedU16(m) => m.len() / 2,
+            Store::MappedU32(m) => m.len() / 4,
         }
     }
 
@@ -35,6 +39,7 @@ impl Store {
             Store::Bytes(b) => b.iter().copied().max().unwrap_or(0) as u32,
             Store::MappedBytes(m) => m.iter().copied().max().unwrap_or(0) as u32,
             Store::MappedU16(m) => m.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).max().unwrap_or(0) as u32,
+            Store::MappedU32(m) => m.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).max().unwrap_or(0),
         }
     }
 
@@ -45,6 +50,10 @@ impl Store {
             Store::MappedU16(m) => {
                 let bytes = &m[start * 2..];
                 out.iter_mut().zip(bytes.chunks_exact(2)).for_each(|(o, c)| *o = u16::from_le_bytes([c[0], c[1]]) as i64)
+            }
+            Store::MappedU32(m) => {
+                let bytes = &m[start * 4..];
+                out.iter_mut().zip(bytes.chunks_exact(4)).for_each(|(o, c)| *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
             }
         }
     }
@@ -81,7 +90,18 @@ impl TokenWindows {
 
     pub fn bytes_file(config: &Config, seq_len: i64) -> Result<TokenWindows> {
         let open = |p: &str, what| map(Path::new(p), what).map(Store::MappedBytes);
-        Self::from_files(config, seq_len, open)
+        Self::from_files(config, seq_len, [&config.data.path, &config.data.val_path], open)
+    }
+
+    /// Token files of `width` bytes per id (ptrain's tokenized cache): `train`, and
+    /// `val` or the end of `train` for validation.
+    pub fn token_files(config: &Config, seq_len: i64, train: &Path, val: Option<&Path>, width: usize) -> Result<TokenWindows> {
+        let open = |p: &str, what| {
+            let m = map(Path::new(p), what)?;
+            Ok(if width == 4 { Store::MappedU32(m) } else { Store::MappedU16(m) })
+        };
+        let name = |p: &Path| p.display().to_string();
+        Self::from_files(config, seq_len, [&name(train), &val.map(name).unwrap_or_default()], open)
     }
 
     pub fn u16_file(config: &Config, seq_len: i64) -> Result<TokenWindows> {
@@ -92,17 +112,18 @@ impl TokenWindows {
             }
             Ok(Store::MappedU16(m))
         };
-        Self::from_files(config, seq_len, open)
+        Self::from_files(config, seq_len, [&config.data.path, &config.data.val_path], open)
     }
 
-    fn from_files(config: &Config, seq_len: i64, open: impl Fn(&str, &'static str) -> Result<Store>) -> Result<TokenWindows> {
-        let data = &config.data;
-        let train = open(&data.path, "data file")?;
-        let (val, same) = match data.val_path.as_str() {
-            "" => (open(&data.path, "data file")?, true),
+    /// `paths`: the training file and the validation file ("" = the end of the training one).
+    fn from_files(config: &Config, seq_len: i64, paths: [&str; 2], open: impl Fn(&str, &'static str) -> Result<Store>) -> Result<TokenWindows> {
+        let [train_path, val_path] = paths;
+        let train = open(train_path, "data file")?;
+        let (val, same) = match val_path {
+            "" => (open(train_path, "data file")?, true),
             p => (open(p, "validation file")?, false),
         };
-        for (store, path) in [(&train, &data.path), (&val, if same { &data.path } else { &data.val_path })] {
+        for (store, path) in [(&train, train_path), (&val, if same { train_path } else { val_path })] {
             let max = store.max_token() as i64;
             if max >= config.model.vocab_size {
                 return Err(Error::Data {
@@ -117,7 +138,7 @@ impl TokenWindows {
         let windows = Self::split(config, seq_len, train, Some(val), same);
         for (split, (store, span)) in [("training", &windows.train), ("validation", &windows.val)] {
             if span.end.saturating_sub(span.start) < windows.seq_len + 2 || store.len() < span.end {
-                let path = if split == "validation" && !same { &data.val_path } else { &data.path };
+                let path = if split == "validation" && !same { val_path } else { train_path };
                 return Err(Error::Data {
                     path: path.into(),
                     message: format!("the {split} split has {} tokens, fewer than a window of {}", span.end - span.start, windows.seq_len + 1),

@@ -1,13 +1,18 @@
 //! The one path by which events reach plugins, and what happens when a plugin fails.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use abi_stable::std_types::RVec;
 use ptrain_plugin_api::{Metric, NamedBlob, Needs};
 
 use super::{
     event::{call, Event, Reply},
-    Failure, PluginHost, Runner,
+    worker::Drain,
+    Failure, PluginHost, RunEndData, Runner,
 };
 use crate::hooks::Owner;
 
@@ -58,10 +63,17 @@ impl PluginHost {
 
     /// Hands `event` to plugin `index`; a failure disables the plugin (`None`).
     fn deliver(&mut self, index: usize, event: &Event<'_>, needs: Needs, emitted: &mut Vec<Metric>) -> Option<Reply> {
-        let result = match &mut self.instances[index].runner {
+        let instance = &mut self.instances[index];
+        let result = match &mut instance.runner {
             Runner::Inline(plugin) => {
                 let before = self.outbox.len();
+                if let Some(w) = &self.watchdog {
+                    w.begin(index, event.name(), event.step(), instance.hook_warn);
+                }
                 let result = call(plugin, event, needs, &mut self.outbox);
+                if let Some(w) = &self.watchdog {
+                    w.end();
+                }
                 match result {
                     Ok(_) => self.outbox.drain_into(emitted),
                     Err(_) => self.outbox.truncate(before),
@@ -73,14 +85,17 @@ impl PluginHost {
                     worker.send(owned);
                     Ok(Reply::Done)
                 }
-                None => worker.call_now(event),
+                None => worker.call_now(event).unwrap_or_else(|| {
+                    let name = &instance.info.name;
+                    tracing::warn!("plugin `{name}` is busy in a call of its own: its {} at step {} is skipped", event.name(), event.step());
+                    Ok(Reply::Done)
+                }),
             },
             Runner::Absent => Ok(Reply::Done),
         };
         result
             .map_err(|error| {
-                let name = &self.instances[index].info.name;
-                tracing::error!("plugin `{name}` failed in {} and was disabled: {error}", event.name());
+                tracing::error!("plugin `{}` failed in {} and was disabled: {error}", self.instances[index].info.name, event.name());
                 self.record_failure(index, event.name(), event.step(), error);
             })
             .ok()
@@ -109,7 +124,7 @@ impl PluginHost {
     }
 
     /// Run start: every plugin.
-    pub fn run_start(&mut self, run: &std::sync::Arc<super::RunData>) {
+    pub fn run_start(&mut self, run: &Arc<super::RunData>) {
         self.dispatch(Event::RunStart(run.clone()), Reach::Declared, &mut Vec::new());
     }
 
@@ -139,15 +154,44 @@ impl PluginHost {
         }
     }
 
-    /// Ends every plugin (workers drain their queues first) and collects their
-    /// summary fragments.
-    pub fn run_end(&mut self, end: super::RunEndData) -> BTreeMap<String, serde_json::Value> {
-        let mut fragments = self.dispatch(Event::RunEnd(std::sync::Arc::new(end)), Reach::Declared, &mut Vec::new());
+    /// Ends every plugin and collects their summary fragments. Workers drain
+    /// their queues, all at once, each until its `finish_timeout_s` and all until
+    /// `shutdown` is up, or until `interrupted` (a signal during the drain) says
+    /// to stop waiting; a worker still busy then is abandoned and reported.
+    pub fn run_end(&mut self, end: RunEndData, shutdown: Duration, interrupted: &dyn Fn() -> bool) -> BTreeMap<String, serde_json::Value> {
+        let mut fragments = self.dispatch(Event::RunEnd(Arc::new(end)), Reach::Declared, &mut Vec::new());
+        let started = Instant::now();
+        let mut waiting = Vec::new();
+        for instance in &self.instances {
+            if let Runner::Worker(w) = &instance.runner {
+                w.close();
+                waiting.push(instance.info.name.as_str());
+            }
+        }
+        if !waiting.is_empty() {
+            tracing::info!("waiting for worker plugins to finish (at most {}s): {}", shutdown.as_secs_f64(), waiting.join(", "));
+        }
         for (index, instance) in self.instances.iter_mut().enumerate() {
-            if let Runner::Worker(w) = &mut instance.runner {
-                w.finish();
-                if let Some(summary) = w.take_summary() {
-                    fragments.push((index, Reply::Summary(summary)));
+            let Runner::Worker(w) = &mut instance.runner else { continue };
+            let deadline = started + instance.finish_timeout.min(shutdown);
+            match w.drain_until(deadline, interrupted) {
+                Drain::Done => {
+                    if let Some(summary) = w.take_summary() {
+                        fragments.push((index, Reply::Summary(summary)));
+                    }
+                }
+                Drain::Abandoned(unhandled) => {
+                    let why = if interrupted() {
+                        "a signal ended the wait".to_string()
+                    } else {
+                        let (own, all) = (instance.finish_timeout.as_secs_f64(), shutdown.as_secs_f64());
+                        format!("plugins.{}.finish_timeout_s = {own}, run.shutdown_timeout_s = {all}", instance.info.name)
+                    };
+                    tracing::warn!(
+                        "plugin `{}` did not finish in time ({why}): abandoned with {unhandled} event(s) never handled",
+                        instance.info.name
+                    );
+                    self.abandoned.insert(instance.info.name.clone(), unhandled);
                 }
             }
         }

@@ -3,7 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use abi_stable::library::{abi_header_from_raw_library, LibraryError, RawLibrary};
+use abi_stable::{
+    library::{abi_header_from_raw_library, LibraryError, RawLibrary},
+    sabi_types::{VersionNumber, VersionStrings},
+};
 use ptrain_plugin_api::{Descriptor, PluginModRef, API_VERSION, ROOT_MODULE_NAME};
 
 use crate::error::Error;
@@ -80,6 +83,39 @@ pub fn resolve(request: &str) -> Result<PathBuf, Error> {
     })
 }
 
+/// The versions whose plugins a host of version `ours` loads (as abi_stable reads them).
+fn compatible_range(ours: VersionNumber) -> String {
+    if ours.major == 0 {
+        format!("0.{}.x", ours.minor)
+    } else {
+        format!("{}.x", ours.major)
+    }
+}
+
+/// The first difference abi_stable found, from its report (which lists both layouts
+/// in full, then each difference with the field path that leads to it).
+fn layout_difference(report: &str) -> String {
+    tracing::debug!("abi_stable's layout report:\n{report}");
+    let lines: Vec<&str> = report.lines().map(str::trim).collect();
+    let Some(at) = lines.iter().position(|l| l.starts_with("Error:")) else {
+        return "PTRAIN_LOG=debug shows abi_stable's report".into();
+    };
+    let what = lines[at].trim_start_matches("Error:").trim();
+    let values = lines[at + 1..].iter().take_while(|l| !l.is_empty() && !l.starts_with("Error:")).copied().collect::<Vec<_>>().join(" ");
+    let values = values.replace("Expected:", "expected").replace(" Found:", ", found");
+    let in_type = lines.iter().position(|l| *l == "Layout of expected type:").and_then(|i| lines[i..].iter().find_map(|l| l.strip_prefix("type:")));
+    let mut difference = match in_type {
+        Some(ty) => format!("{what} in `{ty}`: {values}"),
+        None => format!("{what}: {values}"),
+    };
+    if difference.len() > 300 {
+        let cut = (0..=300).rev().find(|&i| difference.is_char_boundary(i)).unwrap_or(0);
+        difference.truncate(cut);
+        difference.push_str("...");
+    }
+    difference
+}
+
 fn first_line(text: impl ToString) -> String {
     text.to_string().trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
 }
@@ -103,13 +139,28 @@ pub fn load(path: &Path) -> Result<PluginLibrary, Error> {
     if root_name != ROOT_MODULE_NAME {
         return Err(refuse(format!("not a ptrain plugin: it is an abi_stable library of `{root_name}`")));
     }
+    // The version first, so that a plugin of another version is refused for that,
+    // whether or not its types changed (abi_stable lets a newer 0.x minor version
+    // through to the layout check, which would then blame the types).
+    let built = header.version_strings();
+    let ours = VersionNumber::new(VersionStrings::new(API_VERSION)).expect("plugin-api's own version parses");
+    let theirs = VersionNumber::new(built).map_err(|e| refuse(format!("not a ptrain plugin: unreadable plugin-api version: {e}")))?;
+    if !ours.is_loosely_compatible(theirs) {
+        return Err(refuse(format!(
+            "built against ptrain-plugin-api {theirs}, but this ptrain uses ptrain-plugin-api {API_VERSION} and loads only plugins built \
+             against {}: the versions are incompatible; rebuild the plugin against ptrain-plugin-api {API_VERSION}",
+            compatible_range(ours)
+        )));
+    }
     let module = header.init_root_module::<PluginModRef>().map_err(|e| match e {
+        LibraryError::AbiInstability(details) => refuse(format!(
+            "built against ptrain-plugin-api {theirs}, {}, but the layout of its types differs from this ptrain's ({}): it was \
+             built from a modified plugin-api; rebuild the plugin against this ptrain's ptrain-plugin-api {API_VERSION}",
+            if theirs == ours { "the version this ptrain uses".to_string() } else { format!("compatible with this ptrain's {API_VERSION}") },
+            layout_difference(&details.to_string())
+        )),
         LibraryError::IncompatibleVersionNumber { expected_version, actual_version, .. } => refuse(format!(
             "built against ptrain-plugin-api {actual_version}, but this ptrain uses ptrain-plugin-api {expected_version}; rebuild the plugin"
-        )),
-        LibraryError::AbiInstability(_) => refuse(format!(
-            "built against a ptrain-plugin-api {} whose types differ from this ptrain's ({API_VERSION}); rebuild the plugin",
-            header.version_strings()
         )),
         other => refuse(first_line(other)),
     })?;

@@ -4,12 +4,16 @@
 //! worker plugins on their own threads. A plugin that fails is disabled (one error
 //! line, training goes on).
 //!
-//! Who receives an event is one rule:
-//! - run start, run end and the state events reach every plugin that has not failed;
+//! Who receives an event is one rule, the same for inline and worker plugins:
+//! - run start, run end and the state events reach every plugin that has not failed
+//!   (detached ones included), whatever it declares; an attachment to `RunStart` or
+//!   `RunEnd` is ignored;
 //! - a step hook, `Eval`, `Metrics` or `Checkpoint` event reaches the plugins with an
-//!   attachment to that hook due at this step ([`Reach::Due`]), or, for metrics that
-//!   plugins or evaluation emitted and for emergency checkpoints, every plugin with
-//!   an attachment to that hook ([`Reach::Declared`]).
+//!   attachment to that hook due at this step ([`Reach::Due`]; an `Eval` attachment
+//!   is due at every step that evaluates), or, for metrics that plugins or evaluation
+//!   emitted and for emergency checkpoints, every plugin with an attachment to that
+//!   hook ([`Reach::Declared`]). Worker plugins attach to `Metrics` and `Checkpoint`
+//!   only.
 
 mod dispatch;
 mod event;
@@ -17,9 +21,10 @@ pub mod loader;
 mod queue;
 mod run_data;
 mod services;
+mod watchdog;
 mod worker;
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use ptrain_plugin_api::{Hook, Outbox, PluginBox, StepWindows, Threading};
 use serde::Serialize;
@@ -31,9 +36,9 @@ pub use queue::{BoundedQueue, QueueItem};
 pub use run_data::{RunData, RunEndData};
 pub use services::{HostServices, StopRequest};
 
-use self::worker::Worker;
+use self::{watchdog::Watchdog, worker::Worker};
 use crate::{
-    config::PluginSettings,
+    config::{check_tables_claimed, PluginSettings},
     error::{Error, Result},
     hooks::{Cadence, Gate, Owner, Scheduler, SlotSpec, StepPlan},
 };
@@ -70,6 +75,10 @@ struct Instance {
     detached: Option<String>,
     /// Hooks the plugin has attachments to, as a bit mask.
     declared: u32,
+    /// `finish_timeout_s`: how long a worker may drain at the end.
+    finish_timeout: Duration,
+    /// `hook_warn_s`: how long an inline hook may run before the watchdog warns.
+    hook_warn: Duration,
 }
 
 impl Instance {
@@ -84,6 +93,10 @@ pub struct PluginHost {
     gate: Arc<Gate>,
     outbox: Outbox,
     failures: Vec<Failure>,
+    /// Workers given up on at the end, with how many events they never handled.
+    abandoned: BTreeMap<String, u64>,
+    /// Warns while an inline plugin's hook runs too long; only with inline plugins.
+    watchdog: Option<Watchdog>,
     services: &'static HostServices,
     /// In a distributed run a failed plugin keeps its slots (its calls are simply
     /// skipped): every rank must keep the same schedule, since metric emission and
@@ -106,13 +119,23 @@ impl PluginHost {
             gate: services.gate(),
             outbox: Outbox::new(),
             failures: Vec::new(),
+            abandoned: BTreeMap::new(),
+            watchdog: None,
             services,
             keep_schedule: false,
         };
         let mut slots = Vec::new();
-        for request in requests {
-            let path = loader::resolve(request)?;
-            let lib = loader::load(&path)?;
+        // Every library is checked, and every table claimed, before any plugin is created.
+        let libraries = requests
+            .iter()
+            .map(|request| {
+                let path = loader::resolve(request)?;
+                Ok((request, loader::load(&path)?, path))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let claimed: Vec<&str> = libraries.iter().flat_map(|(request, lib, _)| [lib.descriptor.name.as_str(), request.as_str()]).collect();
+        check_tables_claimed(tables, &claimed)?;
+        for (request, lib, path) in libraries {
             let d = lib.descriptor;
             let name = d.name.as_str().to_string();
             if host.instances.iter().any(|i| i.info.name == name) {
@@ -128,16 +151,17 @@ impl PluginHost {
             let index = host.instances.len();
             let mut declared = 0;
             for (k, a) in d.attachments.iter().enumerate() {
-                let worker_step_hook =
-                    d.threading == Threading::Worker && !matches!(a.hook, Hook::Metrics | Hook::Checkpoint | Hook::RunStart | Hook::RunEnd);
-                if worker_step_hook {
+                // Run start and end reach every plugin: an attachment to them (as
+                // plugins once declared) means nothing.
+                if a.hook.is_lifecycle() {
+                    continue;
+                }
+                if d.threading == Threading::Worker && !matches!(a.hook, Hook::Metrics | Hook::Checkpoint) {
                     tracing::warn!("plugin `{name}`: worker plugins cannot attach to {}; ignored", a.hook.name());
                     continue;
                 }
                 declared |= a.hook.bit();
                 let cadence = match a.hook {
-                    // Run start and end reach every plugin; they need no schedule.
-                    Hook::RunStart | Hook::RunEnd => continue,
                     // Due exactly when the run evaluates.
                     Hook::Eval => Cadence::NEVER.with_eval(),
                     _ => {
@@ -146,7 +170,14 @@ impl PluginHost {
                         // the table's cadence keys too.
                         let follows = k == 0 || primary == Some(a.cadence);
                         let base = if follows { settings.primary.apply(a.cadence) } else { a.cadence };
-                        settings.attachments.get(a.name.as_str()).map_or(base, |o| o.apply(base))
+                        let cadence = settings.attachments.get(a.name.as_str()).map_or(base, |o| o.apply(base));
+                        if cadence.is_never() && !a.cadence.is_never() {
+                            tracing::warn!(
+                                "plugin `{name}`: attachment `{}` is never due with these settings (every = 0 and every_secs = 0 switch those off)",
+                                a.name
+                            );
+                        }
+                        cadence
                     }
                 };
                 slots.push(SlotSpec { owner: Owner::Plugin(index), hook: a.hook, cadence, needs: a.needs, windows: StepWindows::NONE });
@@ -181,7 +212,13 @@ impl PluginHost {
                 failed: false,
                 detached: None,
                 declared,
+                finish_timeout: Duration::from_secs_f64(settings.finish_timeout_s),
+                hook_warn: Duration::from_secs_f64(settings.hook_warn_s),
             });
+        }
+        let inline = host.instances.iter().filter(|i| matches!(i.runner, Runner::Inline(_)));
+        if let Some(shortest) = inline.map(|i| i.hook_warn).min() {
+            host.watchdog = Some(Watchdog::start(host.instances.iter().map(|i| i.info.name.clone()).collect(), shortest));
         }
         Ok((host, slots))
     }
@@ -233,6 +270,11 @@ impl PluginHost {
     /// Whether a checkpoint handed over now would reach a plugin that writes it.
     pub fn has_checkpointer(&self) -> bool {
         self.instances.iter().any(|i| i.declares(Hook::Checkpoint) && !i.failed && i.detached.is_none() && !matches!(i.runner, Runner::Absent))
+    }
+
+    /// Workers abandoned at the end, with how many events each never handled.
+    pub fn abandoned(&self) -> &BTreeMap<String, u64> {
+        &self.abandoned
     }
 
     /// Plugins that took themselves off the schedule, with why.

@@ -1,6 +1,8 @@
 //! A worker plugin's thread: it owns the plugin, takes queued events from a
 //! bounded queue and calls the plugin with them, and reports a failure once,
-//! after which it drains events without calling.
+//! after which it drains events without calling. At the end the host gives it a
+//! bounded time to drain; past it the thread is abandoned (left to the process's
+//! exit), so a sink that hangs never holds the process.
 
 use std::{
     sync::{
@@ -8,6 +10,7 @@ use std::{
         Arc, Condvar, Mutex,
     },
     thread::JoinHandle,
+    time::{Duration, Instant},
 };
 
 use ptrain_plugin_api::{Needs, Outbox, PluginBox};
@@ -65,7 +68,26 @@ pub struct Shared {
     failure: Mutex<Option<WorkerFailure>>,
     summary: Mutex<Option<String>>,
     pub saves: SaveTracker,
+    /// Inside a call of the plugin (counts as an unhandled item if abandoned).
+    busy: AtomicBool,
+    /// The host gave up waiting: handle nothing more.
+    abandoned: AtomicBool,
+    /// The thread has returned; signalled through `exit`.
+    exited: Mutex<bool>,
+    exit: Condvar,
 }
+
+/// How a worker's final drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    Done,
+    /// Given up on, with this many events never handled.
+    Abandoned(u64),
+}
+
+/// How long a state call waits for a worker busy in a call of its own before the
+/// checkpoint goes without that plugin's state.
+const STATE_WAIT: Duration = Duration::from_secs(5);
 
 impl Shared {
     fn record(&self, hook: &'static str, step: u64, error: String) {
@@ -89,10 +111,20 @@ impl Worker {
             failure: Mutex::new(None),
             summary: Mutex::new(None),
             saves: SaveTracker::default(),
+            busy: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+            exited: Mutex::new(false),
+            exit: Condvar::new(),
         });
         let (q, s, plugin_name) = (queue.clone(), shared.clone(), name.to_string());
-        let thread =
-            std::thread::Builder::new().name(format!("ptrain-plugin-{name}")).spawn(move || run(&plugin_name, &q, &s)).expect("spawn plugin worker");
+        let thread = std::thread::Builder::new()
+            .name(format!("ptrain-plugin-{name}"))
+            .spawn(move || {
+                run(&plugin_name, &q, &s);
+                *s.exited.lock().expect("exit lock") = true;
+                s.exit.notify_all();
+            })
+            .expect("spawn plugin worker");
         Worker { queue, shared, thread: Some(thread) }
     }
 
@@ -107,9 +139,19 @@ impl Worker {
     }
 
     /// Calls the plugin on this thread, between two of the worker's own calls
-    /// (for the state events, whose answer the caller needs now).
-    pub fn call_now(&self, event: &Event<'_>) -> Result<Reply, String> {
-        call(&mut self.shared.plugin.lock().expect("plugin lock"), event, Needs::NONE, &mut Outbox::new())
+    /// (for the state events, whose answer the caller needs now). `None` when the
+    /// worker stayed busy in a call of its own for [`STATE_WAIT`]: a hung sink must
+    /// not hang the training thread.
+    pub fn call_now(&self, event: &Event<'_>) -> Option<Result<Reply, String>> {
+        let started = Instant::now();
+        loop {
+            match self.shared.plugin.try_lock() {
+                Ok(mut plugin) => return Some(call(&mut plugin, event, Needs::NONE, &mut Outbox::new())),
+                Err(std::sync::TryLockError::Poisoned(e)) => return Some(call(&mut e.into_inner(), event, Needs::NONE, &mut Outbox::new())),
+                Err(std::sync::TryLockError::WouldBlock) if started.elapsed() < STATE_WAIT => std::thread::sleep(Duration::from_millis(2)),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        }
     }
 
     /// The failure the worker thread reported, if any.
@@ -129,18 +171,46 @@ impl Worker {
         self.shared.saves.wait_idle();
     }
 
-    /// Closes the queue and waits for the worker to finish what is queued.
-    pub fn finish(&mut self) {
+    /// No more events: the worker drains what is queued, then returns.
+    pub fn close(&self) {
         self.queue.close();
+    }
+
+    /// Waits for the worker to drain (after [`Worker::close`]) until `deadline`,
+    /// or until `interrupted` says to stop waiting; then abandons it.
+    pub fn drain_until(&mut self, deadline: Instant, interrupted: &dyn Fn() -> bool) -> Drain {
+        let mut exited = self.shared.exited.lock().expect("exit lock");
+        while !*exited {
+            let now = Instant::now();
+            if now >= deadline || interrupted() {
+                drop(exited);
+                self.shared.abandoned.store(true, Ordering::SeqCst);
+                // Detached: the thread may still be inside the plugin; the process's
+                // exit ends it.
+                self.thread = None;
+                return Drain::Abandoned(self.queue.len() as u64 + u64::from(self.shared.busy.load(Ordering::SeqCst)));
+            }
+            // Short waits, so a signal is noticed at once.
+            let wait = (deadline - now).min(Duration::from_millis(50));
+            exited = self.shared.exit.wait_timeout(exited, wait).expect("exit lock").0;
+        }
+        drop(exited);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        Drain::Done
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        self.finish();
+        self.queue.close();
+        // Joined only if it has returned (or is about to): never wait on a plugin.
+        if *self.shared.exited.lock().expect("exit lock") {
+            if let Some(thread) = self.thread.take() {
+                let _ = thread.join();
+            }
+        }
     }
 }
 
@@ -148,8 +218,13 @@ fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared) {
     // Workers never see step hooks, so nothing is ever emitted here.
     let mut unused = Outbox::new();
     while let Some(Queued(event)) = queue.pop() {
+        if shared.abandoned.load(Ordering::SeqCst) {
+            break;
+        }
         if !shared.failed.load(Ordering::Relaxed) {
+            shared.busy.store(true, Ordering::SeqCst);
             let result = call(&mut shared.plugin.lock().expect("plugin lock"), &event, Needs::NONE, &mut unused);
+            shared.busy.store(false, Ordering::SeqCst);
             match result {
                 Ok(Reply::Summary(summary)) => *shared.summary.lock().expect("summary lock") = Some(summary),
                 Ok(_) => {}

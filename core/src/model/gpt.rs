@@ -11,8 +11,8 @@ fn init_linear(vs: nn::Path, inp: i64, out: i64, bias: bool, stdev: f64) -> nn::
     nn::linear(vs, inp, out, config)
 }
 
-fn layer_norm(vs: nn::Path, d: i64) -> nn::LayerNorm {
-    nn::layer_norm(vs, vec![d], Default::default())
+fn layer_norm(vs: nn::Path, d: i64, eps: f64) -> nn::LayerNorm {
+    nn::layer_norm(vs, vec![d], nn::LayerNormConfig { eps, ..Default::default() })
 }
 
 struct Block {
@@ -24,6 +24,8 @@ struct Block {
     mlp_proj: nn::Linear,
     n_head: i64,
     dropout: f64,
+    /// `gelu`'s `approximate` argument: "none" or "tanh" (GPT-2's `gelu_new`).
+    gelu: &'static str,
 }
 
 impl Block {
@@ -32,14 +34,15 @@ impl Block {
         // GPT-2's scaled init of residual projections.
         let proj_std = 0.02 / (2.0 * c.n_layer as f64).sqrt();
         Block {
-            ln_1: layer_norm(&vs / "ln_1", d),
+            ln_1: layer_norm(&vs / "ln_1", d, c.layer_norm_eps),
             c_attn: init_linear(&vs / "attn" / "c_attn", d, 3 * d, c.bias, 0.02),
             attn_proj: init_linear(&vs / "attn" / "c_proj", d, d, c.bias, proj_std),
-            ln_2: layer_norm(&vs / "ln_2", d),
+            ln_2: layer_norm(&vs / "ln_2", d, c.layer_norm_eps),
             c_fc: init_linear(&vs / "mlp" / "c_fc", d, 4 * d, c.bias, 0.02),
             mlp_proj: init_linear(&vs / "mlp" / "c_proj", 4 * d, d, c.bias, proj_std),
             n_head: c.n_head,
             dropout: c.dropout,
+            gelu: c.activation.approximate(),
         }
     }
 
@@ -51,7 +54,7 @@ impl Block {
         let y = Tensor::scaled_dot_product_attention::<Tensor>(&heads(&qkv[0]), &heads(&qkv[1]), &heads(&qkv[2]), None, p, true, None, false);
         let y = y.transpose(1, 2).contiguous().view([b, t, d]);
         let x = x + self.attn_proj.forward(&y).dropout(self.dropout, train);
-        let h = self.c_fc.forward(&self.ln_2.forward(&x)).gelu("none");
+        let h = self.c_fc.forward(&self.ln_2.forward(&x)).gelu(self.gelu);
         x + self.mlp_proj.forward(&h).dropout(self.dropout, train)
     }
 }
@@ -72,7 +75,7 @@ impl Gpt {
             wte: nn::embedding(&t / "wte", c.vocab_size, c.n_embd, emb),
             wpe: nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb),
             blocks: (0..c.n_layer).map(|i| Block::new(&t / "h" / i, c)).collect(),
-            ln_f: layer_norm(&t / "ln_f", c.n_embd),
+            ln_f: layer_norm(&t / "ln_f", c.n_embd, c.layer_norm_eps),
             config: c.clone(),
         }
     }

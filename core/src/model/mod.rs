@@ -2,10 +2,12 @@
 //! `mlp` and `torchscript` are built from the configuration.
 
 mod gpt;
+pub mod hf;
 mod mlp;
+pub mod probe;
 mod torchscript;
 
-use tch::{nn, Reduction, Tensor};
+use tch::{nn, Kind, Reduction, Tensor};
 
 pub use gpt::Gpt;
 pub use mlp::Mlp;
@@ -80,8 +82,18 @@ pub trait Model: Send {
     }
 }
 
-/// Mean cross-entropy of `logits` against `targets` for the task.
+/// Mean cross-entropy of `logits` against `targets` for the task, in float32 even
+/// when the logits come out of bf16 autocast (as PyTorch's autocast computes
+/// `cross_entropy`): a log-softmax over a large vocabulary in bf16 loses about two
+/// decimal digits of the loss and of its gradient.
 pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
+    let upcast;
+    let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) {
+        upcast = logits.to_kind(Kind::Float);
+        &upcast
+    } else {
+        logits
+    };
     match task {
         Task::Classification => logits.cross_entropy_loss::<Tensor>(targets, None, Reduction::Mean, -100, 0.0),
         Task::LanguageModel => {
@@ -95,7 +107,13 @@ pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
 pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
     let m = &config.model;
     Ok(match m.kind {
-        ModelKind::Gpt => Box::new(Gpt::new(vs, m)),
+        ModelKind::Gpt => {
+            let gpt = Gpt::new(vs, m);
+            if !m.init_from.is_empty() {
+                hf::load_weights(vs, m)?;
+            }
+            Box::new(gpt)
+        }
         ModelKind::Mlp => {
             let input_dim = if m.input_dim > 0 { m.input_dim } else { dataset.input_dim() };
             let classes = if m.num_classes > 0 { m.num_classes } else { dataset.num_classes() };

@@ -13,7 +13,7 @@ pub fn stamp() -> String {
     stamp_at(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0))
 }
 
-fn stamp_at(secs: u64) -> String {
+pub fn stamp_at(secs: u64) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
     format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, (rem % 3600) / 60, rem % 60)

@@ -27,11 +27,7 @@ impl Run {
             for i in 0..batches {
                 let key = BatchKey { step: i, micro: 0, first_sample: rank * b, count: b };
                 let batch = learner.dataset.batch(Split::Val, key).to_device(device, true);
-                let logits = if learner.autocast {
-                    tch::autocast(true, || learner.model.forward(&batch.inputs, false))
-                } else {
-                    learner.model.forward(&batch.inputs, false)
-                };
+                let logits = learner.forward(&batch.inputs, false);
                 let loss = model::loss(learner.task, &logits, &batch.targets).to_kind(Kind::Double);
                 let right = match learner.task {
                     Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),

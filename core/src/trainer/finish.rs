@@ -2,7 +2,7 @@
 //! early, the last metrics, the plugins' end, the summary, and a final barrier so
 //! no rank leaves before rank 0 has written.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ptrain_plugin_api::CheckpointReason;
 use tch::{Device, Kind, Tensor};
@@ -53,11 +53,23 @@ impl Run {
         // Every distributed stop is agreed (see `StopControl::agree`), so all ranks
         // end at the same step and can meet in one more collective.
         let (first_loss, final_loss) = self.mean_losses()?;
+        let memory = self.memory_figures()?;
         self.metrics.progress.finish();
         let final_eval_loss = self.tally.evals.last().map(|e| e.loss);
         let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
         let scalars = scalars.into_iter().filter_map(|(name, v)| Some((name.to_string(), v?))).collect();
-        let plugin_summaries = self.host.run_end(RunEndData { step: last_step, exit_code, wall_s, scalars });
+        let end = RunEndData { step: last_step, exit_code, wall_s, scalars };
+        let shutdown = Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s);
+        let plugin_summaries = match &self.stop.signals {
+            Some(signals) => self.host.run_end(end, shutdown, &signals.draining()),
+            None => self.host.run_end(end, shutdown, &|| false),
+        };
+        // Decided after the plugins' end, which may fail too; the plugins saw how training went.
+        let exit_code = if exit_code == 0 && self.env.config.run.strict_plugins && !self.host.failures().is_empty() {
+            super::EXIT_PLUGIN_FAILED
+        } else {
+            exit_code
+        };
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
         let samples = steps * tally.step_samples * env.world as u64;
@@ -96,6 +108,10 @@ impl Run {
             precision: env.run_data.precision.clone(),
             world_size: env.world,
             collective_s: self.dist.as_ref().map_or(0.0, |d| d.collective_secs()),
+            shard: self.learner.optimizer.shard().map_or("none", |s| s.mode().name()).into(),
+            optimizer_state_bytes: memory.optimizer_state_bytes,
+            gradient_bytes: memory.gradient_bytes,
+            gradient_peak_bytes: memory.gradient_peak_bytes,
             model: env.run_data.model_kind.clone(),
             parameters: env.run_data.n_params,
             nonfinite_steps: self.nonfinite.total,
@@ -104,6 +120,7 @@ impl Run {
             plugins_loaded: self.host.loaded(),
             plugin_failures: self.host.failures().to_vec(),
             detached_plugins: self.host.detached(),
+            abandoned_plugins: self.host.abandoned().clone(),
             queue_drops: self.host.queue_drops(),
             plugins: plugin_summaries,
         };

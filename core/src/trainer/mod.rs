@@ -10,7 +10,8 @@
 //!   across ranks);
 //! - `eval`, `metrics` (the core metrics and their since-last-emit state), `save`
 //!   (checkpoint payloads), `state` (the typed training state, and resuming);
-//! - `finish`, `summary`: the end of the run and `summary.json`;
+//! - `finish`, `summary`, `memory`: the end of the run and `summary.json` (with
+//!   each rank's optimizer and gradient memory);
 //! - `debug`: `[debug]` tools for tests (a gradient spike, tensor dumps).
 //!
 //! ```no_run
@@ -25,9 +26,10 @@ mod debug;
 mod eval;
 mod finish;
 mod hooks;
+mod memory;
 mod metrics;
 mod nonfinite;
-mod payload;
+pub(crate) mod payload;
 mod progress;
 mod run;
 mod save;
@@ -56,9 +58,13 @@ pub struct Outcome {
     pub summary: Summary,
     pub run_dir: PathBuf,
     /// 0 completed (or ended early by a plugin's `request_stop`), 130 SIGINT, 143
-    /// SIGTERM, 1 stopped on non-finite losses or by a plugin's failure.
+    /// SIGTERM, 1 stopped on non-finite losses or by a plugin's failure,
+    /// [`EXIT_PLUGIN_FAILED`] completed with a plugin failure under `run.strict_plugins`.
     pub exit_code: i32,
 }
+
+/// The exit code of a run that completed while a plugin failed, with `run.strict_plugins`.
+pub const EXIT_PLUGIN_FAILED: i32 = 3;
 
 /// Where to resume from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -61,11 +61,24 @@ pub(super) struct Learner {
     pub dataset: Arc<dyn Dataset>,
     /// Taken at the end, which stops its threads.
     pub loader: Option<Loader>,
-    /// bf16 autocast around the forward pass.
-    pub autocast: bool,
+    /// `precision = "bf16"`: the forward pass runs in autocast to bfloat16 on this
+    /// device type (`Some(true)` CUDA, `Some(false)` the CPU).
+    pub autocast: Option<bool>,
     /// Reseed torch's generator from (seed, step) each step (the model draws random
     /// numbers), so a resumed run draws what the uninterrupted one drew.
     pub reseed: bool,
+}
+
+impl Learner {
+    /// The model's logits, under autocast when the run is in bf16. The loss is
+    /// computed from them in float32 (see [`crate::model::loss`]).
+    pub fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
+        let model = &mut self.model;
+        match self.autocast {
+            None => model.forward(inputs, train),
+            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, || model.forward(inputs, train)).expect("autocast regions open and close"),
+        }
+    }
 }
 
 /// Running totals, read by hook contexts, metrics, checkpoints and the summary.

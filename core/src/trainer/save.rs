@@ -25,22 +25,27 @@ impl Run {
             nonfinite_total: self.nonfinite.total,
             nonfinite_run: self.nonfinite.run,
             eval: self.tally.evals.last().map(|e| EvalRecord { step: e.step, loss: e.loss }),
+            shard: self.learner.optimizer.shard().map(|s| s.checkpoint_layout()),
             ..TrainState::new(step, self.env.config.run.seed, self.env.world)
         }
     }
 
-    /// Saves the run at `step`. Rank 0 only; a scheduled save reaches the
-    /// checkpoint plugins due now, an emergency save every checkpoint plugin.
+    /// Saves the run at `step`: rank 0 only, or, sharded, every rank (each hands
+    /// over its optimizer slice, rank 0 also the rest). A scheduled save reaches
+    /// the checkpoint plugins due now, an emergency save every checkpoint plugin.
     pub(super) fn save(&mut self, step: u64, reason: CheckpointReason) -> Result<()> {
-        if self.env.rank != 0 || !self.host.has_checkpointer() {
+        let sharded = self.learner.optimizer.shard().is_some();
+        if (self.env.rank != 0 && !sharded) || !self.host.has_checkpointer() {
             return Ok(());
         }
         let waited = Instant::now();
         self.host.wait_saves();
         self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
-        let model = self.learner.params.iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
+        let lead = self.env.rank == 0;
+        let weights = if lead { &self.learner.params[..] } else { &[] };
+        let model = weights.iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
         let optimizer = self.learner.optimizer.state().iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
-        let plugin_states = self.host.save_states(step);
+        let plugin_states = if lead { self.host.save_states(step) } else { Vec::new().into() };
         let payload = CheckpointPayload {
             step,
             reason,

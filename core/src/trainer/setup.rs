@@ -9,7 +9,7 @@ use ptrain_plugin_api::{DeviceKind, Hook, Needs};
 use tch::{nn, Device, Tensor};
 
 use super::{
-    clock::{stamp, unix_now},
+    clock::{stamp, stamp_at, unix_now},
     metrics::MetricsProcessor,
     nonfinite::NonFinite,
     progress::Progress,
@@ -26,14 +26,16 @@ use crate::{
     hooks::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, StepWindows, Ticker},
     host::{HostServices, PluginHost, RunData},
     model,
-    optim::{LrSchedule, Optimizer},
+    optim::{LrSchedule, Optimizer, ShardSpec},
     signals::Signals,
 };
 
-/// `run.run_dir`, or `runs/<name>-<YYYYmmdd-HHMMSS>` (UTC) when it is empty.
-fn run_dir(config: &Config) -> PathBuf {
+/// `run.run_dir`, or `runs/<name>-<YYYYmmdd-HHMMSS>` (UTC) when it is empty, at
+/// `at` (Unix seconds: rank 0's clock, agreed by sharded ranks that all write
+/// there) or now.
+fn run_dir(config: &Config, at: Option<u64>) -> PathBuf {
     if config.run.run_dir.is_empty() {
-        PathBuf::from("runs").join(format!("{}-{}", config.run.name, stamp()))
+        PathBuf::from("runs").join(format!("{}-{}", config.run.name, at.map_or_else(stamp, stamp_at)))
     } else {
         PathBuf::from(&config.run.run_dir)
     }
@@ -63,7 +65,8 @@ impl Run {
         let started = Instant::now();
         let Trainer { config, model: model_factory, dataset, resume, handle_signals, progress, dist } = trainer;
         let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.rank(), d.world_size()));
-        let run_dir = run_dir(&config);
+        let shard = ShardSpec::agree(config.dist.shard, dist.as_deref())?;
+        let run_dir = run_dir(&config, shard.as_ref().map(|s| s.launch_secs));
         let checkpoint = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?.map(|p| state::read(&p)).transpose()?;
 
         if config.run.threads > 0 {
@@ -74,12 +77,8 @@ impl Run {
             Some(d) => d.device(),
             None => device::select(config.run.device, 0)?,
         };
-        let autocast = config.train.precision == Precision::Bf16 && device.is_cuda();
-        if autocast {
-            ptrain_torch_ext::cuda::autocast_bf16().map_err(|e| Error::Device { device: device::label(device), message: e.to_string() })?;
-        } else if config.train.precision == Precision::Bf16 {
-            tracing::warn!("precision = \"bf16\" autocasts on CUDA only; training in fp32 on the CPU");
-        }
+        // bf16 autocasts the forward pass on the CPU as on CUDA (libtorch supports both).
+        let autocast = (config.train.precision == Precision::Bf16).then_some(device.is_cuda());
 
         let dataset = match dataset {
             Some(d) => d,
@@ -95,11 +94,14 @@ impl Run {
         if params.is_empty() {
             return Err(Error::Other("the model has no trainable parameters".into()));
         }
-        let mut optimizer = Optimizer::new(&config.optim, &params)?;
+        let mut optimizer = match shard {
+            Some(spec) => Optimizer::sharded(&config.optim, &params, spec)?,
+            None => Optimizer::new(&config.optim, &params)?,
+        };
 
         let total_steps = config.train.steps;
         let restored = match &checkpoint {
-            Some(ckpt) => state::restore(ckpt, &mut params, &mut optimizer, device)?,
+            Some(ckpt) => state::restore(ckpt, &mut params, &mut optimizer)?,
             None => TrainState::new(0, config.run.seed, world),
         };
         let start_step = restored.step;

@@ -5,13 +5,13 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 use super::{payload, Resume};
 use crate::{
     checkpoint::{self as ckpt, Checkpoint},
     error::{ConfigError, Error, Result},
-    optim::Optimizer,
+    optim::{CheckpointState, Optimizer},
 };
 
 /// `state.json`: written and read by name.
@@ -32,6 +32,9 @@ pub struct TrainState {
     /// The last evaluation, if any.
     pub eval: Option<EvalRecord>,
     pub ptrain_version: String,
+    /// How a sharded run cut its optimizer state (absent when unsharded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ckpt::ShardLayout>,
 }
 
 /// Where the data stream resumes: batches are keyed by (seed, step, micro-batch,
@@ -70,6 +73,7 @@ impl TrainState {
             nonfinite_run: 0,
             eval: None,
             ptrain_version: env!("CARGO_PKG_VERSION").into(),
+            shard: None,
         }
     }
 
@@ -116,19 +120,15 @@ pub fn read(path: &Path) -> Result<Checkpoint> {
 }
 
 /// Copies the checkpoint's weights and optimizer state into the live ones and
-/// returns its training state.
-pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimizer: &mut Optimizer, device: Device) -> Result<TrainState> {
+/// returns its training state. Optimizer state is re-cut when the checkpoint was
+/// sharded differently (another world size, or sharded vs not).
+pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimizer: &mut Optimizer) -> Result<TrainState> {
     let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
     for (name, live) in params.iter_mut() {
         let saved = checkpoint.model.get(name).ok_or_else(|| bad(format!("no weights for `{name}`")))?;
         payload::restore(name, live, saved)?;
     }
-    optimizer.load_state(|name| {
-        checkpoint
-            .optimizer
-            .get(name)
-            .and_then(|t| Tensor::f_from_data_size(&t.data, &t.shape, payload::kind_of(t.dtype)).ok())
-            .map(|t| t.to_device(device))
-    })?;
+    let sizes = optimizer.param_sizes().to_vec();
+    optimizer.load_state(&CheckpointState::new(checkpoint, &sizes))?;
     serde_json::from_value(checkpoint.state.clone()).map_err(|e| bad(format!("{}: {e}", ckpt::STATE_FILE)))
 }

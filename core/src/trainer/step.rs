@@ -93,6 +93,9 @@ impl Run {
             self.tally.last_grad_norm = Some(self.learner.optimizer.clip_grad_norm()?);
         }
         self.learner.optimizer.step(lr, Some(found_inf))?;
+        if let Some(dist) = self.dist.as_mut() {
+            dist.after_update(&self.learner.optimizer).map_err(Error::Dist)?;
+        }
         timer.book(Phase::Optimizer);
         if let Some(before) = dump {
             self.dump_tensors(step, before)?;
@@ -109,11 +112,7 @@ impl Run {
         let accum = self.env.config.optim.accum_steps;
         let batch = learner.loader.as_mut().expect("loader").next_batch().to_device(self.env.device, true);
         timer.book(Phase::Data);
-        let logits = if learner.autocast {
-            tch::autocast(true, || learner.model.forward(&batch.inputs, true))
-        } else {
-            learner.model.forward(&batch.inputs, true)
-        };
+        let logits = learner.forward(&batch.inputs, true);
         let mut loss = model::loss(learner.task, &logits, &batch.targets);
         if self.nonfinite.injects() && self.nonfinite.injected_at(step) {
             loss *= f64::NAN;

@@ -57,6 +57,13 @@ pub struct Summary {
     pub precision: String,
     pub world_size: u32,
     pub collective_s: f64,
+    /// `dist.shard` as trained (`none` when there was a single rank).
+    pub shard: String,
+    /// Per rank, measured from the tensors held: optimizer state, gradient held
+    /// after the last step, and gradient held when a step's gradient is reduced.
+    pub optimizer_state_bytes: Vec<u64>,
+    pub gradient_bytes: Vec<u64>,
+    pub gradient_peak_bytes: Vec<u64>,
     pub model: String,
     pub parameters: u64,
     pub nonfinite_steps: u64,
@@ -67,6 +74,9 @@ pub struct Summary {
     pub plugin_failures: Vec<Failure>,
     /// Plugins that took themselves off the schedule, with why.
     pub detached_plugins: BTreeMap<String, String>,
+    /// Worker plugins given up on at the end (`finish_timeout_s`, a signal during
+    /// the drain), with how many events each never handled.
+    pub abandoned_plugins: BTreeMap<String, u64>,
     pub queue_drops: BTreeMap<String, u64>,
     pub plugins: BTreeMap<String, serde_json::Value>,
 }

@@ -8,7 +8,8 @@
 //! It shows the whole plugin surface: a declared cadence the user can override
 //! (`[plugins.entropy] every = 10`), options (`warn_below`), reading tensors the host
 //! hands over only when due, emitting metrics, logging through the host, and state
-//! kept in checkpoints.
+//! kept in checkpoints (`save_state`/`load_state` reach every plugin; no attachment is
+//! needed for them, nor for `on_run_start`/`on_run_end`: docs/plugins.md, section 4).
 
 use ptrain_plugin_api::{
     export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, LogLevel, Needs, Outbox, Plugin, PluginResult, StepContext,

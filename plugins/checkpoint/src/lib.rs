@@ -10,10 +10,19 @@
 //! Options (`[plugins.checkpoint]`): `keep_last` (3), `keep_best` (1), `metric`
 //! ("eval/loss"), `mode` ("min" | "max"), `dir` (default `<run-dir>/checkpoints`),
 //! `on_save_error` ("continue" | "stop").
+//!
+//! It runs on every rank (`per_rank`). Unsharded runs hand checkpoints to rank 0
+//! only. A sharded run (`dist.shard`) hands every rank its optimizer slice: ranks
+//! other than 0 write their part and mark it done; rank 0 writes the rest, waits
+//! (at most `dist.timeout_s`) for every part, and only then commits, updates
+//! `latest` and applies retention.
 
 mod retention;
 
-use std::{path::PathBuf, time::Instant};
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use ptrain_plugin_api::{
     export_plugin, parse_options, Attachment, Cadence, CheckpointPayload, Descriptor, Hook, HostApi, LogLevel, MetricBatch, Plugin, PluginResult,
@@ -66,14 +75,23 @@ pub struct Checkpointer {
     write_s: f64,
     reported_errors: Vec<String>,
     latest: Option<String>,
+    rank: u32,
+    leftovers_removed: bool,
+    /// How long rank 0 waits for the other ranks' parts of a sharded checkpoint.
+    part_wait: Duration,
+}
+
+/// `dist.timeout_s` of the run's configuration (60 s when absent).
+fn dist_timeout(config_toml: &str) -> Duration {
+    let table: toml::Table = config_toml.parse().unwrap_or_default();
+    let secs = table.get("dist").and_then(|d| d.get("timeout_s")).and_then(toml::Value::as_integer).unwrap_or(60);
+    Duration::from_secs(secs.max(1) as u64)
 }
 
 const ATTACHMENTS: &[Attachment] = &[
     Attachment::new("save", Hook::Checkpoint, Cadence::every(1000).with_end()),
     // Receives eval results (they reach every sink) to score checkpoints.
     Attachment::new("metrics", Hook::Metrics, Cadence::NEVER),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 impl Checkpointer {
@@ -100,6 +118,21 @@ impl Checkpointer {
         }
     }
 
+    /// Leftovers of a writer that crashed: never committed, safe to remove. With
+    /// peers this waits for the first save, whose layout names this launch's
+    /// staging directories (`keep`): a peer may already be writing into one.
+    fn remove_leftovers(&mut self, keep: Option<&str>) {
+        self.leftovers_removed = true;
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = keep.is_some_and(|id| name.ends_with(&format!("-{id}")));
+            if (name.starts_with(".tmp-") || name.starts_with(".trash-")) && !ours {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+
     fn apply_retention(&mut self, latest: u64) {
         for Action::Delete(step) in self.retention().plan(&self.entries, latest) {
             let path = self.dir.join(ptrain_checkpoint::dir_name(step));
@@ -121,7 +154,8 @@ impl Plugin for Checkpointer {
         "atomic asynchronous checkpoints with keep-last and keep-best retention",
         Threading::Worker,
         ATTACHMENTS,
-    );
+    )
+    .per_rank();
 
     fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self> {
         let options: Options = parse_options(options)?;
@@ -137,19 +171,22 @@ impl Plugin for Checkpointer {
             write_s: 0.0,
             reported_errors: Vec::new(),
             latest: None,
+            rank: 0,
+            leftovers_removed: false,
+            part_wait: Duration::from_secs(60),
         })
     }
 
     fn on_run_start(&mut self, run: &RunInfo<'_>) -> PluginResult {
         self.dir = self.options.dir.clone().unwrap_or_else(|| ptrain_checkpoint::checkpoints_dir(std::path::Path::new(run.run_dir.as_str())));
-        // Leftovers of a writer that crashed: never committed, safe to remove.
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with(".tmp-") || name.starts_with(".trash-") {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
+        self.rank = run.rank;
+        self.part_wait = dist_timeout(run.config_toml.as_str());
+        if self.rank != 0 {
+            // Other ranks only write their parts; rank 0 owns the directory.
+            return Ok(());
+        }
+        if run.world_size == 1 {
+            self.remove_leftovers(None);
         }
         // Checkpoints already here (a resumed run) take part in retention; their
         // scores come from the state restored with the checkpoint.
@@ -171,7 +208,26 @@ impl Plugin for Checkpointer {
 
     fn on_checkpoint(&mut self, payload: &CheckpointPayload) -> PluginResult {
         let started = Instant::now();
-        let written = ptrain_checkpoint::write(&self.dir, payload).and_then(|path| {
+        let layout = ptrain_checkpoint::ShardLayout::from_state_json(payload.state_json.as_str());
+        if self.rank != 0 {
+            if let Some(layout) = layout {
+                let written = ptrain_checkpoint::write_part(&self.dir, payload, &layout, self.rank);
+                self.write_s += started.elapsed().as_secs_f64();
+                match written {
+                    Ok(()) => self.saved += 1,
+                    Err(e) => self.save_failed(payload.step, e),
+                }
+            }
+            return Ok(());
+        }
+        if !self.leftovers_removed {
+            self.remove_leftovers(layout.as_ref().map(|l| l.save_id.as_str()));
+        }
+        let written = match &layout {
+            Some(layout) => ptrain_checkpoint::write_sharded(&self.dir, payload, layout, self.part_wait),
+            None => ptrain_checkpoint::write(&self.dir, payload),
+        };
+        let written = written.and_then(|path| {
             let name = ptrain_checkpoint::dir_name(payload.step);
             ptrain_checkpoint::commit_latest(&self.dir, &name)?;
             Ok((path, name))

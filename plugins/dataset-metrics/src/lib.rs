@@ -27,7 +27,6 @@ struct Options {}
 const ATTACHMENTS: &[Attachment] = &[
     Attachment::new("report", Hook::StepEnd, Cadence::every(50).with_end()),
     Attachment::new("accumulate", Hook::AfterForward, Cadence::every(1)).needs(Needs::LOGITS.union(Needs::LABELS).union(Needs::DATASET_IDS)),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
 ];
 
 /// Metric names of one dataset, built once.

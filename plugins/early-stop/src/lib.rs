@@ -49,7 +49,7 @@ impl Default for Options {
 
 impl Options {
     fn rule(self) -> PluginResult<(String, Rule)> {
-        let bad = |key: &str, what: &str| Err(PluginError::msg(format!("invalid options: `{key}` {what}")));
+        let bad = |key: &str, what: &str| Err(PluginError::msg(format!("invalid options: plugins.{NAME}.{key}: {what}")));
         if self.monitor.is_empty() {
             return bad("monitor", "must name a metric");
         }
@@ -83,8 +83,6 @@ const ATTACHMENTS: &[Attachment] = &[
     // `Metrics`, whatever its cadence; this cadence (the evaluation steps) is for
     // the core's own `train/*` metrics, computed only when something asks.
     Attachment::new("watch", Hook::Metrics, Cadence::NEVER.with_eval()).needs(Needs::BASIC_METRICS),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 pub struct EarlyStop {

@@ -57,8 +57,6 @@ const ATTACHMENTS: &[Attachment] = &[
     // micro-batch of the first step: the model's work, without the optimizer's.
     Attachment::new("profile_start", Hook::StepStart, Cadence::NEVER.with_first_step()),
     Attachment::new("profile_stop", Hook::AfterBackward, Cadence::NEVER.with_first_step()),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 /// A point of the run: steps run by this process and wall seconds since its start.

@@ -51,7 +51,7 @@ impl Default for Options {
 
 impl Options {
     fn check(self) -> PluginResult<Options> {
-        let bad = |key: &str, what: &str| Err(PluginError::msg(format!("invalid options: `{key}` {what}")));
+        let bad = |key: &str, what: &str| Err(PluginError::msg(format!("invalid options: plugins.{NAME}.{key}: {what}")));
         if self.spike_window < 3 {
             return bad("spike_window", "must be at least 3");
         }
@@ -69,8 +69,6 @@ const ATTACHMENTS: &[Attachment] = &[
     // Both follow `[plugins.health] every`: they are declared with the same cadence.
     Attachment::new("measure", Hook::AfterBackward, Cadence::every(100)).needs(Needs::PARAMS.union(Needs::GRADS)),
     Attachment::new("update", Hook::StepEnd, Cadence::every(100)).needs(Needs::PARAMS),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 /// What survives in checkpoints: the detector's history.

@@ -29,11 +29,8 @@ pub struct Jsonl {
     lines: u64,
 }
 
-const ATTACHMENTS: &[Attachment] = &[
-    Attachment::new("metrics", Hook::Metrics, Cadence::every(10).with_end()).needs(Needs::BASIC_METRICS.union(Needs::DETAILED_METRICS)),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
-];
+const ATTACHMENTS: &[Attachment] =
+    &[Attachment::new("metrics", Hook::Metrics, Cadence::every(10).with_end()).needs(Needs::BASIC_METRICS.union(Needs::DETAILED_METRICS))];
 
 impl Plugin for Jsonl {
     const DESCRIPTOR: Descriptor = Descriptor::new(

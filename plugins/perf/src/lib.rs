@@ -37,8 +37,6 @@ impl Default for Options {
 const ATTACHMENTS: &[Attachment] = &[
     // The first step only anchors the windows: its time is warm-up.
     Attachment::new("report", Hook::StepEnd, Cadence::every(50).with_first_step().with_end()),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 /// The host's counters at a report.

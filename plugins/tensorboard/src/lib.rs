@@ -48,8 +48,6 @@ const ATTACHMENTS: &[Attachment] = &[
     Attachment::new("scalars", Hook::Metrics, Cadence::every(10).with_end()).needs(Needs::BASIC_METRICS.union(Needs::DETAILED_METRICS)),
     // No `at_end`, so that `every = 0` switches histograms off entirely.
     Attachment::new("histograms", Hook::Metrics, Cadence::every(500)).needs(Needs::HISTOGRAMS),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 /// The configuration as Markdown: TensorBoard's text dashboard would otherwise

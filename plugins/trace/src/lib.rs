@@ -61,7 +61,6 @@ const ATTACHMENTS: &[Attachment] = &[
     Attachment::new("start", Hook::RunStart, Cadence::NEVER),
     Attachment::new("step_start", Hook::StepStart, Cadence::NEVER),
     Attachment::new("step_end", Hook::StepEnd, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 pub struct Trace {

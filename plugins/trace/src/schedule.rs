@@ -36,11 +36,11 @@ impl Schedule {
     pub fn check(self) -> PluginResult<Schedule> {
         let bad = |what: String| Err(PluginError::msg(format!("invalid options: {what}")));
         if self.active == 0 {
-            return bad("`active` must be at least 1".into());
+            return bad("plugins.trace.active: must be at least 1".into());
         }
         let cycle = self.wait + self.warmup + self.active;
         if self.every != 0 && self.every < cycle {
-            return bad(format!("`every` ({}) must be at least wait + warmup + active ({cycle}), or 0 for exactly that", self.every));
+            return bad(format!("plugins.trace.every: {} must be at least wait + warmup + active ({cycle}), or 0 for exactly that", self.every));
         }
         Ok(self)
     }

@@ -38,5 +38,5 @@ fn every_zero_is_pytorchs_back_to_back_cycles_and_repeat_bounds_them() {
 fn impossible_schedules_are_refused() {
     assert!(Schedule { active: 0, ..Schedule::default() }.check().is_err());
     let e = Schedule { every: 5, ..Schedule::default() }.check().unwrap_err();
-    assert!(e.message().contains("`every` (5)"), "{e}");
+    assert!(e.message().contains("plugins.trace.every: 5 must be"), "{e}");
 }

@@ -40,8 +40,6 @@ const ATTACHMENTS: &[Attachment] = &[
     Attachment::new("metrics", Hook::Metrics, Cadence::every(10).with_end()).needs(Needs::BASIC_METRICS),
     Attachment::new("detailed", Hook::Metrics, Cadence::every(50)).needs(Needs::DETAILED_METRICS),
     Attachment::new("histograms", Hook::Metrics, Cadence::NEVER).needs(Needs::HISTOGRAMS),
-    Attachment::new("start", Hook::RunStart, Cadence::NEVER),
-    Attachment::new("end", Hook::RunEnd, Cadence::NEVER),
 ];
 
 pub struct Wandb {

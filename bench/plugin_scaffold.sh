@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# How long the first `cargo build --release` of each `ptrain plugins new` template takes
+# on this machine's ptrain build, and what it had to compile.
+#   bench/plugin_scaffold.sh            (prints a Markdown table; a few minutes)
+# For the figures in BENCHMARKS.md, run it on a quiet machine right after
+# `cargo build --release --workspace --all-targets` in a fresh clone, before the test
+# suite: the first tensor-reading plugin built on a ptrain build compiles tch and
+# plugin-api once into ptrain's build directory (their features depend on the whole
+# dependency graph; torch-sys is reused), and every later one finds them ("again" rows).
+# The builds run without scripts/env.sh's variables, as in an author's shell.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+cargo build --release --quiet -p ptrain
+ptrain=$PWD/target/release/ptrain
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "| template | wall time | torch-sys | compiled |"
+echo "|---|---|---|---|"
+measure() {  # label name [--sink]
+    local label=$1 name=$2 dir=$work/$2
+    shift 2
+    "$ptrain" plugins new "$name" "$@" --dir "$dir" >/dev/null
+    local start end
+    start=$(date +%s.%N)
+    (cd "$dir" && env -u LIBTORCH_USE_PYTORCH -u VIRTUAL_ENV -u LD_LIBRARY_PATH cargo build --release -v) >"$dir.log" 2>&1 \
+        || { cat "$dir.log" >&2; exit 1; }
+    end=$(date +%s.%N)
+    local torch compiled
+    torch=$(grep -q 'Fresh torch-sys' "$dir.log" && echo reused || echo compiled)
+    compiled=$(grep -oP '^\s+Compiling \K\S+' "$dir.log" | paste -sd' ' -)
+    printf '| %s | %.1f s | %s | %s |\n' "$label" "$(echo "$end - $start" | bc)" "$torch" "$compiled"
+}
+measure "inline (reads gradients)" gradwatch
+measure "inline, again" gradwatch-again
+measure "sink (CSV)" csvsink --sink
+measure "sink, again" csvsink-again --sink

@@ -1,0 +1,210 @@
+//! The allowed range of every numeric key. Checked on each layer as it is applied,
+//! so an out-of-range value is refused naming the file or `--set` that brought it,
+//! the key, the value and the range. Checks across keys (`min_lr <= lr`) wait for
+//! the last layer (`Config::validate`).
+
+use std::fmt;
+
+use crate::error::ConfigError;
+
+/// One end of a range.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    Open(f64),
+    Closed(f64),
+    Unbounded,
+}
+
+/// What a numeric key may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Range {
+    integer: bool,
+    low: End,
+    high: End,
+    /// 0 is also allowed, with this meaning, outside the range (`num_classes = 0`:
+    /// taken from the data).
+    zero_means: Option<&'static str>,
+}
+
+const fn int(min: i64) -> Range {
+    Range { integer: true, low: End::Closed(min as f64), high: End::Unbounded, zero_means: None }
+}
+
+const fn positive() -> Range {
+    Range { integer: false, low: End::Open(0.0), high: End::Unbounded, zero_means: None }
+}
+
+const fn non_negative() -> Range {
+    Range { integer: false, low: End::Closed(0.0), high: End::Unbounded, zero_means: None }
+}
+
+/// `[0, 1)`: probabilities and decay rates.
+const fn unit() -> Range {
+    Range { integer: false, low: End::Closed(0.0), high: End::Open(1.0), zero_means: None }
+}
+
+const fn fraction() -> Range {
+    Range { integer: false, low: End::Open(0.0), high: End::Open(1.0), zero_means: None }
+}
+
+impl Range {
+    const fn or_zero(self, meaning: &'static str) -> Range {
+        Range { zero_means: Some(meaning), ..self }
+    }
+
+    fn contains(&self, v: f64) -> bool {
+        let above = match self.low {
+            End::Open(l) => v > l,
+            End::Closed(l) => v >= l,
+            End::Unbounded => true,
+        };
+        let below = match self.high {
+            End::Open(h) => v < h,
+            End::Closed(h) => v <= h,
+            End::Unbounded => true,
+        };
+        v.is_finite() && ((above && below) || (v == 0.0 && self.zero_means.is_some()))
+    }
+}
+
+impl fmt::Display for Range {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = if self.integer { "an integer" } else { "a number" };
+        match (self.low, self.high) {
+            (End::Closed(l), End::Unbounded) => write!(f, "{what} >= {l}")?,
+            (End::Open(l), End::Unbounded) => write!(f, "{what} > {l}")?,
+            (low, high) => {
+                let (open, l) = match low {
+                    End::Open(l) => ('(', l),
+                    End::Closed(l) => ('[', l),
+                    End::Unbounded => ('(', f64::NEG_INFINITY),
+                };
+                let (h, close) = match high {
+                    End::Open(h) => (h, ')'),
+                    End::Closed(h) => (h, ']'),
+                    End::Unbounded => (f64::INFINITY, ')'),
+                };
+                write!(f, "{what} in {open}{l}, {h}{close}")?
+            }
+        }
+        if let Some(meaning) = self.zero_means {
+            write!(f, ", or 0 ({meaning})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every numeric key of the configuration with its range. `name[]` is each element
+/// of an array, `name[].key` a key of each table in an array of tables.
+pub const RULES: &[(&str, Range)] = &[
+    ("run.seed", int(0)),
+    ("run.log_every", int(1).or_zero("no progress lines")),
+    ("run.threads", int(1).or_zero("libtorch's default")),
+    ("run.shutdown_timeout_s", positive()),
+    ("train.steps", int(1)),
+    ("train.eval_every", int(1).or_zero("only at the end")),
+    ("train.eval_batches", int(1)),
+    ("train.empty_cache_every", int(1).or_zero("never")),
+    ("train.max_nonfinite_in_row", int(1)),
+    ("train.nonfinite_check_every", int(1)),
+    ("model.vocab_size", int(2)),
+    ("model.n_layer", int(1)),
+    ("model.n_head", int(1)),
+    ("model.n_embd", int(1)),
+    ("model.block_size", int(1)),
+    ("model.dropout", unit()),
+    ("model.layer_norm_eps", positive()),
+    ("model.hidden[]", int(1)),
+    ("model.input_dim", int(1).or_zero("taken from the data")),
+    ("model.num_classes", int(2).or_zero("taken from the data")),
+    ("data.val_fraction", fraction()),
+    ("data.batch_size", int(1)),
+    ("data.max_seq_len", int(1).or_zero("the model's block_size")),
+    ("data.num_workers", int(0)),
+    ("data.prefetch", int(1)),
+    ("data.synthetic_len", int(1)),
+    ("data.synthetic_features", int(1)),
+    ("data.synthetic_classes", int(2)),
+    ("data.datasets[].weight", positive()),
+    ("optim.lr", positive()),
+    ("optim.min_lr", non_negative()),
+    ("optim.warmup_steps", int(0)),
+    ("optim.weight_decay", non_negative()),
+    ("optim.beta1", unit()),
+    ("optim.beta2", unit()),
+    ("optim.eps", positive()),
+    ("optim.momentum", unit()),
+    ("optim.grad_clip", non_negative()),
+    ("optim.accum_steps", int(1)),
+    ("dist.timeout_s", int(1)),
+    ("dist.bucket_mb", positive().or_zero("one tensor per all-reduce")),
+    ("debug.nonfinite_loss_at[]", int(1)),
+    ("debug.grad_spike_at[]", int(1)),
+    ("debug.grad_spike_factor", positive()),
+    ("debug.dump_tensors_at[]", int(1)),
+];
+
+fn number(value: &toml::Value) -> Option<f64> {
+    value.as_float().or_else(|| value.as_integer().map(|i| i as f64))
+}
+
+/// The values at `path` (`a.b`, `a.b[]`, `a.b[].c`), with their full key paths.
+fn values<'a>(table: &'a toml::Table, path: &str) -> Vec<(String, &'a toml::Value)> {
+    let (head, rest) = match path.split_once("[]") {
+        Some((head, rest)) => (head, Some(rest.trim_start_matches('.'))),
+        None => (path, None),
+    };
+    let lookup = || {
+        let keys: Vec<&str> = head.split('.').collect();
+        let (last, parents) = keys.split_last()?;
+        let mut t = table;
+        for key in parents {
+            t = t.get(*key)?.as_table()?;
+        }
+        t.get(*last)
+    };
+    let Some(value) = lookup() else { return Vec::new() };
+    match (rest, value.as_array()) {
+        (None, _) => vec![(head.to_string(), value)],
+        (Some(""), Some(items)) => items.iter().enumerate().map(|(i, v)| (format!("{head}[{i}]"), v)).collect(),
+        (Some(key), Some(items)) => {
+            items.iter().enumerate().filter_map(|(i, v)| Some((format!("{head}[{i}].{key}"), v.as_table()?.get(key)?))).collect()
+        }
+        (Some(_), None) => Vec::new(),
+    }
+}
+
+/// Checks every numeric key of `table` against its range.
+pub fn check(table: &toml::Table, origin: &str) -> Result<(), ConfigError> {
+    for (path, range) in RULES {
+        for (key, value) in values(table, path) {
+            let Some(v) = number(value) else { continue };
+            let whole = value.is_integer() || (v.is_finite() && v.fract() == 0.0);
+            if !range.contains(v) || (range.integer && !whole) {
+                return Err(ConfigError { origin: origin.into(), key, message: format!("{value} is out of range: must be {range}") });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+/// Every numeric leaf of `table` as a rule path (array elements as `[]`), for
+/// checking that every key has a rule.
+pub fn numeric_paths(table: &toml::Table) -> Vec<String> {
+    fn walk(prefix: &str, value: &toml::Value, out: &mut Vec<String>) {
+        match value {
+            toml::Value::Integer(_) | toml::Value::Float(_) => out.push(prefix.to_string()),
+            toml::Value::Table(t) => t.iter().for_each(|(k, v)| walk(&format!("{prefix}.{k}"), v, out)),
+            toml::Value::Array(items) => items.iter().for_each(|v| walk(&format!("{prefix}[]"), v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (k, v) in table {
+        walk(k, v, &mut out);
+    }
+    out.sort();
+    out.dedup();
+    out
+}

@@ -1,0 +1,105 @@
+//! What `model.init_from` and `data.tokenizer` decide about the rest of the
+//! configuration, and the combinations they allow.
+
+use std::{collections::BTreeMap, path::Path};
+
+use super::{Config, DataKind, ModelKind, TaskKind};
+use crate::{
+    error::{ConfigError, Error},
+    model::hf::HfDir,
+};
+
+fn bad(key: &str, message: impl Into<String>) -> Error {
+    ConfigError { origin: "configuration".into(), key: key.into(), message: message.into() }.into()
+}
+
+impl Config {
+    /// Fills the model keys that come from `model.init_from`'s `config.json`
+    /// (`vocab_size`, `n_layer`, `n_head`, `n_embd`, `block_size`, `layer_norm_eps`,
+    /// `activation`, `bias`), and `model.vocab_size` from `data.tokenizer` when
+    /// nothing else fixes it. `explicit` maps the keys a layer set to that layer
+    /// (see [`super::ConfigBuilder`]): one of them that disagrees is an error naming
+    /// both values. Library users who build a `Config` by hand call this with an
+    /// empty map.
+    pub fn resolve_pretrained(&mut self, explicit: &BTreeMap<String, String>) -> Result<(), Error> {
+        if !self.model.init_from.is_empty() && self.model.kind == ModelKind::Gpt {
+            let hf = HfDir::open(&self.model.init_from).map_err(|e| match (e, explicit.get("model.init_from")) {
+                (Error::Config(mut c), Some(origin)) => {
+                    c.origin = origin.clone();
+                    Error::Config(c)
+                }
+                (e, _) => e,
+            })?;
+            let mut table = toml::Table::try_from(&self.model).expect("[model] serializes");
+            for (key, hf_key, value) in hf.arch.model_keys() {
+                let path = format!("model.{key}");
+                let current = table.get(key).cloned();
+                if let (Some(origin), Some(current)) = (explicit.get(&path), current) {
+                    if current != value {
+                        let hint = if key == "block_size" { "; for shorter sequences set data.max_seq_len instead" } else { "" };
+                        return Err(ConfigError {
+                            origin: origin.clone(),
+                            key: path,
+                            message: format!(
+                                "{current} disagrees with {hf_key} = {value} in {} (model.init_from): leave the key out or set it to {value}{hint}",
+                                hf.config_path().display()
+                            ),
+                        }
+                        .into());
+                    }
+                }
+                table.insert(key.to_string(), value);
+            }
+            self.model = table.try_into().map_err(|e: toml::de::Error| bad("model", e.message().to_string()))?;
+        }
+        if self.tokenizes() {
+            let path = Path::new(&self.data.tokenizer);
+            let vocab = crate::data::tokenize::vocab_size(&crate::data::tokenize::load_tokenizer(path)?) as i64;
+            if self.model.init_from.is_empty() && !explicit.contains_key("model.vocab_size") {
+                self.model.vocab_size = vocab;
+            } else if vocab > self.model.vocab_size {
+                tracing::warn!(
+                    "the tokenizer {} has {vocab} ids, the model {}: data with larger ids is refused",
+                    path.display(),
+                    self.model.vocab_size
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `data.tokenizer` applies: text or JSONL data with a tokenizer.
+    pub fn tokenizes(&self) -> bool {
+        !self.data.tokenizer.is_empty() && matches!(self.data.kind, DataKind::Text | DataKind::Jsonl)
+    }
+
+    pub(super) fn validate_pretrained(&self) -> Result<(), Error> {
+        let m = &self.model;
+        if !m.init_from.is_empty() && m.kind != ModelKind::Gpt {
+            return Err(bad("model.init_from", "only a gpt starts from a Hugging Face checkpoint"));
+        }
+        if self.data.tokenizer.is_empty() {
+            if !self.data.eos_token.is_empty() {
+                return Err(bad("data.eos_token", "needs data.tokenizer"));
+            }
+            return Ok(());
+        }
+        if !self.tokenizes() {
+            return Err(bad("data.tokenizer", "tokenizes data.kind = \"text\" or \"jsonl\""));
+        }
+        let language_model = m.kind == ModelKind::Gpt || (m.kind == ModelKind::Torchscript && m.task == TaskKind::LanguageModel);
+        if !language_model {
+            return Err(bad(
+                "data.tokenizer",
+                "tokenized text is for language models (model.kind = \"gpt\", or torchscript with task = \"language_model\")",
+            ));
+        }
+        if !self.data.datasets.is_empty() {
+            return Err(bad("data.datasets", "tokenized text reads data.path (and data.val_path); mixes are for classification rows"));
+        }
+        if !self.data.eos_token.is_empty() && self.data.kind != DataKind::Jsonl {
+            return Err(bad("data.eos_token", "separates JSONL rows: it needs data.kind = \"jsonl\""));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,225 @@
+//! GPT-2's `config.json` and ptrain's `[model]` keys, both ways.
+
+use serde_json::{json, Map, Value};
+
+use crate::config::{Activation, ModelConfig};
+
+/// What of a GPT-2 `config.json` decides the computation, in ptrain's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gpt2Arch {
+    pub vocab_size: i64,
+    pub n_positions: i64,
+    pub n_embd: i64,
+    pub n_layer: i64,
+    pub n_head: i64,
+    pub layer_norm_epsilon: f64,
+    pub activation: Activation,
+}
+
+/// `transformers.GPT2Config`'s defaults, used for keys a `config.json` leaves out
+/// (as `transformers` does).
+const DEFAULTS: Gpt2Arch = Gpt2Arch {
+    vocab_size: 50257,
+    n_positions: 1024,
+    n_embd: 768,
+    n_layer: 12,
+    n_head: 12,
+    layer_norm_epsilon: 1e-5,
+    activation: Activation::GeluTanh,
+};
+
+fn int(raw: &Map<String, Value>, key: &str, default: i64) -> Result<i64, String> {
+    match raw.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_i64().filter(|&n| n > 0).ok_or_else(|| format!("{key} = {v} is not a positive integer")),
+    }
+}
+
+fn flag(raw: &Map<String, Value>, key: &str, default: bool) -> Result<bool, String> {
+    match raw.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_bool().ok_or_else(|| format!("{key} = {v} is not a boolean")),
+    }
+}
+
+impl Gpt2Arch {
+    /// Reads a `config.json`; anything ptrain's `gpt` cannot compute is an error naming the key.
+    pub fn from_json(raw: &Map<String, Value>) -> Result<Gpt2Arch, String> {
+        match raw.get("model_type").and_then(Value::as_str) {
+            Some("gpt2") => {}
+            Some(other) => return Err(format!("model_type = \"{other}\": ptrain starts only from GPT-2 checkpoints (model_type \"gpt2\")")),
+            None => return Err("no model_type: not a transformers config.json (expected model_type \"gpt2\")".into()),
+        }
+        let activation = match raw.get("activation_function").and_then(Value::as_str).unwrap_or("gelu_new") {
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Activation::GeluTanh,
+            "gelu" => Activation::Gelu,
+            other => return Err(format!("activation_function = \"{other}\" is not supported (ptrain: gelu, gelu_new / gelu_pytorch_tanh)")),
+        };
+        let eps = match raw.get("layer_norm_epsilon") {
+            None | Some(Value::Null) => DEFAULTS.layer_norm_epsilon,
+            Some(v) => v.as_f64().filter(|e| *e > 0.0).ok_or_else(|| format!("layer_norm_epsilon = {v} is not a positive number"))?,
+        };
+        let arch = Gpt2Arch {
+            vocab_size: int(raw, "vocab_size", DEFAULTS.vocab_size)?,
+            n_positions: int(raw, "n_positions", DEFAULTS.n_positions)?,
+            n_embd: int(raw, "n_embd", DEFAULTS.n_embd)?,
+            n_layer: int(raw, "n_layer", DEFAULTS.n_layer)?,
+            n_head: int(raw, "n_head", DEFAULTS.n_head)?,
+            layer_norm_epsilon: eps,
+            activation,
+        };
+        if arch.n_embd % arch.n_head != 0 {
+            return Err(format!("n_embd = {} is not divisible by n_head = {}", arch.n_embd, arch.n_head));
+        }
+        if let Some(inner) = raw.get("n_inner").and_then(Value::as_i64) {
+            if inner != 4 * arch.n_embd {
+                return Err(format!("n_inner = {inner}: ptrain's MLP is 4 * n_embd = {} wide", 4 * arch.n_embd));
+            }
+        }
+        // Settings that change what GPT-2 computes and that ptrain does not implement.
+        for (key, supported) in
+            [("tie_word_embeddings", true), ("scale_attn_weights", true), ("scale_attn_by_inverse_layer_idx", false), ("add_cross_attention", false)]
+        {
+            if flag(raw, key, supported)? != supported {
+                return Err(format!("{key} = {}: ptrain's gpt supports only {key} = {supported}", !supported));
+            }
+        }
+        Ok(arch)
+    }
+
+    pub fn from_model(m: &ModelConfig) -> Gpt2Arch {
+        Gpt2Arch {
+            vocab_size: m.vocab_size,
+            n_positions: m.block_size,
+            n_embd: m.n_embd,
+            n_layer: m.n_layer,
+            n_head: m.n_head,
+            layer_norm_epsilon: m.layer_norm_eps,
+            activation: m.activation,
+        }
+    }
+
+    /// `(ptrain [model] key, config.json key, value)` for every key `init_from` sets.
+    pub fn model_keys(&self) -> Vec<(&'static str, &'static str, toml::Value)> {
+        vec![
+            ("vocab_size", "vocab_size", toml::Value::Integer(self.vocab_size)),
+            ("n_layer", "n_layer", toml::Value::Integer(self.n_layer)),
+            ("n_head", "n_head", toml::Value::Integer(self.n_head)),
+            ("n_embd", "n_embd", toml::Value::Integer(self.n_embd)),
+            ("block_size", "n_positions", toml::Value::Integer(self.n_positions)),
+            ("layer_norm_eps", "layer_norm_epsilon", toml::Value::Float(self.layer_norm_epsilon)),
+            ("activation", "activation_function", toml::Value::String(self.activation.name().into())),
+            // GPT-2's linear layers all have biases.
+            ("bias", "(GPT-2 layers have biases)", toml::Value::Boolean(true)),
+        ]
+    }
+
+    /// The first key where `m` computes something else than this checkpoint.
+    pub fn mismatch(&self, m: &ModelConfig) -> Option<String> {
+        let ours = Gpt2Arch::from_model(m);
+        let pairs = [
+            ("vocab_size", "vocab_size", ours.vocab_size, self.vocab_size),
+            ("n_layer", "n_layer", ours.n_layer, self.n_layer),
+            ("n_head", "n_head", ours.n_head, self.n_head),
+            ("n_embd", "n_embd", ours.n_embd, self.n_embd),
+            ("block_size", "n_positions", ours.n_positions, self.n_positions),
+        ];
+        if let Some((key, hf, a, b)) = pairs.into_iter().find(|p| p.2 != p.3) {
+            return Some(format!("model.{key} = {a} but {hf} = {b}"));
+        }
+        if ours.layer_norm_epsilon != self.layer_norm_epsilon {
+            return Some(format!("model.layer_norm_eps = {} but layer_norm_epsilon = {}", ours.layer_norm_epsilon, self.layer_norm_epsilon));
+        }
+        if ours.activation != self.activation {
+            return Some(format!("model.activation = \"{}\" but the checkpoint's is \"{}\"", ours.activation.name(), self.activation.name()));
+        }
+        (!m.bias).then(|| "model.bias = false but GPT-2 layers have biases".to_string())
+    }
+
+    /// The `config.json` of an export: `base` (the `init_from` one, if any) with
+    /// every architecture key replaced by ptrain's.
+    pub fn to_json(&self, dropout: f64, base: Option<&Map<String, Value>>) -> Map<String, Value> {
+        let mut out = base.cloned().unwrap_or_default();
+        let activation = match self.activation {
+            Activation::GeluTanh => "gelu_new",
+            Activation::Gelu => "gelu",
+        };
+        let keys = json!({
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": self.vocab_size,
+            "n_positions": self.n_positions,
+            "n_ctx": self.n_positions,
+            "n_embd": self.n_embd,
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_inner": null,
+            "activation_function": activation,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "tie_word_embeddings": true,
+            "scale_attn_weights": true,
+            "scale_attn_by_inverse_layer_idx": false,
+            "add_cross_attention": false,
+            "resid_pdrop": dropout,
+            "embd_pdrop": dropout,
+            "attn_pdrop": dropout,
+            "initializer_range": 0.02,
+            "use_cache": true,
+            "dtype": "float32",
+        });
+        for (k, v) in keys.as_object().expect("an object") {
+            out.insert(k.clone(), v.clone());
+        }
+        out.remove("torch_dtype");
+        // GPT2Config's default token ids (50256) are wrong for another vocabulary.
+        for key in ["bos_token_id", "eos_token_id"] {
+            if out.get(key).and_then(Value::as_i64).is_none_or(|id| id >= self.vocab_size) {
+                out.insert(key.into(), Value::Null);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Gpt2Arch, String> {
+        Gpt2Arch::from_json(&serde_json::from_str(text).unwrap())
+    }
+
+    #[test]
+    fn missing_keys_take_gpt2_defaults_and_gelu_new_is_the_tanh_approximation() {
+        let arch = parse(r#"{"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64}"#).unwrap();
+        assert_eq!((arch.n_layer, arch.vocab_size, arch.n_positions, arch.activation), (2, 50257, 1024, Activation::GeluTanh));
+        let arch = parse(r#"{"model_type": "gpt2", "activation_function": "gelu", "layer_norm_epsilon": 1e-6}"#).unwrap();
+        assert_eq!((arch.activation, arch.layer_norm_epsilon), (Activation::Gelu, 1e-6));
+    }
+
+    #[test]
+    fn what_ptrain_cannot_compute_is_named() {
+        for (text, needle) in [
+            (r#"{"model_type": "llama"}"#, "model_type = \"llama\""),
+            (r#"{"vocab_size": 10}"#, "no model_type"),
+            (r#"{"model_type": "gpt2", "activation_function": "relu"}"#, "activation_function = \"relu\""),
+            (r#"{"model_type": "gpt2", "tie_word_embeddings": false}"#, "tie_word_embeddings"),
+            (r#"{"model_type": "gpt2", "n_inner": 100}"#, "n_inner = 100"),
+            (r#"{"model_type": "gpt2", "n_layer": -1}"#, "n_layer = -1"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn export_json_round_trips_and_keeps_other_keys() {
+        let arch = parse(r#"{"model_type": "gpt2", "n_layer": 3, "n_head": 2, "n_embd": 32, "vocab_size": 300, "n_positions": 64}"#).unwrap();
+        let base: Map<String, Value> =
+            serde_json::from_str(r#"{"task_specific_params": {"x": 1}, "eos_token_id": 50256, "bos_token_id": 5}"#).unwrap();
+        let json = arch.to_json(0.1, Some(&base));
+        assert_eq!(Gpt2Arch::from_json(&json).unwrap(), arch);
+        assert_eq!(json["task_specific_params"]["x"], 1);
+        assert_eq!((json["eos_token_id"].clone(), json["bos_token_id"].clone()), (Value::Null, Value::from(5)));
+    }
+}

@@ -1,0 +1,155 @@
+//! `ptrain export --format hf`: a ptrain checkpoint of a `gpt` as a directory
+//! `transformers.GPT2LMHeadModel.from_pretrained` loads.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::{Path, PathBuf},
+};
+
+use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+
+use super::{names, Gpt2Arch, HfDir, CONFIG_JSON, WEIGHTS};
+use crate::{
+    config::{Config, ConfigBuilder, ModelKind},
+    error::{Error, Result},
+};
+
+/// What an export wrote.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    pub checkpoint: PathBuf,
+    pub step: u64,
+    pub out: PathBuf,
+    pub tensors: usize,
+    /// The tokenizer files copied along, if the run had a tokenizer.
+    pub tokenizer_files: Vec<PathBuf>,
+}
+
+/// A checkpoint directory, or the newest valid checkpoint of a run directory (or
+/// of its `checkpoints/`).
+pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
+    if !path.exists() {
+        return Err(Error::MissingFile { what: "checkpoint", path: path.to_owned() });
+    }
+    if path.join(ptrain_checkpoint::MANIFEST_FILE).exists() {
+        return Ok(path.to_owned());
+    }
+    for dir in [ptrain_checkpoint::checkpoints_dir(path), path.to_owned()] {
+        let (found, warnings) = ptrain_checkpoint::find_resumable(&dir);
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
+        if let Some(found) = found {
+            return Ok(found);
+        }
+    }
+    Err(Error::Checkpoint { path: path.to_owned(), message: "no valid checkpoint here".into() })
+}
+
+fn checkpoint_error(path: &Path, message: impl Into<String>) -> Error {
+    Error::Checkpoint { path: path.to_owned(), message: message.into() }
+}
+
+fn elem_size(dtype: Dtype) -> usize {
+    match dtype {
+        Dtype::F64 | Dtype::I64 => 8,
+        Dtype::F16 | Dtype::BF16 | Dtype::I16 => 2,
+        Dtype::U8 | Dtype::I8 | Dtype::BOOL => 1,
+        _ => 4,
+    }
+}
+
+/// Writes `out/config.json`, `out/model.safetensors` (GPT-2 names and layouts) and
+/// the run's tokenizer files, from the checkpoint at (or newest under) `path`.
+pub fn export(path: &Path, out: &Path) -> Result<Exported> {
+    let checkpoint = resolve_checkpoint(path)?;
+    let manifest = ptrain_checkpoint::validate(&checkpoint).map_err(|e| checkpoint_error(&checkpoint, e.to_string()))?;
+    let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
+    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::Io { path: config_path.clone(), source: e })?;
+    let config: Config = ConfigBuilder::default().toml(&text, &config_path.display().to_string())?.build_recorded()?;
+    let m = &config.model;
+    if m.kind != ModelKind::Gpt {
+        return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only a gpt exports to the Hugging Face GPT-2 format", m.kind)));
+    }
+    let weights_path = checkpoint.join(ptrain_checkpoint::MODEL_FILE);
+    let bytes = std::fs::read(&weights_path).map_err(|e| Error::Io { path: weights_path.clone(), source: e })?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| checkpoint_error(&weights_path, e.to_string()))?;
+
+    let params = names::gpt2_params(m);
+    let known: BTreeSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
+    if let Some(extra) = st.names().into_iter().find(|n| !known.contains(n)) {
+        return Err(checkpoint_error(&weights_path, format!("tensor `{extra}` has no GPT-2 counterpart")));
+    }
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(params.len());
+    for p in &params {
+        let shape: Vec<usize> = p.shape.iter().map(|&d| d as usize).collect();
+        let (dtype, data) = match st.tensor(&p.name) {
+            Ok(view) if view.shape() == shape.as_slice() => (view.dtype(), view.data().to_vec()),
+            Ok(view) => return Err(checkpoint_error(&weights_path, format!("`{}` has shape {:?}, expected {shape:?}", p.name, view.shape()))),
+            // Without biases (model.bias = false) the same model has zero biases.
+            Err(_) if !m.bias && p.name.ends_with(".bias") && !p.name.contains(".ln_") => {
+                (Dtype::F32, vec![0u8; shape.iter().product::<usize>() * 4])
+            }
+            Err(_) => return Err(checkpoint_error(&weights_path, format!("no tensor `{}`", p.name))),
+        };
+        let (data, shape) =
+            if p.conv1d { (names::transpose_bytes(&data, shape[0], shape[1], elem_size(dtype)), vec![shape[1], shape[0]]) } else { (data, shape) };
+        tensors.push((p.hf_name().to_string(), dtype, shape, data));
+    }
+
+    std::fs::create_dir_all(out).map_err(|e| Error::Io { path: out.to_owned(), source: e })?;
+    let weights_out = out.join(WEIGHTS);
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| TensorView::new(*dtype, shape.clone(), data).map(|v| (name.clone(), v)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Other(format!("building {}: {e}", weights_out.display())))?;
+    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    let tmp = out.join(format!(".{WEIGHTS}.tmp-{}", std::process::id()));
+    safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| Error::Other(format!("writing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, &weights_out).map_err(|e| Error::Io { path: weights_out.clone(), source: e })?;
+
+    let base = match m.init_from.as_str() {
+        "" => None,
+        dir => HfDir::open(dir).map(|d| d.raw_config).map_err(|e| tracing::warn!("config.json of {dir} not kept: {e}")).ok(),
+    };
+    let mut json = Gpt2Arch::from_model(m).to_json(m.dropout, base.as_ref());
+    let tokenizer_files = copy_tokenizer(&config, out, &mut json)?;
+    let json_path = out.join(CONFIG_JSON);
+    let text = serde_json::to_string_pretty(&json).expect("JSON serializes") + "\n";
+    std::fs::write(&json_path, text).map_err(|e| Error::Io { path: json_path, source: e })?;
+    Ok(Exported { checkpoint, step: manifest.step, out: out.to_owned(), tensors: tensors.len(), tokenizer_files })
+}
+
+/// Copies `data.tokenizer` (as `tokenizer.json`) and the `tokenizer_config.json` /
+/// `special_tokens_map.json` beside it; records `data.eos_token`'s id.
+fn copy_tokenizer(config: &Config, out: &Path, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<Vec<PathBuf>> {
+    let source = Path::new(&config.data.tokenizer);
+    if config.data.tokenizer.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !source.is_file() {
+        tracing::warn!("the run's tokenizer {} is gone: exported without tokenizer.json", source.display());
+        return Ok(Vec::new());
+    }
+    let mut copied = Vec::new();
+    let mut copy = |from: &Path, name: &str| -> Result<()> {
+        let to = out.join(name);
+        std::fs::copy(from, &to).map_err(|e| Error::Io { path: from.to_owned(), source: e })?;
+        copied.push(to);
+        Ok(())
+    };
+    copy(source, "tokenizer.json")?;
+    let dir = source.parent().unwrap_or(Path::new("."));
+    for name in ["tokenizer_config.json", "special_tokens_map.json"] {
+        if dir.join(name).is_file() {
+            copy(&dir.join(name), name)?;
+        }
+    }
+    if !config.data.eos_token.is_empty() {
+        if let Some(id) = crate::data::tokenize::load_tokenizer(source)?.token_to_id(&config.data.eos_token) {
+            json.insert("eos_token_id".into(), id.into());
+        }
+    }
+    Ok(copied)
+}

@@ -1,0 +1,239 @@
+//! `ptrain plugins new`: writes a plugin crate outside ptrain's tree that builds at
+//! once, on this machine's ptrain: its plugin-api by path, its Cargo.lock (the same
+//! dependency versions), and a `.cargo/config.toml` that builds in ptrain's build
+//! directory so torch-sys (libtorch's C++ bindings) is not compiled again.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use ptrain_core::Error;
+
+/// The tch ptrain builds with (pinned by a test to the workspace's).
+const TCH_REQUIREMENT: &str = "=0.24.0";
+
+const CARGO_TOML: &str = include_str!("templates/Cargo.toml.in");
+const CARGO_CONFIG: &str = include_str!("templates/cargo-config.toml.in");
+const README: &str = include_str!("templates/README.md.in");
+const INLINE: &str = include_str!("templates/inline.rs");
+const SINK: &str = include_str!("templates/sink.rs");
+
+/// Where this ptrain was built from and with, as far as this machine shows it.
+struct Origin {
+    /// The checkout holding `plugin-api/` and `Cargo.lock`.
+    checkout: PathBuf,
+    /// The cargo build directory holding ptrain's compiled torch-sys.
+    build_dir: Option<PathBuf>,
+    /// libtorch's directory in the venv's torch.
+    torch_lib: Option<PathBuf>,
+}
+
+fn has_torch_sys(target: &Path) -> bool {
+    std::fs::read_dir(target.join("release/build"))
+        .map(|entries| entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("torch-sys-")))
+        .unwrap_or(false)
+}
+
+impl Origin {
+    fn find() -> anyhow::Result<Origin> {
+        // The checkout this binary was built from, else the one scripts/env.sh names.
+        let candidates = [Some(PathBuf::from(env!("CARGO_MANIFEST_DIR"))), std::env::var_os("PTRAIN_ROOT").map(PathBuf::from)];
+        let checkout = candidates.iter().flatten().find(|dir| dir.join("plugin-api/Cargo.toml").is_file()).cloned().ok_or_else(|| Error::Plugin {
+            name: "plugin-api".into(),
+            message: format!(
+                "ptrain-plugin-api's source is not at {}/plugin-api (where this ptrain was built), and PTRAIN_ROOT names no \
+                     checkout: source a ptrain checkout's scripts/env.sh, or depend on ptrain-plugin-api by git (docs/plugins.md)",
+                env!("CARGO_MANIFEST_DIR")
+            ),
+        })?;
+        // The binary's own target directory (target/release/ptrain), else the checkout's.
+        let beside_binary = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()));
+        let build_dir = [beside_binary, Some(checkout.join("target"))].into_iter().flatten().find(|dir| has_torch_sys(dir));
+        let torch_lib = option_env!("PTRAIN_BUILD_LIBTORCH_LIB")
+            .map(PathBuf::from)
+            .filter(|dir| dir.is_dir())
+            .or_else(|| std::env::var_os("PTRAIN_TORCH_LIB").map(PathBuf::from).filter(|dir| dir.is_dir()));
+        let canonical = |p: PathBuf| p.canonicalize().unwrap_or(p);
+        Ok(Origin { checkout: canonical(checkout), build_dir: build_dir.map(canonical), torch_lib })
+    }
+}
+
+/// `gradwatch` or `grad-watch`: lowercase letters, digits and inner dashes.
+fn check_name(name: &str) -> Result<(), Error> {
+    let ok = name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.ends_with('-')
+        && !name.contains("--");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Plugin {
+            name: name.into(),
+            message: "invalid name: use lowercase letters, digits and single inner dashes, starting with a letter (`grad-watch`)".into(),
+        })
+    }
+}
+
+/// `grad-watch` -> `GradWatch`.
+fn type_name(name: &str) -> String {
+    name.split('-').map(|part| part[..1].to_ascii_uppercase() + &part[1..]).collect()
+}
+
+fn toml_string(path: &Path) -> String {
+    path.display().to_string().replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// The files of the crate, by path relative to its directory.
+fn files(name: &str, sink: bool, origin: &Origin) -> Vec<(&'static str, String)> {
+    let lib = name.replace('-', "_");
+    let fill = |template: &str| {
+        template
+            .replace("{{name}}", name)
+            .replace("{{lib}}", &lib)
+            .replace("{{Type}}", &type_name(name))
+            .replace("{{sink_flag}}", if sink { " --sink" } else { "" })
+    };
+    let (api_features, tch) = if sink {
+        ("", String::new())
+    } else {
+        (r#", features = ["tch"]"#, format!("# The tch of ptrain: the plugin shares the host's libtorch.\ntch = \"{TCH_REQUIREMENT}\"\n"))
+    };
+    let cargo_toml = fill(CARGO_TOML)
+        .replace("{{api_path}}", &toml_string(&origin.checkout.join("plugin-api")))
+        .replace("{{api_features}}", api_features)
+        .replace("{{tch_dependency}}", &tch);
+    let build_dir = match &origin.build_dir {
+        Some(dir) => format!(
+            "\n# torch-sys (libtorch's C++ bindings, minutes to compile) and whatever else ptrain has\n\
+             # compiled with the same versions and features is found Fresh in ptrain's build directory\n\
+             # (`cargo build --release -v` says so); the plugin library itself lands in ./target/release/.\n\
+             # CAREFUL: `cargo clean` here would empty ptrain's build directory too; use\n\
+             # `cargo clean -p ptrain-plugin-{name}`.\n[build]\nbuild-dir = \"{}\"\n",
+            toml_string(dir)
+        ),
+        None => "\n# No ptrain build directory was found next to the ptrain binary: the first build compiles\n\
+                 # libtorch's bindings (torch-sys), several minutes. To build on ptrain's, add\n\
+                 #   [build]\n#   build-dir = \"<ptrain checkout>/target\"\n"
+            .to_string(),
+    };
+    let mut config = CARGO_CONFIG.replace("{{build_dir_section}}", &build_dir);
+    match (&origin.torch_lib, sink) {
+        // A sink does not link libtorch: ptrain's profile is all it needs.
+        (_, true) => config = keep_sections(&config, &["[build]", "[profile.release]"]),
+        (Some(torch_lib), false) => {
+            let venv = torch_lib.ancestors().nth(5).filter(|v| v.join("bin/python").exists()).unwrap_or(torch_lib);
+            config = config.replace("{{venv}}", &toml_string(venv)).replace("{{torch_lib}}", &toml_string(torch_lib));
+        }
+        (None, false) => {
+            config = keep_sections(&config, &["[build]", "[profile.release]"])
+                + "\n# libtorch was not found: build and test with ptrain's scripts/env.sh sourced.\n"
+        }
+    }
+    let source = if sink { SINK } else { INLINE };
+    vec![
+        ("Cargo.toml", cargo_toml),
+        (".cargo/config.toml", config),
+        ("src/lib.rs", fill(source)),
+        ("README.md", fill(README).replace("{{docs}}", &origin.checkout.join("docs/plugins.md").display().to_string())),
+        (".gitignore", "/target\n".to_string()),
+    ]
+}
+
+/// `text` without the TOML sections (a header line, its comment block above, its
+/// keys below) whose headers are not in `keep`.
+fn keep_sections(text: &str, keep: &[&str]) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let mut pending_comments: Vec<&str> = Vec::new();
+    let mut keeping = true;
+    for line in text.lines() {
+        if line.starts_with('[') {
+            keeping = keep.iter().any(|k| line.starts_with(k));
+            if keeping {
+                out.append(&mut pending_comments);
+            }
+            pending_comments.clear();
+            if keeping {
+                out.push(line);
+            }
+        } else if line.starts_with('#') || line.is_empty() {
+            pending_comments.push(line);
+        } else if keeping {
+            out.append(&mut pending_comments);
+            out.push(line);
+        } else {
+            pending_comments.clear();
+        }
+    }
+    out.append(&mut pending_comments);
+    out.join("\n") + "\n"
+}
+
+pub fn run(name: &str, sink: bool, dir: Option<PathBuf>) -> anyhow::Result<()> {
+    check_name(name)?;
+    let dir = dir.unwrap_or_else(|| PathBuf::from(name));
+    if dir.exists() && std::fs::read_dir(&dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        return Err(Error::Plugin { name: name.into(), message: format!("{} exists and is not empty", dir.display()) }.into());
+    }
+    let origin = Origin::find()?;
+    for (path, text) in files(name, sink, &origin) {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().expect("a file in the crate")).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    // The checkout's lock: the same versions as ptrain's build, so they are found built.
+    let lock = origin.checkout.join("Cargo.lock");
+    if lock.is_file() {
+        std::fs::copy(&lock, dir.join("Cargo.lock")).with_context(|| format!("copying {}", lock.display()))?;
+    }
+    let kind = if sink { "a sink (worker thread): metrics batches to CSV" } else { "inline: reads gradients every 20 steps" };
+    println!("created plugin `{name}` in {}, {kind}", dir.display());
+    println!("  plugin-api: {}", origin.checkout.join("plugin-api").display());
+    match &origin.build_dir {
+        Some(build) => println!("  builds on ptrain's compiled dependencies in {}", build.display()),
+        None => println!("  no ptrain build directory found: the first build compiles libtorch's bindings (minutes)"),
+    }
+    println!("next:\n  cd {} && cargo build --release && cargo test --release", dir.display());
+    println!("  PTRAIN_PLUGIN_PATH=$PWD/target/release ptrain run --plugins {name}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_and_typed() {
+        assert!(check_name("grad-watch").is_ok() && check_name("csv2").is_ok());
+        for bad in ["Grad", "2x", "grad_watch", "grad-", "a--b", ""] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+        assert_eq!(type_name("grad-watch"), "GradWatch");
+        assert_eq!(type_name("csv"), "Csv");
+    }
+
+    #[test]
+    fn the_tch_requirement_is_the_workspaces() {
+        let manifest: toml::Table = include_str!("../../Cargo.toml").parse().unwrap();
+        assert_eq!(manifest["workspace"]["dependencies"]["tch"].as_str(), Some(TCH_REQUIREMENT));
+    }
+
+    #[test]
+    fn every_placeholder_is_filled() {
+        let origin = Origin {
+            checkout: "/p".into(),
+            build_dir: Some("/p/target".into()),
+            torch_lib: Some("/v/lib/python3.11/site-packages/torch/lib".into()),
+        };
+        for sink in [false, true] {
+            for (path, text) in files("grad-watch", sink, &origin) {
+                assert!(!text.contains("{{"), "{path} ({sink}):\n{text}");
+            }
+        }
+        let sink = files("csv", true, &origin);
+        let config = &sink.iter().find(|(p, _)| *p == ".cargo/config.toml").unwrap().1;
+        assert!(config.contains("build-dir = \"/p/target\"") && config.contains("[profile.release]"), "{config}");
+        assert!(!config.contains("[env]") && !config.contains("runner"), "a sink needs no libtorch:\n{config}");
+        let inline = files("grad", false, &Origin { build_dir: None, ..origin });
+        let config = &inline.iter().find(|(p, _)| *p == ".cargo/config.toml").unwrap().1;
+        assert!(config.contains("LD_LIBRARY_PATH=/v/lib/python3.11/site-packages/torch/lib") && !config.contains("\nbuild-dir"), "{config}");
+    }
+}

@@ -1,0 +1,87 @@
+//! Starting ranks the way launchers do, and watching them.
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus},
+    sync::mpsc,
+    thread,
+    time::Duration,
+};
+
+use super::{ptrain, repo};
+
+/// Variables that would place a process in some outer job.
+pub const PLACEMENT_VARS: &[&str] = &[
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+];
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+/// `ptrain` outside any job.
+pub fn single() -> Command {
+    let mut cmd = ptrain();
+    for var in PLACEMENT_VARS {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// `ptrain` as rank `rank` of `world`, the way torchrun would start it.
+pub fn rank_cmd(rank: u32, world: u32, port: u16) -> Command {
+    let mut cmd = single();
+    cmd.env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string());
+    cmd
+}
+
+/// The tensor names in a safetensors file's JSON header.
+pub fn tensor_names(file: &[u8]) -> Vec<String> {
+    let len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + len]).expect("safetensors header");
+    header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect()
+}
+
+/// The venv's torchrun.
+pub fn torchrun() -> PathBuf {
+    let venv_bin = std::env::var_os("PTRAIN_PYTHON")
+        .map(PathBuf::from)
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| repo().join(".venv/bin"));
+    let torchrun = venv_bin.join("torchrun");
+    assert!(torchrun.exists(), "no torchrun at {}: run scripts/bootstrap.sh", torchrun.display());
+    torchrun
+}
+
+pub fn signal(pid: u32, sig: &str) {
+    let status = Command::new("sh").arg("-c").arg(format!("kill -{sig} {pid}")).status().expect("sh");
+    assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// Waits for `child` at most `limit` (and kills it after that).
+pub fn wait_within(mut child: Child, limit: Duration) -> Option<ExitStatus> {
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = rx.recv_timeout(limit).ok().map(|r| r.expect("wait"));
+    if status.is_none() {
+        signal(pid, "KILL");
+    }
+    status
+}

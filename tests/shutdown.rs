@@ -1,0 +1,151 @@
+//! The end of a run never waits on a plugin for good: a slow or hung worker plugin
+//! gets `finish_timeout_s` to drain, then is abandoned and reported; a signal
+//! during the drain ends it at once; an inline hook that runs too long is named by
+//! a watchdog. The bounds below are generous: they check that the process exits
+//! instead of hanging, not how fast.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+fn fixture(name: &str) -> String {
+    let path = build_dir().join(format!("libptrain_fixture_{}.so", name.replace('-', "_")));
+    assert!(path.exists(), "{} missing: build the workspace first", path.display());
+    path.display().to_string()
+}
+
+/// A 40-step run with the `worker-faults` sink emitting every 10 steps, plus `sets`.
+fn sink_run(run_dir: &Path, sets: &[&str]) -> Command {
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(40)).args(["--plugins", &fixture("worker-faults"), "--set", "plugins.worker-faults.every=10"]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    cmd.arg("--run-dir").arg(run_dir).env("PTRAIN_LOG", "info").stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+/// Waits for `child` at most `limit`; kills it and fails if it is still running.
+fn wait_at_most(child: &mut Child, limit: Duration) -> i32 {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the process was still running after {limit:?}: it waits on a plugin");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Stderr lines as they come, on a channel (and all of them once the child exits).
+fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+fn abandoned_after_timeout(sets: &[&str]) -> (serde_json::Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = sink_run(dir.path(), sets).spawn().unwrap();
+    let lines = stderr_lines(&mut child);
+    // finish_timeout_s = 2: the process must be gone well before the sink would be.
+    let code = wait_at_most(&mut child, Duration::from_secs(2 + 30));
+    let err: String = lines.iter().collect::<Vec<_>>().join("\n");
+    assert_eq!(code, 0, "the training's own exit code\n{err}");
+    (summary(dir.path()), err)
+}
+
+#[test]
+fn a_slow_sink_is_abandoned_after_its_finish_timeout_and_reported() {
+    let (s, err) = abandoned_after_timeout(&["plugins.worker-faults.sleep_ms=20000", "plugins.worker-faults.finish_timeout_s=2"]);
+    assert_eq!(s["status"], "completed");
+    let unhandled = s["abandoned_plugins"]["worker-faults"].as_u64().expect("listed under abandoned_plugins");
+    // Four batches and the run's end were queued; the first is still being handled.
+    assert!((2..=5).contains(&unhandled), "{unhandled} never handled: {s}");
+    let line = err.lines().find(|l| l.contains("abandoned")).unwrap_or_else(|| panic!("no warning line:\n{err}"));
+    assert!(line.contains("worker-faults") && line.contains(&format!("{unhandled} event(s) never handled")), "{line}");
+    assert!(line.contains("finish_timeout_s = 2"), "{line}");
+}
+
+#[test]
+fn a_hung_sink_is_abandoned_too_and_the_run_timeout_caps_every_plugin() {
+    // Hangs for good at its first batch; the plugin's own timeout is the default
+    // 30 s, but run.shutdown_timeout_s caps the whole drain.
+    let (s, err) = abandoned_after_timeout(&["plugins.worker-faults.hang_at=10", "run.shutdown_timeout_s=2"]);
+    assert!(s["abandoned_plugins"]["worker-faults"].as_u64().unwrap() >= 1, "{s}");
+    assert!(err.contains("run.shutdown_timeout_s = 2"), "{err}");
+}
+
+#[test]
+fn a_signal_during_the_final_drain_ends_it_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // The default finish timeout (30 s) would hold the process; the signal must not.
+    let mut child = sink_run(dir.path(), &["plugins.worker-faults.sleep_ms=20000"]).spawn().unwrap();
+    let lines = stderr_lines(&mut child);
+    let mut seen = Vec::new();
+    loop {
+        let line = lines.recv_timeout(Duration::from_secs(60)).expect("the run reaches its final drain");
+        let draining = line.contains("waiting for worker plugins to finish");
+        seen.push(line);
+        if draining {
+            break;
+        }
+    }
+    let signalled = Instant::now();
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let code = wait_at_most(&mut child, Duration::from_secs(20));
+    let waited = signalled.elapsed();
+    seen.extend(lines.iter());
+    let err = seen.join("\n");
+    assert_eq!(code, 0, "training had completed\n{err}");
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    let s = summary(dir.path());
+    assert!(s["abandoned_plugins"]["worker-faults"].as_u64().unwrap() >= 1, "{s}");
+    assert!(err.contains("a signal ended the wait"), "{err}");
+}
+
+#[test]
+fn an_inline_hook_that_runs_too_long_is_named_by_the_watchdog() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_expect(
+        ptrain()
+            .args(tiny_gpt(6))
+            .args(["--plugins", &fixture("inline-faults")])
+            .args(["--set", "plugins.inline-faults.sleep_at=3", "--set", "plugins.inline-faults.sleep_ms=2500"])
+            .args(["--set", "plugins.inline-faults.hook_warn_s=0.5"])
+            .arg("--run-dir")
+            .arg(dir.path()),
+        0,
+    );
+    let err = stderr(&out);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("plugin `inline-faults` has been in step_end for")).collect();
+    assert_eq!(warnings.len(), 1, "one warning (the next would come a minute later):\n{err}");
+    assert!(warnings[0].contains("at step 3") && warnings[0].contains("hook_warn_s = 0.5"), "{}", warnings[0]);
+    assert!(summary(dir.path())["plugin_failures"].as_array().unwrap().is_empty(), "a slow hook is not a failure");
+}
+
+#[test]
+fn timeout_keys_out_of_range_are_refused() {
+    for set in ["plugins.worker-faults.finish_timeout_s=0", "plugins.worker-faults.hook_warn_s=-1", "run.shutdown_timeout_s=0"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = run_expect(sink_run(dir.path(), &[set]).stdout(Stdio::null()), 2);
+        let key = set.split('=').next().unwrap();
+        assert!(stderr(&out).contains(key), "{set}: {}", stderr(&out));
+    }
+}

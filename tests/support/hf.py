@@ -1,0 +1,228 @@
+"""Hugging Face side of tests/hf.rs: makes models, tokenizers and data with the real
+`transformers` and `tokenizers` packages, and checks what ptrain wrote with them.
+Nothing is downloaded. Each command prints one JSON object (or nothing).
+
+  hf.py make-model DIR                       random GPT-2 (2 layers, 2 heads, 64 wide, vocab 512,
+                                             128 positions), every parameter perturbed, save_pretrained
+  hf.py make-tokens FILE N                   N random ids < 512 as a nanoGPT uint16 .bin
+  hf.py make-text FILE LINES SEED            varied UTF-8 text (blank lines, indents, accents)
+  hf.py make-jsonl FILE ROWS SEED            rows {"text": ...}
+  hf.py train-tokenizer TEXT OUT VOCAB [--prefix-space]
+                                             byte-level BPE trained on TEXT, saved as tokenizer.json
+  hf.py make-wordlevel OUT TEXT N            a word-level tokenizer of N ids ("w0".."w{N-2}", [UNK]) and
+                                             a TEXT using its largest ids
+  hf.py reshape DIR TENSOR                   rewrites DIR/model.safetensors with TENSOR transposed
+  hf.py compare-logits MODEL_DIR PROBE       transformers' logits and loss on PROBE's batch vs ptrain's
+  hf.py check-ids TOKENIZER SOURCE CACHE [--jsonl FIELD EOS]
+                                             the Python tokenizer's ids vs ptrain's cached ids
+  hf.py load-export DIR PROBE                from_pretrained(DIR): loading report, warnings, logits vs PROBE's
+"""
+import json
+import logging
+import random
+import sys
+import warnings
+
+import numpy as np
+
+
+def out(obj):
+    print(json.dumps(obj))
+
+
+def make_model(d):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=128))
+    # Fresh biases are 0 and layer-norm weights 1: perturb everything so that a
+    # misplaced or untransposed tensor cannot go unnoticed.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(d)
+
+
+def make_tokens(path, n):
+    rng = np.random.default_rng(0)
+    rng.integers(0, 512, int(n), dtype=np.uint16).tofile(path)
+
+
+WORDS = ["the", "model", "tokenizer", "naïve", "café", "über", "data", "12", "2024", "x=y+1;", "(ok)", "—", "日本", "emoji🙂", "it's", "we'll"]
+
+
+def text_lines(n, seed):
+    rng = random.Random(int(seed))
+    lines = []
+    for _ in range(int(n)):
+        r = rng.random()
+        if r < 0.1:
+            lines.append("")
+        else:
+            indent = "    " if r < 0.2 else (" " if r < 0.25 else "")
+            sep = "  " if r > 0.95 else " "
+            lines.append(indent + sep.join(rng.choice(WORDS) for _ in range(rng.randint(1, 14))))
+    return lines
+
+
+def make_text(path, n, seed):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(text_lines(n, seed)) + "\n")
+
+
+def make_jsonl(path, n, seed):
+    with open(path, "w", encoding="utf-8") as f:
+        lines = text_lines(int(n) * 3, seed)
+        for i in range(int(n)):
+            f.write(json.dumps({"id": i, "text": "\n".join(lines[3 * i : 3 * i + 3])}) + "\n")
+
+
+def train_tokenizer(text, path, vocab, *flags):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space="--prefix-space" in flags)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=int(vocab), special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train([text], trainer)
+    tok.save(path)
+
+
+def make_wordlevel(path, text, n):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    n = int(n)
+    vocab = {f"w{i}": i for i in range(n - 1)}
+    vocab["[UNK]"] = n - 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(path)
+    rng = random.Random(3)
+    with open(text, "w") as f:
+        for _ in range(4000):
+            f.write(" ".join(f"w{rng.choice([rng.randrange(n - 1), n - 2, n - 3])}" for _ in range(8)) + " unknown\n")
+
+
+def reshape(d, name):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(f"{d}/model.safetensors")
+    tensors[name] = tensors[name].t().contiguous()
+    save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+
+
+class Captured(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def load_model(d):
+    import transformers
+    from transformers import GPT2LMHeadModel
+
+    transformers.logging.set_verbosity_warning()
+    handler = Captured()
+    logging.getLogger("transformers").addHandler(handler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, info = GPT2LMHeadModel.from_pretrained(d, output_loading_info=True)
+    model.eval()
+    messages = handler.messages + [str(w.message) for w in caught]
+    info = {k: sorted(map(str, v)) for k, v in info.items()}
+    return model, info, messages
+
+
+def compare_logits(model_dir, probe_path):
+    import torch
+    from safetensors.torch import load_file
+
+    probe = load_file(probe_path)
+    model, _, _ = load_model(model_dir)
+    inputs, targets = probe["inputs"], probe["targets"]
+    with torch.no_grad():
+        logits = model(inputs).logits
+        # transformers' own loss: labels are the window of inputs followed by the
+        # last target; the model shifts them itself.
+        window = torch.cat([inputs, targets[:, -1:]], dim=1)
+        hf_loss = model(window, labels=window).loss
+    out(
+        {
+            "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
+            "logit_scale": logits.abs().max().item(),
+            "hf_loss": hf_loss.item(),
+            "probe_loss": probe["loss"].item(),
+            "shape": list(logits.shape),
+        }
+    )
+
+
+def check_ids(tok_path, source, cache, *rest):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tok_path)
+    if rest and rest[0] == "--jsonl":
+        field, eos = rest[1], rest[2]
+        eos_id = tok.token_to_id(eos)
+        ids = []
+        with open(source, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    ids += tok.encode(json.loads(line)[field]).ids + [eos_id]
+    else:
+        with open(source, encoding="utf-8") as f:
+            ids = tok.encode(f.read()).ids
+    dtype = np.uint32 if cache.endswith(".u32") else np.uint16
+    ours = np.fromfile(cache, dtype=dtype).astype(np.int64).tolist()
+    mismatch = next((i for i, (a, b) in enumerate(zip(ids, ours)) if a != b), None)
+    out({"equal": ids == ours, "python": len(ids), "ptrain": len(ours), "first_mismatch": mismatch, "vocab": tok.get_vocab_size()})
+
+
+def load_export(d, probe_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    model, info, messages = load_model(d)
+    probe = load_file(probe_path)
+    with torch.no_grad():
+        logits = model(probe["inputs"]).logits
+    report = {
+        "info": info,
+        "messages": messages,
+        "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
+        "tied": model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(),
+        "activation": model.config.activation_function,
+    }
+    try:
+        tok = AutoTokenizer.from_pretrained(d)
+        from tokenizers import Tokenizer
+
+        sample = "the café über 2024\n  it's"
+        report["tokenizer_matches"] = tok(sample)["input_ids"] == Tokenizer.from_file(f"{d}/tokenizer.json").encode(sample).ids
+    except Exception as e:  # reported, the test decides
+        report["tokenizer_error"] = f"{type(e).__name__}: {e}"
+    out(report)
+
+
+COMMANDS = {
+    "make-model": make_model,
+    "make-tokens": make_tokens,
+    "make-text": make_text,
+    "make-jsonl": make_jsonl,
+    "train-tokenizer": train_tokenizer,
+    "make-wordlevel": make_wordlevel,
+    "reshape": reshape,
+    "compare-logits": compare_logits,
+    "check-ids": check_ids,
+    "load-export": load_export,
+}
+
+if __name__ == "__main__":
+    COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,47 @@
+//! `.grad` tensors as views of one flat buffer, releasing them, and the storage a
+//! tensor keeps alive (for memory figures measured from what is held).
+
+use std::{collections::BTreeMap, ffi::c_char};
+
+use tch::Tensor;
+
+use super::{check, Raw, TensorList, TorchError};
+
+extern "C" {
+    fn ptx_attach_flat_grads(params: *const Raw, n: i64, flat: Raw) -> *mut c_char;
+    fn ptx_detach_grads(params: *const Raw, n: i64) -> *mut c_char;
+    fn ptx_storage(t: Raw, grad: bool, address: *mut u64, nbytes: *mut u64) -> *mut c_char;
+}
+
+/// Makes each parameter's `.grad` a view of `flat`, in order from offset 0, so
+/// backward accumulates into `flat`.
+pub fn attach_flat(params: &TensorList, flat: &Tensor) -> Result<(), TorchError> {
+    check(unsafe { ptx_attach_flat_grads(params.ptr(), params.len() as i64, flat.as_ptr() as Raw) })
+}
+
+/// Sets every parameter's `.grad` to undefined (PyTorch's `grad = None`).
+pub fn detach(params: &TensorList) -> Result<(), TorchError> {
+    check(unsafe { ptx_detach_grads(params.ptr(), params.len() as i64) })
+}
+
+fn storage(t: &Tensor, grad: bool) -> Result<(u64, u64), TorchError> {
+    let (mut address, mut nbytes) = (0, 0);
+    check(unsafe { ptx_storage(t.as_ptr() as Raw, grad, &mut address, &mut nbytes) })?;
+    Ok((address, nbytes))
+}
+
+/// Bytes of the distinct storages that `tensors` and the `.grad` of `grads_of`
+/// keep alive: views of one buffer count it once, undefined tensors count 0.
+pub fn held_bytes<'a>(tensors: impl IntoIterator<Item = &'a Tensor>, grads_of: impl IntoIterator<Item = &'a Tensor>) -> Result<u64, TorchError> {
+    let mut seen = BTreeMap::new();
+    for t in tensors {
+        let (address, nbytes) = storage(t, false)?;
+        seen.insert(address, nbytes);
+    }
+    for t in grads_of {
+        let (address, nbytes) = storage(t, true)?;
+        seen.insert(address, nbytes);
+    }
+    seen.remove(&0);
+    Ok(seen.values().sum())
+}
