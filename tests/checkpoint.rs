@@ -319,7 +319,9 @@ fn on_save_error_stop_ends_the_run() {
     );
     let s = summary(&run);
     assert_eq!(s["status"], "stopped");
-    assert!(s["stop_reason"].as_str().unwrap().contains("saving step 4 failed"), "{s}");
+    assert_eq!(s["exit_code"], 1, "a stop asked for because of a failure is a failure");
+    assert_eq!(s["stopped_by"], "checkpoint");
+    assert!(s["stop_reason"].as_str().unwrap().contains("asked to stop: saving step 4 failed"), "{s}");
     assert!(s["last_step"].as_u64().unwrap() < 20);
 }
 

@@ -282,7 +282,8 @@ fn names_resolve_through_ptrain_plugin_path_first() {
 fn plugins_list_and_info_describe_hooks_and_cadences() {
     let out = run_expect(ptrain().args(["plugins", "list"]), 0);
     let text = stdout(&out);
-    for name in ["jsonl", "csv", "tensorboard", "wandb", "mlflow", "flops", "dataset-metrics", "perf", "checkpoint"] {
+    for name in ["jsonl", "csv", "tensorboard", "wandb", "mlflow", "flops", "dataset-metrics", "perf", "checkpoint", "health", "early-stop", "trace"]
+    {
         assert!(text.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing from:\n{text}");
     }
     let out = run_expect(ptrain().args(["plugins", "info", "jsonl"]), 0);

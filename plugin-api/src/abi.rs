@@ -18,7 +18,7 @@ use crate::{
     context::{RunEnd, RunInfo, StepContext},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
-    schedule::Descriptor,
+    schedule::{Descriptor, StepWindows},
 };
 
 /// The root-module name every ptrain plugin library carries; anything else is foreign.
@@ -43,6 +43,12 @@ pub trait FfiPlugin: Send {
     /// Returns a JSON summary fragment, or an empty string for none.
     #[sabi(last_prefix_field)]
     fn on_run_end(&mut self, end: &RunEnd<'_>) -> RResult<RString, RString>;
+
+    /// Added after the first release: optional in the vtable, so a plugin built
+    /// before it still loads, and the host then sees this default (no windows).
+    fn step_windows(&self) -> RResult<StepWindows, RString> {
+        RResult::ROk(StepWindows::NONE)
+    }
 }
 
 pub type PluginBox = FfiPlugin_TO<'static, RBox<()>>;

@@ -8,6 +8,12 @@ use abi_stable::{
 
 use crate::context::TensorRef;
 
+/// How a stop request says it comes from a failure: its reason starts with this.
+/// A convention rather than a new `HostApi` function, so that the function table
+/// (whose layout the host checks when loading a plugin) stays as it was; a host
+/// that predates it shows the prefixed reason and ends the run as it always did.
+pub const STOP_FAILURE_PREFIX: &str = "failure: ";
+
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogLevel {
@@ -42,9 +48,21 @@ impl HostApi {
         (self.log)(self.ctx, level, plugin.into(), message.into())
     }
 
-    /// Asks the host to stop after the current step (saving a final checkpoint).
+    /// Asks the host to end the run after the current step, as a normal end: the
+    /// final checkpoint is saved (when a checkpoint plugin is loaded), summary.json
+    /// names the plugin (`stopped_by`) and the reason, and ptrain exits 0. For a
+    /// plugin that decides training is done (early stopping). In a distributed run
+    /// the ranks agree and stop at the same step.
     pub fn request_stop(&self, plugin: &str, reason: &str) {
         (self.request_stop)(self.ctx, plugin.into(), reason.into())
+    }
+
+    /// Asks the host to end the run after the current step because something
+    /// failed (a checkpoint could not be written): as [`HostApi::request_stop`],
+    /// but the run ends as a failure, with an emergency checkpoint and exit 1.
+    pub fn request_failure_stop(&self, plugin: &str, reason: &str) {
+        let reason = format!("{STOP_FAILURE_PREFIX}{reason}");
+        (self.request_stop)(self.ctx, plugin.into(), reason.as_str().into())
     }
 
     /// Takes this plugin off the schedule for the rest of the run, from the next step

@@ -17,7 +17,7 @@ use crate::{
     context::{RunEnd, RunInfo, StepContext},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
-    schedule::Descriptor,
+    schedule::{Descriptor, StepWindows},
 };
 
 /// The error a plugin call returns; the host disables the plugin and logs it.
@@ -116,6 +116,13 @@ pub trait Plugin: Send + Sized + 'static {
     /// plugin's name. Every plugin, once; a worker's queue is drained first.
     fn on_run_end(&mut self, _end: &RunEnd<'_>) -> PluginResult<Option<serde_json::Value>> {
         Ok(None)
+    }
+
+    /// Windows of consecutive steps on which this plugin's step hooks are due, on
+    /// top of their cadences (a profiler's recording windows). Asked once, right
+    /// after [`Plugin::new`]; an error there is an option mistake (exit 2).
+    fn step_windows(&self) -> PluginResult<StepWindows> {
+        Ok(StepWindows::NONE)
     }
 }
 
@@ -232,6 +239,10 @@ impl<P: Plugin> FfiPlugin for Adapter<P> {
             let summary = self.0.on_run_end(end)?;
             Ok(summary.map(|v| v.to_string()).unwrap_or_default().into())
         })
+    }
+
+    fn step_windows(&self) -> RResult<StepWindows, RString> {
+        guard(|| self.0.step_windows())
     }
 }
 

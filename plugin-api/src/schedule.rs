@@ -147,6 +147,65 @@ impl std::fmt::Display for Cadence {
     }
 }
 
+/// Windows of consecutive steps on which a plugin's step hooks are due, on top of
+/// their cadences, as `torch.profiler.schedule` lays out profiling windows: `length`
+/// steps from step `first`, then again every `every` steps (0: one window),
+/// `repeat` windows in all (0: until the run ends). A plugin derives them from its
+/// options and answers them from [`crate::Plugin::step_windows`]; the host puts them
+/// into the schedule once, so a step outside every window costs nothing.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepWindows {
+    pub first: u64,
+    pub length: u64,
+    pub every: u64,
+    pub repeat: u64,
+}
+
+impl StepWindows {
+    pub const NONE: StepWindows = StepWindows { first: 0, length: 0, every: 0, repeat: 0 };
+
+    pub fn is_none(&self) -> bool {
+        self.length == 0 || self.first == 0
+    }
+
+    /// The window holding `step` and the step's offset in it (from 0).
+    pub fn position(&self, step: u64) -> Option<(u64, u64)> {
+        if self.is_none() || step < self.first {
+            return None;
+        }
+        let since = step - self.first;
+        let (window, offset) = match (since.checked_div(self.every), since.checked_rem(self.every)) {
+            (Some(window), Some(offset)) => (window, offset),
+            _ => (0, since),
+        };
+        let counted = self.repeat == 0 || window < self.repeat;
+        (offset < self.length && counted).then_some((window, offset))
+    }
+
+    /// The first step after `step` inside a window, if there is one.
+    pub fn next_after(&self, step: u64) -> Option<u64> {
+        if self.is_none() {
+            return None;
+        }
+        let next = step.checked_add(1)?;
+        if next <= self.first {
+            return Some(self.first);
+        }
+        if self.position(next).is_some() {
+            return Some(next);
+        }
+        if self.every == 0 {
+            return None;
+        }
+        let window = (next - self.first) / self.every + 1;
+        if self.repeat != 0 && window >= self.repeat {
+            return None;
+        }
+        self.first.checked_add(window.checked_mul(self.every)?)
+    }
+}
+
 /// What an attachment asks the host to provide when it is due. Tensors are only
 /// handed over when asked for; core metrics are only computed when some sink asks.
 #[repr(transparent)]

@@ -50,6 +50,19 @@ extern "C" {
     fn ptx_cuda_empty_cache() -> *mut c_char;
     fn ptx_cuda_memory(device: i32, allocated: *mut i64, peak: *mut i64, reserved: *mut i64) -> *mut c_char;
     fn ptx_cuda_device_name(device: i32, buffer: *mut c_char, size: i64) -> *mut c_char;
+    fn ptx_foreach_norm(ts: *const Raw, n: i64, ord: f64, out: *mut Raw) -> *mut c_char;
+    fn ptx_foreach_sub_(a: *const Raw, b: *const Raw, n: i64) -> *mut c_char;
+    fn ptx_foreach_mul_scalar(ts: *const Raw, n: i64, scalar: f64, out: *mut Raw) -> *mut c_char;
+    fn ptx_trace_prepare(cuda: bool, shapes: bool, memory: bool) -> *mut c_char;
+    fn ptx_trace_start(cuda: bool, shapes: bool, memory: bool) -> *mut c_char;
+    fn ptx_trace_metadata(key: *const c_char, value: *const c_char) -> *mut c_char;
+    fn ptx_trace_stop(result: *mut Raw) -> *mut c_char;
+    fn ptx_trace_save(result: Raw, path: *const c_char) -> *mut c_char;
+    fn ptx_trace_free(result: Raw);
+    fn ptx_record_begin(name: *const c_char, handle: *mut Raw) -> *mut c_char;
+    fn ptx_record_end(handle: Raw) -> *mut c_char;
+    fn ptx_cuda_memory_history(enabled: bool, max_entries: i64) -> *mut c_char;
+    fn ptx_cuda_memory_snapshot(out: *mut *mut c_char, len: *mut i64) -> *mut c_char;
 }
 
 /// An error raised by libtorch inside the shim.
@@ -234,6 +247,150 @@ pub mod profiler {
         let mut out = [0u64; 5];
         check(unsafe { ptx_flop_count_stop(out.as_mut_ptr()) })?;
         Ok(FlopCounts { matmul: out[0], elementwise: out[1], attention: out[2], counted_ops: out[3], attention_ops: out[4] })
+    }
+}
+
+/// Per-tensor reductions over a tensor list in a few fused kernels (`torch._foreach_*`).
+pub mod foreach {
+    use super::*;
+
+    /// `torch._foreach_norm(ts, ord, dtype=float64)` stacked into one `[n]` tensor
+    /// on the tensors' device: `ord = 2.0` the L2 norms, `ord = 0.0` the counts of
+    /// non-zero entries (NaN and infinities count as non-zero).
+    pub fn norms(ts: &TensorList, ord: f64) -> Result<Tensor, TorchError> {
+        let mut out: Raw = std::ptr::null_mut();
+        check(unsafe { ptx_foreach_norm(ts.ptr(), ts.len() as i64, ord, &mut out) })?;
+        // SAFETY: the shim returns a new heap `at::Tensor*`, which Tensor now owns.
+        Ok(unsafe { Tensor::from_ptr(out as *mut _) })
+    }
+
+    /// `a[i] -= b[i]` in place (`torch._foreach_sub_`).
+    pub fn sub_(a: &TensorList, b: &TensorList) -> Result<(), TorchError> {
+        assert_eq!(a.len(), b.len());
+        check(unsafe { ptx_foreach_sub_(a.ptr(), b.ptr(), a.len() as i64) })
+    }
+
+    /// `ts[i] * scalar` as new tensors (`torch._foreach_mul`).
+    pub fn mul_scalar(ts: &TensorList, scalar: f64) -> Result<TensorList, TorchError> {
+        let mut out: Vec<Raw> = vec![std::ptr::null_mut(); ts.len()];
+        check(unsafe { ptx_foreach_mul_scalar(ts.ptr(), ts.len() as i64, scalar, out.as_mut_ptr()) })?;
+        // SAFETY: each is a new heap `at::Tensor*` the shim hands over.
+        Ok(TensorList::new(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p as *mut _) }).collect()))
+    }
+}
+
+/// libtorch's Kineto profiler, driven as `torch.profiler.profile` drives it, and
+/// its Chrome trace export.
+pub mod trace {
+    use std::ffi::CString;
+
+    use super::*;
+
+    /// What a trace records besides the operators.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Options {
+        /// CUDA kernels and memory copies (CUPTI).
+        pub cuda: bool,
+        /// Input shapes of each operator (`record_shapes`).
+        pub shapes: bool,
+        /// Allocations and frees (`profile_memory`).
+        pub memory: bool,
+    }
+
+    fn c_string(s: &str) -> Result<CString, TorchError> {
+        CString::new(s).map_err(|e| TorchError(e.to_string()))
+    }
+
+    /// The schedule's warm-up: the tracer is set up and records nothing yet.
+    pub fn prepare(o: Options) -> Result<(), TorchError> {
+        check(unsafe { ptx_trace_prepare(o.cuda, o.shapes, o.memory) })
+    }
+
+    /// Starts recording on this thread (after [`prepare`]).
+    pub fn start(o: Options) -> Result<(), TorchError> {
+        check(unsafe { ptx_trace_start(o.cuda, o.shapes, o.memory) })
+    }
+
+    /// While recording: `value_json` (a JSON value) under `key` at the top of the
+    /// trace, as torch.profiler adds `distributedInfo`.
+    pub fn metadata(key: &str, value_json: &str) -> Result<(), TorchError> {
+        let (key, value) = (c_string(key)?, c_string(value_json)?);
+        check(unsafe { ptx_trace_metadata(key.as_ptr(), value.as_ptr()) })
+    }
+
+    /// A recorded trace, to be written (on any thread) with [`Recorded::save`].
+    pub struct Recorded(Raw);
+
+    // The result is plain data once the profiler is disabled; it is used by one
+    // thread at a time.
+    unsafe impl Send for Recorded {}
+
+    impl Recorded {
+        /// Chrome trace JSON at `path`, as `export_chrome_trace` writes it.
+        pub fn save(&self, path: &std::path::Path) -> Result<(), TorchError> {
+            let path = c_string(&path.to_string_lossy())?;
+            check(unsafe { ptx_trace_save(self.0, path.as_ptr()) })
+        }
+    }
+
+    impl Drop for Recorded {
+        fn drop(&mut self) {
+            unsafe { ptx_trace_free(self.0) }
+        }
+    }
+
+    /// Stops recording and returns what was recorded.
+    pub fn stop() -> Result<Recorded, TorchError> {
+        let mut result: Raw = std::ptr::null_mut();
+        check(unsafe { ptx_trace_stop(&mut result) })?;
+        Ok(Recorded(result))
+    }
+
+    /// A user-scope span in the trace (`torch.profiler.record_function`), open
+    /// until [`Span::end`] (or drop). End it on the thread that began it.
+    pub struct Span(Raw);
+
+    // Owners (inline plugins) move with their thread's work but use a span only on
+    // the thread that began it, as libtorch's record functions require.
+    unsafe impl Send for Span {}
+
+    impl Span {
+        pub fn begin(name: &str) -> Result<Span, TorchError> {
+            let name = c_string(name)?;
+            let mut handle: Raw = std::ptr::null_mut();
+            check(unsafe { ptx_record_begin(name.as_ptr(), &mut handle) })?;
+            Ok(Span(handle))
+        }
+
+        pub fn end(mut self) -> Result<(), TorchError> {
+            let handle = std::mem::replace(&mut self.0, std::ptr::null_mut());
+            check(unsafe { ptx_record_end(handle) })
+        }
+    }
+
+    impl Drop for Span {
+        fn drop(&mut self) {
+            if !self.0.is_null() {
+                let _ = check(unsafe { ptx_record_end(self.0) });
+            }
+        }
+    }
+
+    /// `torch.cuda.memory._record_memory_history`: on with up to `max_entries`
+    /// events, or off. An error without CUDA.
+    pub fn cuda_memory_history(enabled: bool, max_entries: i64) -> Result<(), TorchError> {
+        check(unsafe { ptx_cuda_memory_history(enabled, max_entries) })
+    }
+
+    /// `torch.cuda.memory._snapshot()` pickled, as `_dump_snapshot` writes it (for
+    /// PyTorch's memory viz). An error without CUDA.
+    pub fn cuda_memory_snapshot() -> Result<Vec<u8>, TorchError> {
+        let (mut out, mut len): (*mut c_char, i64) = (std::ptr::null_mut(), 0);
+        check(unsafe { ptx_cuda_memory_snapshot(&mut out, &mut len) })?;
+        // SAFETY: `len` malloc'ed bytes, now ours to copy and free.
+        let bytes = unsafe { std::slice::from_raw_parts(out as *const u8, len as usize) }.to_vec();
+        unsafe { ptx_free(out) };
+        Ok(bytes)
     }
 }
 

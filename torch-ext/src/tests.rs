@@ -78,3 +78,42 @@ fn cuda_helpers_are_harmless_without_a_gpu() {
     assert!(cuda::empty_cache().is_ok());
     assert_eq!(cuda::memory(0).unwrap_or_default(), cuda::Memory::default());
 }
+
+#[test]
+fn foreach_norms_count_nonzeros_and_non_finite_entries() {
+    let ts = TensorList::new(vec![t(&[3.0, 4.0, 0.0]), t(&[f32::NAN, 0.0]), t(&[f32::INFINITY])]);
+    let l2: Vec<f64> = Vec::try_from(foreach::norms(&ts, 2.0).unwrap()).unwrap();
+    assert_eq!(l2[0], 5.0);
+    assert!(l2[1].is_nan() && l2[2].is_infinite());
+    let nonzero: Vec<f64> = Vec::try_from(foreach::norms(&ts, 0.0).unwrap()).unwrap();
+    assert_eq!(nonzero, [2.0, 1.0, 1.0]);
+    let nonfinite: Vec<f64> = Vec::try_from(foreach::norms(&foreach::mul_scalar(&ts, 0.0).unwrap(), 0.0).unwrap()).unwrap();
+    assert_eq!(nonfinite, [0.0, 1.0, 1.0]);
+    let (a, b) = (TensorList::new(vec![t(&[1.0, 2.0])]), TensorList::new(vec![t(&[0.5, 0.5])]));
+    foreach::sub_(&a, &b).unwrap();
+    assert_eq!(Vec::<f32>::try_from(&a.tensors()[0]).unwrap(), [0.5, 1.5]);
+}
+
+#[test]
+fn a_trace_records_spans_and_operators_and_saves_chrome_json() {
+    let o = trace::Options { cuda: false, shapes: true, memory: false };
+    trace::prepare(o).unwrap();
+    trace::start(o).unwrap();
+    trace::metadata("distributedInfo", "{\"rank\": 3, \"world_size\": 4}").unwrap();
+    let span = trace::Span::begin("ProfilerStep#7").unwrap();
+    let x = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
+    let _ = x.matmul(&x);
+    span.end().unwrap();
+    let recorded = trace::stop().unwrap();
+    let path = std::env::temp_dir().join(format!("ptrain-torch-ext-trace-{}.json", std::process::id()));
+    // Written on another thread, as the trace plugin does.
+    let saved = std::thread::spawn({
+        let path = path.clone();
+        move || recorded.save(&path)
+    });
+    saved.join().unwrap().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(text.contains("\"name\": \"ProfilerStep#7\"") || text.contains("\"name\":\"ProfilerStep#7\""), "{}", &text[..text.len().min(2000)]);
+    assert!(text.contains("aten::matmul") && text.contains("\"rank\": 3"), "{}", &text[..text.len().min(2000)]);
+}

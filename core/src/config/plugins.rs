@@ -73,10 +73,13 @@ pub struct PluginSettings {
 impl PluginSettings {
     /// Splits `table`; `attachments` are the names the plugin declares, so that
     /// `[plugins.x.<attachment>]` tables are recognised as cadences, not options.
-    pub fn parse(plugin: &str, table: &toml::Table, attachments: &[&str]) -> Result<PluginSettings, ConfigError> {
+    /// `scheduled_primary`: whether the plugin's first attachment has a cadence for
+    /// the table's cadence keys to override; when it has none, they are options.
+    pub fn parse(plugin: &str, table: &toml::Table, attachments: &[&str], scheduled_primary: bool) -> Result<PluginSettings, ConfigError> {
         let source = format!("[plugins.{plugin}]");
+        let empty = toml::Table::new();
         let mut settings = PluginSettings {
-            primary: cadence(&source, &format!("plugins.{plugin}"), table)?,
+            primary: cadence(&source, &format!("plugins.{plugin}"), if scheduled_primary { table } else { &empty })?,
             attachments: BTreeMap::new(),
             queue: 1024,
             on_full: OnFull::default(),
@@ -89,7 +92,7 @@ impl PluginSettings {
             let path = format!("plugins.{plugin}.{key}");
             let err = |message: String| ConfigError { origin: source.clone(), key: path.clone(), message };
             match key.as_str() {
-                k if CADENCE_KEYS.contains(&k) => {}
+                k if CADENCE_KEYS.contains(&k) && scheduled_primary => {}
                 "queue" => settings.queue = value.as_integer().filter(|q| *q >= 1).ok_or_else(|| err("must be an integer >= 1".into()))? as usize,
                 "on_full" => settings.on_full = value.clone().try_into().map_err(|_| err("must be \"drop_oldest\" or \"block\"".into()))?,
                 "finish_timeout_s" | "hook_warn_s" => {

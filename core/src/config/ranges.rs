@@ -139,6 +139,9 @@ pub const RULES: &[(&str, Range)] = &[
     ("dist.timeout_s", int(1)),
     ("dist.bucket_mb", positive().or_zero("one tensor per all-reduce")),
     ("debug.nonfinite_loss_at[]", int(1)),
+    ("debug.grad_spike_at[]", int(1)),
+    ("debug.grad_spike_factor", positive()),
+    ("debug.dump_tensors_at[]", int(1)),
 ];
 
 fn number(value: &toml::Value) -> Option<f64> {

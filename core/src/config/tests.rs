@@ -86,15 +86,23 @@ fn missing_input_files_are_named() {
 #[test]
 fn plugin_tables_split_host_keys_from_options() {
     let table: toml::Table = toml::from_str("every = 20\nqueue = 8\non_full = \"block\"\nproject = \"p\"\n[histograms]\nevery = 0\n").unwrap();
-    let s = PluginSettings::parse("tensorboard", &table, &["scalars", "histograms"]).unwrap();
+    let s = PluginSettings::parse("tensorboard", &table, &["scalars", "histograms"], true).unwrap();
     assert_eq!(s.primary.every, Some(20));
     assert_eq!((s.queue, s.on_full), (8, OnFull::Block));
     assert_eq!(s.attachments["histograms"].every, Some(0));
     assert_eq!(s.options, serde_json::json!({"project": "p"}));
 
     let bad: toml::Table = toml::from_str("[histograms]\nevry = 3\n").unwrap();
-    let e = PluginSettings::parse("tensorboard", &bad, &["scalars", "histograms"]).unwrap_err();
+    let e = PluginSettings::parse("tensorboard", &bad, &["scalars", "histograms"], true).unwrap_err();
     assert_eq!(e.key, "plugins.tensorboard.histograms.evry");
+}
+
+#[test]
+fn cadence_keys_are_options_of_a_plugin_without_a_scheduled_primary() {
+    let table: toml::Table = toml::from_str("every = 500\nactive = 2\n").unwrap();
+    let s = PluginSettings::parse("trace", &table, &["start", "step_start"], false).unwrap();
+    assert!(s.primary.is_empty());
+    assert_eq!(s.options, serde_json::json!({"every": 500, "active": 2}));
 }
 
 /// A value outside `rule`'s range, as TOML, and one inside.

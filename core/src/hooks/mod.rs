@@ -11,5 +11,5 @@ mod gate;
 mod scheduler;
 
 pub use gate::{Gate, Ticker};
-pub use ptrain_plugin_api::{Cadence, Hook, Needs};
+pub use ptrain_plugin_api::{Cadence, Hook, Needs, StepWindows};
 pub use scheduler::{CoreTask, Owner, Scheduler, SlotSpec, StepPlan};

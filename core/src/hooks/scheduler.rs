@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{Cadence, Gate, Hook, Needs};
+use super::{Cadence, Gate, Hook, Needs, StepWindows};
 
 /// The core's own periodic work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub struct SlotSpec {
     pub hook: Hook,
     pub cadence: Cadence,
     pub needs: Needs,
+    /// Windows of steps on which the slot is also due (a plugin's
+    /// [`StepWindows`]), `StepWindows::NONE` for most.
+    pub windows: StepWindows,
 }
 
 #[derive(Debug)]
@@ -88,7 +91,7 @@ impl Scheduler {
         let now = Instant::now();
         let slots = specs
             .into_iter()
-            .filter(|s| !s.cadence.is_never())
+            .filter(|s| !s.cadence.is_never() || !s.windows.is_none())
             .map(|spec| Slot { spec, next_step: u64::MAX, last_fired: now, enabled: true })
             .collect::<Vec<_>>();
         let mut scheduler = Scheduler { due: Vec::with_capacity(slots.len()), slots, first_step, last_step, eval_every };
@@ -140,6 +143,9 @@ impl Scheduler {
         }
         if c.at_eval {
             next = next.min(self.next_eval_after(step));
+        }
+        if let Some(in_window) = self.slots[i].spec.windows.next_after(step) {
+            next = next.min(in_window);
         }
         next
     }

@@ -26,7 +26,7 @@ mod worker;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
-use ptrain_plugin_api::{Hook, Outbox, PluginBox, Threading};
+use ptrain_plugin_api::{Hook, Outbox, PluginBox, StepWindows, Threading};
 use serde::Serialize;
 
 pub use dispatch::Reach;
@@ -34,7 +34,7 @@ pub use event::{Event, Reply};
 pub use loader::{available, resolve, search_dirs, PluginLibrary};
 pub use queue::{BoundedQueue, QueueItem};
 pub use run_data::{RunData, RunEndData};
-pub use services::HostServices;
+pub use services::{HostServices, StopRequest};
 
 use self::{watchdog::Watchdog, worker::Worker};
 use crate::{
@@ -144,7 +144,10 @@ impl PluginHost {
             let empty = toml::Table::new();
             let table = tables.get(&name).or_else(|| tables.get(request.as_str())).unwrap_or(&empty);
             let names: Vec<&str> = d.attachments.iter().map(|a| a.name.as_str()).collect();
-            let settings = PluginSettings::parse(&name, table, &names)?;
+            // A plugin whose first attachment has no cadence (run start) takes the
+            // cadence keys of its table as its own options (the trace's `every`).
+            let primary = d.attachments.first().filter(|a| a.hook.is_scheduled()).map(|a| a.cadence);
+            let settings = PluginSettings::parse(&name, table, &names, primary.is_some())?;
             let index = host.instances.len();
             let mut declared = 0;
             for (k, a) in d.attachments.iter().enumerate() {
@@ -162,8 +165,12 @@ impl PluginHost {
                     // Due exactly when the run evaluates.
                     Hook::Eval => Cadence::NEVER.with_eval(),
                     _ => {
-                        let primary = if k == 0 { settings.primary.apply(a.cadence) } else { a.cadence };
-                        let cadence = settings.attachments.get(a.name.as_str()).map_or(primary, |o| o.apply(primary));
+                        // Attachments declared with the primary's cadence run together
+                        // with it (health's AfterBackward and StepEnd), so they follow
+                        // the table's cadence keys too.
+                        let follows = k == 0 || primary == Some(a.cadence);
+                        let base = if follows { settings.primary.apply(a.cadence) } else { a.cadence };
+                        let cadence = settings.attachments.get(a.name.as_str()).map_or(base, |o| o.apply(base));
                         if cadence.is_never() && !a.cadence.is_never() {
                             tracing::warn!(
                                 "plugin `{name}`: attachment `{}` is never due with these settings (every = 0 and every_secs = 0 switch those off)",
@@ -173,13 +180,20 @@ impl PluginHost {
                         cadence
                     }
                 };
-                slots.push(SlotSpec { owner: Owner::Plugin(index), hook: a.hook, cadence, needs: a.needs });
+                slots.push(SlotSpec { owner: Owner::Plugin(index), hook: a.hook, cadence, needs: a.needs, windows: StepWindows::NONE });
             }
             let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
             let runner = if runs_here {
                 let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api())
                     .into_result()
                     .map_err(|e| Error::Plugin { name: name.clone(), message: e.into_string() })?;
+                let windows = plugin.step_windows().into_result().map_err(|e| Error::Plugin { name: name.clone(), message: e.into_string() })?;
+                if !windows.is_none() {
+                    let steps = [Hook::StepStart, Hook::AfterForward, Hook::AfterBackward, Hook::StepEnd];
+                    for slot in slots.iter_mut().filter(|s| s.owner == Owner::Plugin(index) && steps.contains(&s.hook)) {
+                        slot.windows = windows;
+                    }
+                }
                 match d.threading {
                     Threading::Inline => Runner::Inline(plugin),
                     Threading::Worker => Runner::Worker(Worker::spawn(&name, plugin, settings.queue, settings.on_full)),

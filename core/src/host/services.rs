@@ -8,15 +8,46 @@ use std::sync::{
 };
 
 use abi_stable::std_types::{RResult, RStr, RString};
-use ptrain_plugin_api::{HostApi, LogLevel, TensorRef};
+use ptrain_plugin_api::{HostApi, LogLevel, TensorRef, STOP_FAILURE_PREFIX};
 use tch::Tensor;
 
 use crate::{dist::Collectives, hooks::Gate};
 
+/// A plugin's request to end the run (`HostApi::request_stop`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopRequest {
+    pub plugin: String,
+    pub reason: String,
+    /// Asked through `HostApi::request_failure_stop`: the run ends as a failure.
+    pub failure: bool,
+}
+
+impl StopRequest {
+    /// Reads the failure convention ([`STOP_FAILURE_PREFIX`]) off the reason.
+    pub fn new(plugin: &str, reason: &str) -> StopRequest {
+        let (reason, failure) = match reason.strip_prefix(STOP_FAILURE_PREFIX) {
+            Some(rest) => (rest, true),
+            None => (reason, false),
+        };
+        StopRequest { plugin: plugin.to_string(), reason: reason.to_string(), failure }
+    }
+}
+
+impl std::fmt::Display for StopRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.plugin.is_empty() {
+            f.write_str(&self.reason)
+        } else {
+            write!(f, "plugin `{}` asked to stop: {}", self.plugin, self.reason)
+        }
+    }
+}
+
 pub struct HostServices {
     gate: Arc<Gate>,
     stop: AtomicBool,
-    stop_reason: Mutex<Option<String>>,
+    /// The first request wins.
+    stop_request: Mutex<Option<StopRequest>>,
     collectives: Option<Arc<dyn Collectives>>,
     /// Plugins that asked to leave the schedule, with why, not yet applied.
     detach_requests: Mutex<Vec<(String, String)>>,
@@ -28,7 +59,7 @@ impl HostServices {
         Box::leak(Box::new(HostServices {
             gate,
             stop: AtomicBool::new(false),
-            stop_reason: Mutex::new(None),
+            stop_request: Mutex::new(None),
             collectives,
             detach_requests: Mutex::new(Vec::new()),
             detach_pending: AtomicBool::new(false),
@@ -40,8 +71,8 @@ impl HostServices {
         self.gate.clone()
     }
 
-    pub fn request_stop(&self, reason: String) {
-        self.stop_reason.lock().expect("stop lock").get_or_insert(reason);
+    pub fn request_stop(&self, request: StopRequest) {
+        self.stop_request.lock().expect("stop lock").get_or_insert(request);
         self.stop.store(true, Ordering::SeqCst);
         self.gate.lower();
     }
@@ -51,9 +82,9 @@ impl HostServices {
         self.gate.lower();
     }
 
-    pub fn stop_requested(&self) -> Option<String> {
+    pub fn stop_requested(&self) -> Option<StopRequest> {
         if self.stop.load(Ordering::SeqCst) {
-            self.stop_reason.lock().expect("stop lock").clone()
+            self.stop_request.lock().expect("stop lock").clone()
         } else {
             None
         }
@@ -95,7 +126,7 @@ extern "C" fn log(_ctx: *const (), level: LogLevel, plugin: RStr<'_>, message: R
 }
 
 extern "C" fn request_stop(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
-    services(ctx).request_stop(format!("plugin `{plugin}` asked to stop: {reason}"));
+    services(ctx).request_stop(StopRequest::new(plugin.as_str(), reason.as_str()));
 }
 
 extern "C" fn detach(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {

@@ -22,17 +22,25 @@ use crate::{
 
 impl Run {
     pub(super) fn finish(mut self, last_step: u64, stop: Option<Stop>, started: Instant) -> Result<Outcome> {
-        let (status, exit_code, stop_reason, emergency) = match &stop {
+        let (status, exit_code, stop_reason, last_save) = match &stop {
             None => ("completed", 0, None, None),
             Some(Stop::Signal(sig)) => ("interrupted", 128 + sig, Some(format!("signal {sig}")), Some(CheckpointReason::Interrupted)),
-            Some(Stop::Requested(r)) => ("stopped", 1, Some(r.clone()), Some(CheckpointReason::Interrupted)),
+            // A plugin that decides training is done (early stopping) ends the run
+            // normally: the final checkpoint is an end-of-run save.
+            Some(Stop::Requested(r)) if !r.failure => ("stopped", 0, Some(r.to_string()), Some(CheckpointReason::End)),
+            Some(Stop::Requested(r)) => ("stopped", 1, Some(r.to_string()), Some(CheckpointReason::Interrupted)),
             Some(Stop::NonFinite(r)) => ("nonfinite", 1, Some(r.clone()), Some(CheckpointReason::NonFinite)),
+        };
+        let stopped_by = match &stop {
+            Some(Stop::Requested(r)) if !r.plugin.is_empty() => Some(r.plugin.clone()),
+            _ => None,
         };
         if let Some(reason) = &stop_reason {
             self.metrics.progress.println(&format!("stopping after step {last_step}: {reason}"));
         }
-        if let Some(reason) = emergency {
-            if last_step > self.env.start_step {
+        if let Some(reason) = last_save {
+            let saved_already = reason == CheckpointReason::End && self.tally.last_save_step == Some(last_step);
+            if last_step > self.env.start_step && !saved_already {
                 self.save(last_step, reason)?;
             }
         }
@@ -71,6 +79,7 @@ impl Run {
             status: status.into(),
             exit_code,
             stop_reason,
+            stopped_by,
             steps,
             start_step: env.start_step,
             last_step,

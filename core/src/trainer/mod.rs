@@ -11,7 +11,8 @@
 //! - `eval`, `metrics` (the core metrics and their since-last-emit state), `save`
 //!   (checkpoint payloads), `state` (the typed training state, and resuming);
 //! - `finish`, `summary`, `memory`: the end of the run and `summary.json` (with
-//!   each rank's optimizer and gradient memory).
+//!   each rank's optimizer and gradient memory);
+//! - `debug`: `[debug]` tools for tests (a gradient spike, tensor dumps).
 //!
 //! ```no_run
 //! use ptrain_core::{config::Config, Trainer};
@@ -21,6 +22,7 @@
 //! ```
 
 mod clock;
+mod debug;
 mod eval;
 mod finish;
 mod hooks;
@@ -55,7 +57,8 @@ pub type ModelFactory = Box<dyn FnOnce(&nn::Path, &dyn Dataset) -> Result<Box<dy
 pub struct Outcome {
     pub summary: Summary,
     pub run_dir: PathBuf,
-    /// 0 completed, 130 SIGINT, 143 SIGTERM, 1 stopped on non-finite losses,
+    /// 0 completed (or ended early by a plugin's `request_stop`), 130 SIGINT, 143
+    /// SIGTERM, 1 stopped on non-finite losses or by a plugin's failure,
     /// [`EXIT_PLUGIN_FAILED`] completed with a plugin failure under `run.strict_plugins`.
     pub exit_code: i32,
 }

@@ -100,6 +100,8 @@ pub(super) struct Tally {
     pub evals: Vec<EvalPoint>,
     /// Time the loop waited for a previous save to finish.
     pub checkpoint_wait_s: f64,
+    /// The step of the last checkpoint handed to the checkpoint plugins.
+    pub last_save_step: Option<u64>,
 }
 
 impl Tally {

@@ -23,7 +23,7 @@ use crate::{
     data::{loader::DrawPlan, Loader},
     device,
     error::{Error, Result},
-    hooks::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, Ticker},
+    hooks::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, StepWindows, Ticker},
     host::{HostServices, PluginHost, RunData},
     model,
     optim::{LrSchedule, Optimizer, ShardSpec},
@@ -42,7 +42,7 @@ fn run_dir(config: &Config, at: Option<u64>) -> PathBuf {
 }
 
 fn core_slot(task: CoreTask, cadence: Cadence) -> SlotSpec {
-    SlotSpec { owner: Owner::Core(task), hook: Hook::StepEnd, cadence, needs: Needs::NONE }
+    SlotSpec { owner: Owner::Core(task), hook: Hook::StepEnd, cadence, needs: Needs::NONE, windows: StepWindows::NONE }
 }
 
 /// The core's own periodic work: evaluation, progress lines, reading the

@@ -84,6 +84,7 @@ impl Run {
             self.call_hook(At { hook: Hook::AfterBackward, step, micro_batch: accum - 1, lr, phases: timer.phases }, tensors);
             timer.book(Phase::Hooks);
         }
+        let dump = self.dumps_tensors_at(step).then(|| self.tensors_before_update());
         let found_inf = self.nonfinite.flag(step, &mut step_loss);
         if let Some(dist) = self.dist.as_mut() {
             dist.all_reduce_grads(&self.learner.optimizer, found_inf).map_err(Error::Dist)?;
@@ -96,6 +97,9 @@ impl Run {
             dist.after_update(&self.learner.optimizer).map_err(Error::Dist)?;
         }
         timer.book(Phase::Optimizer);
+        if let Some(before) = dump {
+            self.dump_tensors(step, before)?;
+        }
         let (phases, hooks_s) = timer.finish();
         self.tally.count_step(self.env.world as u64, &phases, hooks_s, step_loss);
         Ok(phases)
@@ -128,7 +132,10 @@ impl Run {
             self.call_hook(At { hook: Hook::AfterForward, step, micro_batch: micro, lr, phases: timer.phases }, tensors);
             timer.book(Phase::Hooks);
         }
-        loss.backward();
+        match self.grad_spike_at(step) {
+            Some(factor) => (&loss * factor).backward(),
+            None => loss.backward(),
+        }
         timer.book(Phase::Backward);
         loss.detach()
     }

@@ -5,7 +5,7 @@ use tch::{Device, Tensor};
 use crate::{
     dist::DataParallel,
     error::{Error, Result},
-    host::HostServices,
+    host::{HostServices, StopRequest},
     signals::Signals,
 };
 
@@ -14,7 +14,7 @@ pub(super) enum Stop {
     /// SIGINT or SIGTERM.
     Signal(i32),
     /// A plugin asked (`HostApi::request_stop`), or another rank stopped.
-    Requested(String),
+    Requested(StopRequest),
     /// Non-finite losses, by `train.nan_policy`.
     NonFinite(String),
 }
@@ -53,14 +53,30 @@ impl StopControl {
         None
     }
 
-    /// Distributed runs: one all-reduce of "does any rank want to stop", at a step
-    /// every rank checks (the non-finite check is step-based, so ranks agree on it).
+    /// Distributed runs: one all-reduce of "does any rank want to stop, and does
+    /// any stop for a failure", at a step every rank checks (the non-finite check
+    /// is step-based, so ranks agree on it). Every rank then ends alike: a plugin's
+    /// normal stop (early stopping) exits 0 everywhere, a failure 1 everywhere.
     pub fn agree(&mut self, dist: &dyn DataParallel, device: Device) -> Result<Option<Stop>> {
-        let mut flag = Tensor::from(if self.pending.is_some() { 1.0f64 } else { 0.0 }).to_device(device);
-        dist.collectives().all_reduce_sum(&mut flag).map_err(Error::Dist)?;
-        if flag.double_value(&[]) < 0.5 {
+        let failure = |stop: &Stop| !matches!(stop, Stop::Requested(r) if !r.failure);
+        let flags = match &self.pending {
+            None => [0.0f64, 0.0],
+            Some(stop) => [1.0, if failure(stop) { 1.0 } else { 0.0 }],
+        };
+        let mut flags = Tensor::from_slice(&flags).to_device(device);
+        dist.collectives().all_reduce_sum(&mut flags).map_err(Error::Dist)?;
+        let flags = Vec::<f64>::try_from(flags.to_device(Device::Cpu)).map_err(|e| Error::Dist(e.to_string()))?;
+        if flags[0] < 0.5 {
             return Ok(None);
         }
-        Ok(Some(self.pending.take().unwrap_or_else(|| Stop::Requested("another rank asked to stop".into()))))
+        let any_failure = flags[1] > 0.5;
+        Ok(Some(match self.pending.take() {
+            Some(Stop::Requested(mut r)) => {
+                r.failure |= any_failure;
+                Stop::Requested(r)
+            }
+            Some(other) => other,
+            None => Stop::Requested(StopRequest { plugin: String::new(), reason: "another rank asked to stop".into(), failure: any_failure }),
+        }))
     }
 }

@@ -26,11 +26,15 @@ pub struct EvalPoint {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    /// `completed`, `interrupted`, `stopped` or `nonfinite`.
+    /// `completed`, `interrupted`, `stopped` (by a plugin: exit 0, or 1 for a
+    /// failure) or `nonfinite`.
     pub status: String,
     pub exit_code: i32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// The plugin whose request ended the run (`HostApi::request_stop`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
     pub steps: u64,
     pub start_step: u64,
     pub last_step: u64,

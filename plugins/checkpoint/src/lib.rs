@@ -114,7 +114,7 @@ impl Checkpointer {
             self.reported_errors.push(kind);
         }
         if self.options.on_save_error == OnSaveError::Stop {
-            self.host.request_stop("checkpoint", &format!("saving step {step} failed: {message}"));
+            self.host.request_failure_stop("checkpoint", &format!("saving step {step} failed: {message}"));
         }
     }
 

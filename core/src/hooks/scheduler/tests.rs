@@ -1,8 +1,8 @@
 use super::*;
-use crate::hooks::{Cadence, Gate, Hook, Needs};
+use crate::hooks::{Cadence, Gate, Hook, Needs, StepWindows};
 
 fn spec(owner: Owner, hook: Hook, cadence: Cadence) -> SlotSpec {
-    SlotSpec { owner, hook, cadence, needs: Needs::NONE }
+    SlotSpec { owner, hook, cadence, needs: Needs::NONE, windows: StepWindows::NONE }
 }
 
 /// Steps in 1..=last at which the scheduler plans `hook` for plugin 0.
@@ -90,4 +90,28 @@ fn resumed_runs_start_counting_after_the_resume_step() {
     let gate = Gate::new(s.next_due());
     let steps: Vec<u64> = (26..=40).filter(|&st| gate.is_due(st) && s.plan(st, &gate).has(Hook::StepEnd)).collect();
     assert_eq!(steps, vec![26, 30, 40]);
+}
+
+#[test]
+fn step_windows_are_due_on_every_step_inside_them_and_nowhere_else() {
+    let windows = StepWindows { first: 9, length: 4, every: 20, repeat: 0 };
+    let slot = SlotSpec { windows, ..spec(Owner::Plugin(0), Hook::StepStart, Cadence::NEVER) };
+    assert_eq!(fired(vec![slot], 60, 0, Hook::StepStart), vec![9, 10, 11, 12, 29, 30, 31, 32, 49, 50, 51, 52]);
+}
+
+#[test]
+fn step_windows_stop_after_repeat_and_join_a_cadence() {
+    let windows = StepWindows { first: 3, length: 2, every: 10, repeat: 2 };
+    let slot = SlotSpec { windows, ..spec(Owner::Plugin(0), Hook::StepEnd, Cadence::every(25)) };
+    assert_eq!(fired(vec![slot], 60, 0, Hook::StepEnd), vec![3, 4, 13, 14, 25, 50]);
+}
+
+#[test]
+fn a_resumed_run_enters_a_window_midway() {
+    let windows = StepWindows { first: 5, length: 3, every: 0, repeat: 0 };
+    let slot = SlotSpec { windows, ..spec(Owner::Plugin(0), Hook::StepStart, Cadence::NEVER) };
+    let mut s = Scheduler::new(vec![slot], 7, 20, 0);
+    let gate = Gate::new(s.next_due());
+    let planned: Vec<u64> = (7..=20).filter(|&step| gate.is_due(step) && s.plan(step, &gate).has(Hook::StepStart)).collect();
+    assert_eq!(planned, vec![7]);
 }
