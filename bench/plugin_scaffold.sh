@@ -28,7 +28,9 @@ measure() {  # label name [--sink]
         || { cat "$dir.log" >&2; exit 1; }
     end=$(date +%s.%N)
     local torch compiled
-    torch=$(grep -q 'Fresh torch-sys' "$dir.log" && echo reused || echo compiled)
+    if grep -q 'Fresh torch-sys' "$dir.log"; then torch=reused
+    elif grep -q 'Compiling torch-sys' "$dir.log"; then torch=compiled
+    else torch="not used"; fi
     compiled=$(grep -oP '^\s+Compiling \K\S+' "$dir.log" | paste -sd' ' -)
     printf '| %s | %.1f s | %s | %s |\n' "$label" "$(echo "$end - $start" | bc)" "$torch" "$compiled"
 }

@@ -35,11 +35,11 @@ mkdir -p "$out"
 
 if [ -z "$text" ]; then
   text="$out/text-${mb}mb.txt"
-  [ -f "$text" ] || "$py" bench/tokenize.py make-text "$text" "$mb"
+  [ -f "$text" ] || "$py" bench/tokenize_text.py make-text "$text" "$mb"
 fi
 if [ -z "$tokenizer" ]; then
   tokenizer="$out/bpe-32k.json"
-  [ -f "$tokenizer" ] || "$py" bench/tokenize.py train-tokenizer "$text" "$tokenizer" 32000
+  [ -f "$tokenizer" ] || "$py" bench/tokenize_text.py train-tokenizer "$text" "$tokenizer" 32000
 fi
 export RAYON_NUM_THREADS="$ncores" TOKENIZERS_PARALLELISM=true
 
@@ -55,7 +55,7 @@ for i in $(seq "$repeats"); do
   tokens=$(echo "$row" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
   ptrain_rates+=("$(echo "$row" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')")
   ptrain_walls+=("$(echo "$tokens $start $end" | awk '{print $1 / ($3 - $2)}')")
-  rep=$(taskset -c "$cores" "$py" bench/tokenize.py encode "$tokenizer" "$text")
+  rep=$(taskset -c "$cores" "$py" bench/tokenize_text.py encode "$tokenizer" "$text")
   py_tokens=$(echo "$rep" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["encode_batch"]["tokens"])')
   py_rates+=("$(echo "$rep" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["encode_batch"]["tokens_per_s"])')")
   py_fast_rates+=("$(echo "$rep" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["encode_batch_fast"]["tokens_per_s"])')")

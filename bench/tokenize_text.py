@@ -1,10 +1,12 @@
 """Python side of bench/tokenize.sh.
+(Not named tokenize.py: scripts run from bench/ would import it instead of the standard library's tokenize.)
 
-  tokenize.py make-text OUT MB                 MB megabytes of varied English-like text (no download)
-  tokenize.py train-tokenizer TEXT OUT VOCAB   byte-level BPE (GPT-2 style) trained on TEXT's first 20 MB
-  tokenize.py encode TOKENIZER TEXT            the tokenizers package's encode_batch (and encode_batch_fast)
+  tokenize_text.py make-text OUT MB                 MB megabytes of varied English-like text (no download)
+  tokenize_text.py train-tokenizer TEXT OUT VOCAB   byte-level BPE (GPT-2 style) trained on TEXT's first 20 MB
+  tokenize_text.py encode TOKENIZER TEXT            the tokenizers package's encode_batch (and encode_batch_fast)
                                                on TEXT cut as ptrain cuts it; prints JSON
 """
+import itertools
 import json
 import random
 import sys
@@ -20,12 +22,13 @@ def make_text(out, mb):
     # A Zipf-like vocabulary: a few very common words, a long tail.
     words = ["the", "of", "and", "to", "a", "in", "is", "that", "for", "it", "was", "on", "with", "as", "by"]
     words += ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(30000)]
-    weights = [1.0 / (i + 1) for i in range(len(words))]
+    # Cumulative once: random.choices would sum the 30k weights again on every call.
+    cum_weights = list(itertools.accumulate(1.0 / (i + 1) for i in range(len(words))))
     target = int(float(mb) * 1024 * 1024)
     size = 0
     with open(out, "w", encoding="utf-8") as f:
         while size < target:
-            sentence = " ".join(rng.choices(words, weights, k=rng.randint(4, 30)))
+            sentence = " ".join(rng.choices(words, cum_weights=cum_weights, k=rng.randint(4, 30)))
             sentence = sentence[0].upper() + sentence[1:] + rng.choice([".", ".", ".", "?", "!", ", 1984.", " (see 3.2)."])
             line = sentence + ("\n\n" if rng.random() < 0.2 else "\n")
             f.write(line)
