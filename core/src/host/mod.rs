@@ -150,7 +150,7 @@ impl PluginHost {
             let settings = PluginSettings::parse(&name, table, &names, primary.is_some())?;
             let index = host.instances.len();
             let mut declared = 0;
-            for (k, a) in d.attachments.iter().enumerate() {
+            for a in d.attachments.iter() {
                 // Run start and end reach every plugin: an attachment to them (as
                 // plugins once declared) means nothing.
                 if a.hook.is_lifecycle() {
@@ -165,11 +165,10 @@ impl PluginHost {
                     // Due exactly when the run evaluates.
                     Hook::Eval => Cadence::NEVER.with_eval(),
                     _ => {
-                        // Attachments declared with the primary's cadence run together
-                        // with it (health's AfterBackward and StepEnd), so they follow
-                        // the table's cadence keys too.
-                        let follows = k == 0 || primary == Some(a.cadence);
-                        let base = if follows { settings.primary.apply(a.cadence) } else { a.cadence };
+                        // The first attachment, and those declared with its cadence (they
+                        // run together with it: health's AfterBackward and StepEnd), follow
+                        // the table's cadence keys.
+                        let base = if primary == Some(a.cadence) { settings.primary.apply(a.cadence) } else { a.cadence };
                         let cadence = settings.attachments.get(a.name.as_str()).map_or(base, |o| o.apply(base));
                         if cadence.is_never() && !a.cadence.is_never() {
                             tracing::warn!(
