@@ -258,12 +258,12 @@ fn bad_hugging_face_inputs_exit_2_naming_the_path_and_the_cause() {
     std::fs::create_dir(&empty).unwrap();
     refused("no config.json", &[format!("model.init_from={}", s(&empty))], &[&s(&empty), "no config.json"]);
 
-    let llama = d.join("llama");
-    std::fs::create_dir(&llama).unwrap();
-    let config = std::fs::read_to_string(model.join("config.json")).unwrap().replace("\"gpt2\"", "\"llama\"");
-    std::fs::write(llama.join("config.json"), config).unwrap();
-    std::fs::copy(model.join("model.safetensors"), llama.join("model.safetensors")).unwrap();
-    refused("model type", &[format!("model.init_from={}", s(&llama))], &[&s(&llama.join("config.json")), "model_type = \"llama\""]);
+    let bert = d.join("bert");
+    std::fs::create_dir(&bert).unwrap();
+    let config = std::fs::read_to_string(model.join("config.json")).unwrap().replace("\"gpt2\"", "\"bert\"");
+    std::fs::write(bert.join("config.json"), config).unwrap();
+    std::fs::copy(model.join("model.safetensors"), bert.join("model.safetensors")).unwrap();
+    refused("model type", &[format!("model.init_from={}", s(&bert))], &[&s(&bert.join("config.json")), "model_type = \"bert\""]);
 
     let reshaped = d.join("reshaped");
     std::fs::create_dir(&reshaped).unwrap();

@@ -6,18 +6,21 @@ use clap::{Args, ValueEnum};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Format {
-    /// Hugging Face transformers: GPT2LMHeadModel's config.json and model.safetensors
-    /// (plus the run's tokenizer.json), for `from_pretrained(OUT)`.
+    /// Hugging Face transformers: config.json and model.safetensors (plus the run's
+    /// tokenizer files), for `AutoModelForCausalLM.from_pretrained(OUT)`.
     Hf,
 }
 
-/// Export a gpt checkpoint so that another library loads it.
+/// Export a gpt or llama checkpoint so that another library loads it.
 ///
-/// `--format hf` writes OUT/config.json and OUT/model.safetensors (GPT-2 names and
-/// Conv1D layouts, head tied to the token embedding) and copies the run's
-/// data.tokenizer as OUT/tokenizer.json (with the tokenizer_config.json and
+/// `--format hf` writes OUT/config.json and OUT/model.safetensors and copies the
+/// run's data.tokenizer as OUT/tokenizer.json (with the tokenizer_config.json and
 /// special_tokens_map.json beside it, if any), so that
-/// `transformers.GPT2LMHeadModel.from_pretrained(OUT)` loads it.
+/// `transformers.AutoModelForCausalLM.from_pretrained(OUT)` loads it. A gpt becomes a
+/// GPT2LMHeadModel (Conv1D layouts, head tied to the token embedding); a llama the
+/// family it came from (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+/// MistralForCausalLM; a tied head written once), with the init_from directory's
+/// generation_config.json.
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// A checkpoint directory, or a run directory (its newest valid checkpoint).
@@ -37,6 +40,6 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let mut files = vec!["config.json".to_string(), format!("model.safetensors ({} tensors)", done.tensors)];
     files.extend(done.tokenizer_files.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()));
     println!("exported step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));
-    println!("load it with transformers.GPT2LMHeadModel.from_pretrained({:?})", done.out.display().to_string());
+    println!("load it with transformers.AutoModelForCausalLM.from_pretrained({:?})", done.out.display().to_string());
     Ok(ExitCode::SUCCESS)
 }

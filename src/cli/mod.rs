@@ -3,6 +3,7 @@
 mod checkpoints;
 mod config;
 mod export;
+mod generate;
 mod launch;
 mod logits;
 mod plugins;
@@ -42,6 +43,7 @@ enum Command {
     Sync(sync::SyncCommand),
     // Their help texts are the argument structs' doc comments.
     Export(export::ExportArgs),
+    Generate(generate::GenerateArgs),
     Tokenize(tokenize::TokenizeArgs),
     Logits(logits::LogitsArgs),
 }
@@ -56,6 +58,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Checkpoints(cmd) => checkpoints::run(cmd),
         Command::Sync(cmd) => sync::run(cmd),
         Command::Export(args) => export::run(args),
+        Command::Generate(args) => generate::run(args),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Logits(args) => logits::run(args),
     }

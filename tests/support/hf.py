@@ -4,6 +4,10 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
 
   hf.py make-model DIR                       random GPT-2 (2 layers, 2 heads, 64 wide, vocab 512,
                                              128 positions), every parameter perturbed, save_pretrained
+  hf.py make-llama KIND DIR [TOKENIZER_JSON] a random llama (untied, llama3 rope scaling), qwen2 (q/k/v
+                                             bias, tied, GQA 4:2), qwen3 (q/k norm, head_dim 24 != 64/4)
+                                             or mistral, every parameter perturbed, save_pretrained; with a
+                                             tokenizer: its vocabulary, tokenizer.json and eos id beside it
   hf.py make-tokens FILE N                   N random ids < 512 as a nanoGPT uint16 .bin
   hf.py make-text FILE LINES SEED            varied UTF-8 text (blank lines, indents, accents)
   hf.py make-jsonl FILE ROWS SEED            rows {"text": ...}
@@ -12,10 +16,18 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
   hf.py make-wordlevel OUT TEXT N            a word-level tokenizer of N ids ("w0".."w{N-2}", [UNK]) and
                                              a TEXT using its largest ids
   hf.py reshape DIR TENSOR                   rewrites DIR/model.safetensors with TENSOR transposed
-  hf.py compare-logits MODEL_DIR PROBE       transformers' logits and loss on PROBE's batch vs ptrain's
+  hf.py drop-tensor DIR TENSOR               rewrites DIR/model.safetensors without TENSOR
+  hf.py add-chat-template DIR                a ChatML chat_template in DIR/tokenizer_config.json
+  hf.py chat-ids DIR TEXT                    apply_chat_template([user: TEXT], add_generation_prompt=True)
+  hf.py compare-logits MODEL_DIR PROBE [--bf16]
+                                             transformers' logits and loss on PROBE's batch vs ptrain's
+                                             (--bf16: transformers' loss under CPU bf16 autocast)
+  hf.py generate MODEL_DIR IDS N             model.generate(do_sample=False, max_new_tokens=N) from the
+                                             comma-separated prompt IDS: the new ids
   hf.py check-ids TOKENIZER SOURCE CACHE [--jsonl FIELD EOS]
                                              the Python tokenizer's ids vs ptrain's cached ids
-  hf.py load-export DIR PROBE                from_pretrained(DIR): loading report, warnings, logits vs PROBE's
+  hf.py load-export DIR PROBE [SOURCE]       AutoModelForCausalLM.from_pretrained(DIR): loading report,
+                                             warnings, logits vs PROBE's; its tokenizer vs SOURCE's
 """
 import json
 import logging
@@ -42,6 +54,72 @@ def make_model(d):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(d)
+
+
+LLAMA_KINDS = {
+    # Llama 3.1-style: untied head, llama3 rope scaling that matters within 128 positions.
+    "llama": dict(
+        cls="LlamaConfig",
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        rms_norm_eps=1e-5,
+    ),
+    # Qwen2: biases on q/k/v, tied embeddings, GQA 4:2.
+    "qwen2": dict(cls="Qwen2Config", num_key_value_heads=2, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    # Qwen3: per-head q/k RMSNorm, head_dim not hidden / heads.
+    "qwen3": dict(cls="Qwen3Config", num_key_value_heads=2, head_dim=24, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "mistral": dict(cls="MistralConfig", num_key_value_heads=1, sliding_window=None, tie_word_embeddings=False),
+}
+
+
+def make_llama(kind, d, tokenizer=None):
+    import shutil
+
+    import torch
+    import transformers
+
+    spec = dict(LLAMA_KINDS[kind])
+    cls = getattr(transformers, spec.pop("cls"))
+    vocab = 512
+    eos = None
+    if tokenizer:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(tokenizer)
+        vocab = tok.get_vocab_size()
+        eos = tok.token_to_id("<|endoftext|>")
+    config = cls(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=None,
+        **spec,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    # Fresh biases are 0 and norm weights 1: perturb everything so that a misplaced
+    # tensor cannot go unnoticed.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(d)
+    if tokenizer:
+        shutil.copy(tokenizer, f"{d}/tokenizer.json")
+        with open(f"{d}/tokenizer_config.json", "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 128}, f)
 
 
 def make_tokens(path, n):
@@ -114,6 +192,38 @@ def reshape(d, name):
     save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
 
 
+def drop_tensor(d, name):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(f"{d}/model.safetensors")
+    del tensors[name]
+    save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'].strip() + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def add_chat_template(d):
+    with open(f"{d}/tokenizer_config.json") as f:
+        config = json.load(f)
+    config["chat_template"] = CHATML
+    with open(f"{d}/tokenizer_config.json", "w") as f:
+        json.dump(config, f)
+
+
+def chat_ids(d, text):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(d)
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    out({"ids": list(ids)})
+
+
 class Captured(logging.Handler):
     def __init__(self):
         super().__init__(logging.WARNING)
@@ -124,34 +234,39 @@ class Captured(logging.Handler):
 
 
 def load_model(d):
+    import torch
     import transformers
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_warning()
     handler = Captured()
     logging.getLogger("transformers").addHandler(handler)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model, info = GPT2LMHeadModel.from_pretrained(d, output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(d, output_loading_info=True, dtype=torch.float32)
     model.eval()
     messages = handler.messages + [str(w.message) for w in caught]
     info = {k: sorted(map(str, v)) for k, v in info.items()}
     return model, info, messages
 
 
-def compare_logits(model_dir, probe_path):
+def compare_logits(model_dir, probe_path, *flags):
+    import contextlib
+
     import torch
     from safetensors.torch import load_file
 
     probe = load_file(probe_path)
     model, _, _ = load_model(model_dir)
     inputs, targets = probe["inputs"], probe["targets"]
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16) if "--bf16" in flags else contextlib.nullcontext()
     with torch.no_grad():
         logits = model(inputs).logits
         # transformers' own loss: labels are the window of inputs followed by the
         # last target; the model shifts them itself.
         window = torch.cat([inputs, targets[:, -1:]], dim=1)
-        hf_loss = model(window, labels=window).loss
+        with bf16:
+            hf_loss = model(window, labels=window).loss
     out(
         {
             "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
@@ -184,7 +299,7 @@ def check_ids(tok_path, source, cache, *rest):
     out({"equal": ids == ours, "python": len(ids), "ptrain": len(ours), "first_mismatch": mismatch, "vocab": tok.get_vocab_size()})
 
 
-def load_export(d, probe_path):
+def load_export(d, probe_path, source=None):
     import torch
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
@@ -197,28 +312,48 @@ def load_export(d, probe_path):
         "info": info,
         "messages": messages,
         "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
-        "tied": model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(),
-        "activation": model.config.activation_function,
+        "tied": model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr(),
+        "activation": getattr(model.config, "activation_function", None) or model.config.hidden_act,
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
     }
     try:
         tok = AutoTokenizer.from_pretrained(d)
         from tokenizers import Tokenizer
 
         sample = "the café über 2024\n  it's"
-        report["tokenizer_matches"] = tok(sample)["input_ids"] == Tokenizer.from_file(f"{d}/tokenizer.json").encode(sample).ids
+        # Against the tokenizer the run used, as transformers loads it (given), or
+        # against the exported file as the tokenizers library reads it.
+        expected = AutoTokenizer.from_pretrained(source)(sample)["input_ids"] if source else Tokenizer.from_file(f"{d}/tokenizer.json").encode(sample).ids
+        report["tokenizer_matches"] = tok(sample)["input_ids"] == expected
     except Exception as e:  # reported, the test decides
         report["tokenizer_error"] = f"{type(e).__name__}: {e}"
     out(report)
 
 
+def generate(model_dir, ids, n):
+    import torch
+
+    model, _, _ = load_model(model_dir)
+    prompt = torch.tensor([[int(i) for i in ids.split(",")]])
+    with torch.no_grad():
+        new = model.generate(prompt, do_sample=False, max_new_tokens=int(n))[0, prompt.shape[1] :]
+    out({"ids": new.tolist(), "eos": model.generation_config.eos_token_id})
+
+
 COMMANDS = {
     "make-model": make_model,
+    "make-llama": make_llama,
+    "generate": generate,
     "make-tokens": make_tokens,
     "make-text": make_text,
     "make-jsonl": make_jsonl,
     "train-tokenizer": train_tokenizer,
     "make-wordlevel": make_wordlevel,
     "reshape": reshape,
+    "drop-tensor": drop_tensor,
+    "add-chat-template": add_chat_template,
+    "chat-ids": chat_ids,
     "compare-logits": compare_logits,
     "check-ids": check_ids,
     "load-export": load_export,

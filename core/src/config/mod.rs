@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 pub use data::{DataConfig, DataKind, DatasetSpec};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
-pub use model::{Activation, ModelConfig, ModelKind, TaskKind};
+pub use model::{Activation, LlamaArgs, ModelConfig, ModelKind, RopeScaling, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
 pub use plugins::{check_tables_claimed, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
@@ -229,6 +229,9 @@ impl Config {
         }
         if self.model.kind == ModelKind::Gpt && self.model.n_embd % self.model.n_head.max(1) != 0 {
             return Err(bad("model.n_embd", format!("{} is not divisible by n_head = {}", self.model.n_embd, self.model.n_head)));
+        }
+        if self.model.kind == ModelKind::Llama {
+            self.validate_llama()?;
         }
         self.validate_pretrained()?;
         for (key, path) in self.input_files() {

@@ -6,7 +6,10 @@ use std::{collections::BTreeMap, path::Path};
 use super::{Config, DataKind, ModelKind, TaskKind};
 use crate::{
     error::{ConfigError, Error},
-    model::hf::HfDir,
+    model::hf::{
+        arch::{insert, lookup},
+        HfDir,
+    },
 };
 
 fn bad(key: &str, message: impl Into<String>) -> Error {
@@ -22,7 +25,7 @@ impl Config {
     /// both values. Library users who build a `Config` by hand call this with an
     /// empty map.
     pub fn resolve_pretrained(&mut self, explicit: &BTreeMap<String, String>) -> Result<(), Error> {
-        if !self.model.init_from.is_empty() && self.model.kind == ModelKind::Gpt {
+        if !self.model.init_from.is_empty() && matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
             let hf = HfDir::open(&self.model.init_from).map_err(|e| match (e, explicit.get("model.init_from")) {
                 (Error::Config(mut c), Some(origin)) => {
                     c.origin = origin.clone();
@@ -33,7 +36,7 @@ impl Config {
             let mut table = toml::Table::try_from(&self.model).expect("[model] serializes");
             for (key, hf_key, value) in hf.arch.model_keys() {
                 let path = format!("model.{key}");
-                let current = table.get(key).cloned();
+                let current = lookup(&table, &key).cloned();
                 if let (Some(origin), Some(current)) = (explicit.get(&path), current) {
                     if current != value {
                         let hint = if key == "block_size" { "; for shorter sequences set data.max_seq_len instead" } else { "" };
@@ -48,9 +51,15 @@ impl Config {
                         .into());
                     }
                 }
-                table.insert(key.to_string(), value);
+                insert(&mut table, &key, value);
             }
             self.model = table.try_into().map_err(|e: toml::de::Error| bad("model", e.message().to_string()))?;
+            // The tokenizer saved with the model, unless the data says otherwise.
+            let beside = hf.dir.join("tokenizer.json");
+            if self.data.tokenizer.is_empty() && matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) && beside.is_file() {
+                tracing::info!("data.tokenizer = {} (beside model.init_from)", beside.display());
+                self.data.tokenizer = beside.display().to_string();
+            }
         }
         if self.tokenizes() {
             let path = Path::new(&self.data.tokenizer);
@@ -73,10 +82,17 @@ impl Config {
         !self.data.tokenizer.is_empty() && matches!(self.data.kind, DataKind::Text | DataKind::Jsonl)
     }
 
+    pub(super) fn validate_llama(&self) -> Result<(), Error> {
+        match self.model.llama_shape_error() {
+            Some((key, message)) => Err(bad(key, message)),
+            None => Ok(()),
+        }
+    }
+
     pub(super) fn validate_pretrained(&self) -> Result<(), Error> {
         let m = &self.model;
-        if !m.init_from.is_empty() && m.kind != ModelKind::Gpt {
-            return Err(bad("model.init_from", "only a gpt starts from a Hugging Face checkpoint"));
+        if !m.init_from.is_empty() && !matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) {
+            return Err(bad("model.init_from", "only a gpt or a llama starts from a Hugging Face checkpoint"));
         }
         if self.data.tokenizer.is_empty() {
             if !self.data.eos_token.is_empty() {
@@ -87,11 +103,12 @@ impl Config {
         if !self.tokenizes() {
             return Err(bad("data.tokenizer", "tokenizes data.kind = \"text\" or \"jsonl\""));
         }
-        let language_model = m.kind == ModelKind::Gpt || (m.kind == ModelKind::Torchscript && m.task == TaskKind::LanguageModel);
+        let language_model =
+            matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) || (m.kind == ModelKind::Torchscript && m.task == TaskKind::LanguageModel);
         if !language_model {
             return Err(bad(
                 "data.tokenizer",
-                "tokenized text is for language models (model.kind = \"gpt\", or torchscript with task = \"language_model\")",
+                "tokenized text is for language models (model.kind = \"gpt\" or \"llama\", or torchscript with task = \"language_model\")",
             ));
         }
         if !self.data.datasets.is_empty() {

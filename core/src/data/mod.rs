@@ -7,6 +7,7 @@
 //! same samples a single process would draw: rank r of W takes samples
 //! `[r*B, (r+1)*B)` of the `W*B` global batch.
 
+pub mod chat_template;
 mod classify;
 pub mod loader;
 pub mod token_cache;

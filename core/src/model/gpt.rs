@@ -3,8 +3,8 @@
 
 use tch::{nn, nn::Module, Kind, Tensor};
 
-use super::{Layer, LayerKind, Model, Task};
-use crate::config::ModelConfig;
+use super::{kv_cache::KvCache, Layer, LayerKind, Model, Task};
+use crate::{config::ModelConfig, error::Result};
 
 fn init_linear(vs: nn::Path, inp: i64, out: i64, bias: bool, stdev: f64) -> nn::Linear {
     let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
@@ -46,16 +46,23 @@ impl Block {
         }
     }
 
-    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        let (b, t, d) = x.size3().expect("[B, T, D] activations");
+    fn forward(&self, x: &Tensor, train: bool, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
+        let (b, t, d) = x.size3()?;
         let heads = |z: &Tensor| z.view([b, t, self.n_head, d / self.n_head]).transpose(1, 2);
         let qkv = self.c_attn.forward(&self.ln_1.forward(x)).split(d, 2);
         let p = if train { self.dropout } else { 0.0 };
-        let y = Tensor::scaled_dot_product_attention::<Tensor>(&heads(&qkv[0]), &heads(&qkv[1]), &heads(&qkv[2]), None, p, true, None, false);
+        let (q, k, v) = (heads(&qkv[0]), heads(&qkv[1]), heads(&qkv[2]));
+        let y = match cache {
+            None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, false)?,
+            Some((cache, layer)) => {
+                let seen = cache.append(layer, &k, &v)?;
+                Tensor::f_scaled_dot_product_attention(&q, &seen.keys, &seen.values, seen.mask.as_ref(), 0.0, seen.causal, None, false)?
+            }
+        };
         let y = y.transpose(1, 2).contiguous().view([b, t, d]);
         let x = x + self.attn_proj.forward(&y).dropout(self.dropout, train);
         let h = self.c_fc.forward(&self.ln_2.forward(&x)).gelu(self.gelu);
-        x + self.mlp_proj.forward(&h).dropout(self.dropout, train)
+        Ok(&x + self.mlp_proj.forward(&h).dropout(self.dropout, train))
     }
 }
 
@@ -81,16 +88,37 @@ impl Gpt {
     }
 }
 
-impl Model for Gpt {
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
+impl Gpt {
+    fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
         let t = inputs.size()[1];
-        let pos = Tensor::arange(t, (Kind::Int64, inputs.device()));
+        let start = cache.as_ref().map_or(0, |c| c.len());
+        if let Some(c) = cache.as_deref() {
+            c.reserve(t)?;
+        }
+        let pos = Tensor::arange_start(start, start + t, (Kind::Int64, inputs.device()));
         let mut x = (self.wte.forward(inputs) + self.wpe.forward(&pos)).dropout(self.config.dropout, train);
-        for block in &self.blocks {
-            x = block.forward(&x, train);
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, train, cache.as_deref_mut().map(|c| (c, i)))?;
+        }
+        if let Some(c) = cache {
+            c.advance(t);
         }
         // The output head shares the token embedding (weight tying, as GPT-2).
-        self.ln_f.forward(&x).linear::<Tensor>(&self.wte.ws, None)
+        Ok(self.ln_f.forward(&x).linear::<Tensor>(&self.wte.ws, None))
+    }
+}
+
+impl Model for Gpt {
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
+        self.run(inputs, train, None).unwrap_or_else(|e| panic!("gpt forward: {e}"))
+    }
+
+    fn new_cache(&self, capacity: i64) -> Option<KvCache> {
+        Some(KvCache::new(self.blocks.len(), capacity.min(self.config.block_size)))
+    }
+
+    fn forward_cached(&mut self, inputs: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        self.run(inputs, false, Some(cache))
     }
 
     fn task(&self) -> Task {

@@ -1,15 +1,22 @@
 //! Models. The public [`Model`] trait lets library users bring their own; `gpt`,
 //! `mlp` and `torchscript` are built from the configuration.
 
+pub mod generate;
 mod gpt;
 pub mod hf;
+mod kv_cache;
+mod llama;
 mod mlp;
+pub mod pretrained;
 pub mod probe;
+mod rope;
 mod torchscript;
 
 use tch::{nn, Kind, Reduction, Tensor};
 
 pub use gpt::Gpt;
+pub use kv_cache::KvCache;
+pub use llama::Llama;
 pub use mlp::Mlp;
 pub use ptrain_plugin_api::{LayerKind, Task};
 pub use torchscript::TorchScript;
@@ -80,6 +87,18 @@ pub trait Model: Send {
     fn uses_randomness(&self) -> bool {
         true
     }
+
+    /// A key/value cache for incremental decoding of at most `capacity` positions
+    /// (`ptrain generate`); `None` for models that cannot decode incrementally.
+    fn new_cache(&self, _capacity: i64) -> Option<KvCache> {
+        None
+    }
+
+    /// Logits `[B, n, V]` of `inputs` `[B, n]` placed after the positions `cache`
+    /// holds, which then holds these too. Only for models whose `new_cache` gives one.
+    fn forward_cached(&mut self, _inputs: &Tensor, _cache: &mut KvCache) -> Result<Tensor> {
+        Err(Error::Other(format!("model.kind {:?} cannot decode incrementally", self.kind())))
+    }
 }
 
 /// Mean cross-entropy of `logits` against `targets` for the task, in float32 even
@@ -113,6 +132,13 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
                 hf::load_weights(vs, m)?;
             }
             Box::new(gpt)
+        }
+        ModelKind::Llama => {
+            let llama = Llama::new(vs, m);
+            if !m.init_from.is_empty() {
+                hf::load_weights(vs, m)?;
+            }
+            Box::new(llama)
         }
         ModelKind::Mlp => {
             let input_dim = if m.input_dim > 0 { m.input_dim } else { dataset.input_dim() };

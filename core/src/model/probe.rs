@@ -87,7 +87,7 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
 }
 
 /// Copies a ptrain checkpoint's `model.safetensors` into every variable of `vs`.
-fn load_checkpoint_weights(vs: &nn::VarStore, dir: &Path) -> Result<()> {
+pub(crate) fn load_checkpoint_weights(vs: &nn::VarStore, dir: &Path) -> Result<()> {
     let dir = super::hf::resolve_checkpoint(dir)?;
     ptrain_checkpoint::validate(&dir).map_err(|e| Error::Checkpoint { path: dir.clone(), message: e.to_string() })?;
     let path = dir.join(ptrain_checkpoint::MODEL_FILE);

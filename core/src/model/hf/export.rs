@@ -1,5 +1,5 @@
-//! `ptrain export --format hf`: a ptrain checkpoint of a `gpt` as a directory
-//! `transformers.GPT2LMHeadModel.from_pretrained` loads.
+//! `ptrain export --format hf`: a ptrain checkpoint of a `gpt` or a `llama` as a
+//! directory `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -8,7 +8,7 @@ use std::{
 
 use safetensors::{tensor::TensorView, Dtype, SafeTensors};
 
-use super::{names, Gpt2Arch, HfDir, CONFIG_JSON, WEIGHTS};
+use super::{names, Gpt2Arch, HfDir, LlamaArch, CONFIG_JSON, WEIGHTS};
 use crate::{
     config::{Config, ConfigBuilder, ModelKind},
     error::{Error, Result},
@@ -46,6 +46,8 @@ pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
     Err(Error::Checkpoint { path: path.to_owned(), message: "no valid checkpoint here".into() })
 }
 
+pub const GENERATION_CONFIG: &str = "generation_config.json";
+
 fn checkpoint_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Checkpoint { path: path.to_owned(), message: message.into() }
 }
@@ -68,17 +70,17 @@ pub fn export(path: &Path, out: &Path) -> Result<Exported> {
     let text = std::fs::read_to_string(&config_path).map_err(|e| Error::Io { path: config_path.clone(), source: e })?;
     let config: Config = ConfigBuilder::default().toml(&text, &config_path.display().to_string())?.build_recorded()?;
     let m = &config.model;
-    if m.kind != ModelKind::Gpt {
-        return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only a gpt exports to the Hugging Face GPT-2 format", m.kind)));
+    if !matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) {
+        return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only a gpt or a llama exports to the Hugging Face format", m.kind)));
     }
     let weights_path = checkpoint.join(ptrain_checkpoint::MODEL_FILE);
     let bytes = std::fs::read(&weights_path).map_err(|e| Error::Io { path: weights_path.clone(), source: e })?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| checkpoint_error(&weights_path, e.to_string()))?;
 
-    let params = names::gpt2_params(m);
+    let params = names::params(m);
     let known: BTreeSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
     if let Some(extra) = st.names().into_iter().find(|n| !known.contains(n)) {
-        return Err(checkpoint_error(&weights_path, format!("tensor `{extra}` has no GPT-2 counterpart")));
+        return Err(checkpoint_error(&weights_path, format!("tensor `{extra}` has no Hugging Face counterpart")));
     }
     let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(params.len());
     for p in &params {
@@ -109,11 +111,19 @@ pub fn export(path: &Path, out: &Path) -> Result<Exported> {
     safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| Error::Other(format!("writing {}: {e}", tmp.display())))?;
     std::fs::rename(&tmp, &weights_out).map_err(|e| Error::Io { path: weights_out.clone(), source: e })?;
 
-    let base = match m.init_from.as_str() {
+    let source = match m.init_from.as_str() {
         "" => None,
-        dir => HfDir::open(dir).map(|d| d.raw_config).map_err(|e| tracing::warn!("config.json of {dir} not kept: {e}")).ok(),
+        dir => HfDir::open(dir).map_err(|e| tracing::warn!("config.json of {dir} not kept: {e}")).ok(),
     };
-    let mut json = Gpt2Arch::from_model(m).to_json(m.dropout, base.as_ref());
+    let base = source.as_ref().map(|d| &d.raw_config);
+    let mut json = match m.kind {
+        ModelKind::Llama => LlamaArch::from_model(m).map_err(|e| checkpoint_error(&config_path, e))?.to_json(base),
+        _ => Gpt2Arch::from_model(m).to_json(m.dropout, base),
+    };
+    // Sampling defaults (eos ids, temperature) travel with the model.
+    if let Some(generation) = source.as_ref().map(|d| d.dir.join(GENERATION_CONFIG)).filter(|p| p.is_file()) {
+        std::fs::copy(&generation, out.join(GENERATION_CONFIG)).map_err(|e| Error::Io { path: generation.clone(), source: e })?;
+    }
     let tokenizer_files = copy_tokenizer(&config, out, &mut json)?;
     let json_path = out.join(CONFIG_JSON);
     let text = serde_json::to_string_pretty(&json).expect("JSON serializes") + "\n";

@@ -1,4 +1,5 @@
-//! Copies a GPT-2 checkpoint's weights into ptrain's `gpt` (`model.init_from`).
+//! Copies a Hugging Face checkpoint's weights into ptrain's `gpt` or `llama`
+//! (`model.init_from`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -48,7 +49,7 @@ fn shape_of(view: &TensorView<'_>) -> Vec<i64> {
     view.shape().iter().map(|&d| d as i64).collect()
 }
 
-/// Loads `m.init_from`'s weights into the `gpt` built under `vs` from `m`.
+/// Loads `m.init_from`'s weights into the `gpt` or `llama` built under `vs` from `m`.
 ///
 /// Every parameter must be present with GPT-2's shape; any other tensor than the
 /// known buffers and the tied head is refused, so a file that is not what
@@ -68,21 +69,21 @@ pub fn load_weights(vs: &nn::Path, m: &ModelConfig) -> Result<()> {
     for (path, mmap) in &maps {
         let st = SafeTensors::deserialize(mmap).map_err(|e| Error::Data { path: path.clone(), message: format!("not a safetensors file: {e}") })?;
         for (name, view) in st.tensors() {
-            found.insert(names::canonical(&name), (path.as_path(), view));
+            found.insert(names::canonical_for(m.kind, &name), (path.as_path(), view));
         }
     }
-    let params = names::gpt2_params(m);
+    let params = names::params(m);
     let expected: BTreeSet<&str> = params.iter().map(|p| p.hf_name()).collect();
     let unexpected: Vec<(&String, &Path)> =
-        found.iter().filter(|(n, _)| !expected.contains(n.as_str()) && !names::is_known_extra(n)).map(|(n, (p, _))| (n, *p)).collect();
+        found.iter().filter(|(n, _)| !expected.contains(n.as_str()) && !names::is_known_extra_for(m, n)).map(|(n, (p, _))| (n, *p)).collect();
     if let Some((name, path)) = unexpected.first() {
         let more = if unexpected.len() > 1 { format!(" (and {} more)", unexpected.len() - 1) } else { String::new() };
         return Err(Error::Data {
             path: path.to_path_buf(),
-            message: format!("unexpected tensor `{name}`{more}: not a parameter of a GPT-2 with n_layer = {}", m.n_layer),
+            message: format!("unexpected tensor `{name}`{more}: not a parameter of a {:?} with n_layer = {}", m.kind, m.n_layer),
         });
     }
-    let arch = format!("n_layer = {}, n_embd = {}, vocab_size = {}, n_positions = {}", m.n_layer, m.n_embd, m.vocab_size, m.block_size);
+    let arch = format!("n_layer = {}, n_embd = {}, vocab_size = {}, positions = {}", m.n_layer, m.n_embd, m.vocab_size, m.block_size);
     let mut plan = Vec::with_capacity(params.len());
     for p in &params {
         let Some((path, view)) = found.get(p.hf_name()) else {
@@ -98,7 +99,7 @@ pub fn load_weights(vs: &nn::Path, m: &ModelConfig) -> Result<()> {
         }
         let kind = kind(view.dtype())
             .ok_or_else(|| Error::Data { path: path.to_path_buf(), message: format!("tensor `{}` has dtype {:?}", p.hf_name(), view.dtype()) })?;
-        let var = variable(vs, &p.name).ok_or_else(|| Error::Other(format!("the gpt has no parameter `{}`", p.name)))?;
+        let var = variable(vs, &p.name).ok_or_else(|| Error::Other(format!("the model has no parameter `{}`", p.name)))?;
         plan.push((p, view, kind, var, shape));
     }
     tch::no_grad(|| -> Result<()> {

@@ -1,18 +1,23 @@
-//! Hugging Face GPT-2 interop: start from a local `transformers` directory
-//! (`model.init_from`) and export a checkpoint that `GPT2LMHeadModel` loads.
+//! Hugging Face interop: start from a local `transformers` directory
+//! (`model.init_from`: GPT-2, Llama, Qwen2, Qwen3, Mistral) and export a checkpoint
+//! that `AutoModelForCausalLM` loads.
 //!
-//! The same parameter table ([`names::gpt2_params`]) drives both directions, so the
+//! The same parameter table ([`names::params`]) drives both directions, so the
 //! loader and the exporter cannot disagree about a name or a transposition.
 
+pub mod arch;
 mod config;
 mod export;
+mod llama_config;
 mod load;
 pub mod names;
 
 use std::path::{Path, PathBuf};
 
+pub use arch::HfArch;
 pub use config::Gpt2Arch;
-pub use export::{export, resolve_checkpoint, Exported};
+pub use export::{export, resolve_checkpoint, Exported, GENERATION_CONFIG};
+pub use llama_config::LlamaArch;
 pub use load::load_weights;
 
 use crate::error::{ConfigError, Error, Result};
@@ -25,7 +30,7 @@ pub const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
 #[derive(Debug, Clone)]
 pub struct HfDir {
     pub dir: PathBuf,
-    pub arch: Gpt2Arch,
+    pub arch: HfArch,
     /// `config.json` as written, so an export can keep what ptrain does not model
     /// (token ids, task parameters).
     pub raw_config: serde_json::Map<String, serde_json::Value>,
@@ -42,7 +47,7 @@ impl HfDir {
         let text = std::fs::read_to_string(&config_path).map_err(|e| Error::Io { path: config_path.clone(), source: e })?;
         let raw: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(&text).map_err(|e| Error::Data { path: config_path.clone(), message: format!("not a JSON object: {e}") })?;
-        let arch = Gpt2Arch::from_json(&raw).map_err(|message| Error::Data { path: config_path.clone(), message })?;
+        let arch = HfArch::from_json(&raw).map_err(|message| Error::Data { path: config_path.clone(), message })?;
         let weight_files = weight_files(&dir)?;
         Ok(HfDir { dir, arch, raw_config: raw, weight_files })
     }

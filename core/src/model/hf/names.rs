@@ -1,11 +1,14 @@
-//! ptrain's `gpt` parameters and their GPT-2 counterparts.
+//! ptrain's `gpt` and `llama` parameters and their Hugging Face counterparts.
+//!
+//! The `llama` kind uses the Hugging Face names and layouts themselves; for it this
+//! table only lists what must be there.
 //!
 //! ptrain's `gpt` uses nanoGPT's names, which are `GPT2LMHeadModel`'s: only the
 //! layout of the linear layers differs. GPT-2's `Conv1D` stores its weight as
 //! `[in, out]`, a `Linear` as `[out, in]`; the fused `c_attn` is q, k, v in that
 //! order in both. The output head is tied to `transformer.wte.weight` in both.
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, ModelKind};
 
 /// One parameter of ptrain's `gpt`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +34,67 @@ impl Param {
         } else {
             self.shape.clone()
         }
+    }
+}
+
+/// Every parameter of the configured `gpt` or `llama`, in a fixed order.
+pub fn params(m: &ModelConfig) -> Vec<Param> {
+    match m.kind {
+        ModelKind::Llama => llama_params(m),
+        _ => gpt2_params(m),
+    }
+}
+
+/// Every parameter of a `llama` (the names of `LlamaForCausalLM` and its kin).
+pub fn llama_params(m: &ModelConfig) -> Vec<Param> {
+    let (a, d) = (&m.llama, m.n_embd);
+    let (hd, kv, inner) = (a.head_width(d, m.n_head), a.kv_heads(m.n_head), a.mlp_width(d));
+    let p = |name: String, shape: &[i64]| Param { name, shape: shape.to_vec(), conv1d: false };
+    let mut out = vec![p("model.embed_tokens.weight".into(), &[m.vocab_size, d])];
+    for i in 0..m.n_layer {
+        let l = |s: &str| format!("model.layers.{i}.{s}");
+        let linear = |out: &mut Vec<Param>, name: &str, inp: i64, width: i64, bias: bool| {
+            out.push(p(l(&format!("{name}.weight")), &[width, inp]));
+            if bias {
+                out.push(p(l(&format!("{name}.bias")), &[width]));
+            }
+        };
+        out.push(p(l("input_layernorm.weight"), &[d]));
+        linear(&mut out, "self_attn.q_proj", d, m.n_head * hd, a.qkv_bias);
+        linear(&mut out, "self_attn.k_proj", d, kv * hd, a.qkv_bias);
+        linear(&mut out, "self_attn.v_proj", d, kv * hd, a.qkv_bias);
+        linear(&mut out, "self_attn.o_proj", m.n_head * hd, d, a.o_bias);
+        if a.qk_norm {
+            out.extend([p(l("self_attn.q_norm.weight"), &[hd]), p(l("self_attn.k_norm.weight"), &[hd])]);
+        }
+        out.push(p(l("post_attention_layernorm.weight"), &[d]));
+        linear(&mut out, "mlp.gate_proj", d, inner, a.mlp_bias);
+        linear(&mut out, "mlp.up_proj", d, inner, a.mlp_bias);
+        linear(&mut out, "mlp.down_proj", inner, d, a.mlp_bias);
+    }
+    out.push(p("model.norm.weight".into(), &[d]));
+    if !a.tie_embeddings {
+        out.push(p("lm_head.weight".into(), &[m.vocab_size, d]));
+    }
+    out
+}
+
+/// A file's tensor name in ptrain's terms, for either kind.
+pub fn canonical_for(kind: ModelKind, hf_name: &str) -> String {
+    match kind {
+        // Files saved from the bare `LlamaModel` lack the `model.` prefix.
+        ModelKind::Llama if !hf_name.starts_with("model.") && !hf_name.starts_with("lm_head.") => format!("model.{hf_name}"),
+        ModelKind::Llama => hf_name.to_string(),
+        _ => canonical(hf_name),
+    }
+}
+
+/// Tensors a file may hold that are not parameters of the configured model.
+pub fn is_known_extra_for(m: &ModelConfig, canonical_name: &str) -> bool {
+    match m.kind {
+        // A tied head saved anyway, and the RoPE buffers of older checkpoints.
+        ModelKind::Llama => (m.llama.tie_embeddings && canonical_name == "lm_head.weight") || canonical_name.ends_with("rotary_emb.inv_freq"),
+        _ => is_known_extra(canonical_name),
     }
 }
 
@@ -112,6 +176,22 @@ mod tests {
         let mut table: Vec<(String, Vec<i64>)> = gpt2_params(&config.model).into_iter().map(|p| (p.name, p.shape)).collect();
         table.sort();
         assert_eq!(built, table);
+    }
+
+    #[test]
+    fn the_llama_table_matches_the_model_that_ptrain_builds() {
+        for (tie, qkv_bias, qk_norm) in [(false, false, false), (true, true, false), (true, false, true)] {
+            let mut m = Config::default().model;
+            (m.kind, m.n_layer, m.llama.n_kv_head, m.llama.tie_embeddings, m.llama.qkv_bias, m.llama.qk_norm) =
+                (ModelKind::Llama, 2, 2, tie, qkv_bias, qk_norm);
+            let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+            let _llama = crate::model::Llama::new(&vs.root(), &m);
+            let mut built: Vec<(String, Vec<i64>)> = vs.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+            built.sort();
+            let mut table: Vec<(String, Vec<i64>)> = llama_params(&m).into_iter().map(|p| (p.name, p.shape)).collect();
+            table.sort();
+            assert_eq!(built, table, "tie {tie}, qkv_bias {qkv_bias}, qk_norm {qk_norm}");
+        }
     }
 
     #[test]

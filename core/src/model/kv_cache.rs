@@ -1,0 +1,83 @@
+//! The key/value cache of incremental decoding (`ptrain generate`): each layer's keys
+//! and values of the positions seen so far, in buffers allocated once for the whole
+//! generation, so a new token costs its own projections and one attention row, not a
+//! recomputation (or a re-copy) of the prefix.
+
+use tch::{Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+/// Keys and values per layer, `[B, kv_heads, capacity, head_dim]`, valid up to `len`.
+#[derive(Debug)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    capacity: i64,
+    len: i64,
+}
+
+/// One layer's view of the cache during a forward: what to attend over, and how.
+pub struct Attend {
+    pub keys: Tensor,
+    pub values: Tensor,
+    /// Causal within the new positions: only when the cache held nothing before.
+    pub causal: bool,
+    /// A boolean mask `[n, len + n]` for several new positions after a prefix.
+    pub mask: Option<Tensor>,
+}
+
+impl KvCache {
+    /// A cache for `layers` layers and at most `capacity` positions.
+    pub fn new(layers: usize, capacity: i64) -> KvCache {
+        KvCache { layers: (0..layers).map(|_| None).collect(), capacity, len: 0 }
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> i64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> i64 {
+        self.capacity
+    }
+
+    /// Checks that `new` more positions fit, before a forward writes any layer.
+    pub fn reserve(&self, new: i64) -> Result<()> {
+        if self.len + new > self.capacity {
+            return Err(Error::Other(format!(
+                "{} positions do not fit the model's context of {} (model.block_size): ask for fewer new tokens or a shorter prompt",
+                self.len + new,
+                self.capacity
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes layer `layer`'s new keys and values `[B, kv_heads, n, head_dim]` after
+    /// the cached positions and returns what the new queries attend over.
+    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<Attend> {
+        let (b, heads, n, d) = k.size4()?;
+        let start = self.len;
+        let (keys, values) = self.layers[layer].get_or_insert_with(|| {
+            let buffer = || Tensor::zeros([b, heads, self.capacity, d], (k.kind(), k.device()));
+            (buffer(), buffer())
+        });
+        keys.narrow(2, start, n).copy_(k);
+        values.narrow(2, start, n).copy_(v);
+        let mask = (start > 0 && n > 1).then(|| {
+            // Row i (position start + i) sees positions 0..=start + i.
+            let rows = Tensor::arange(n, (Kind::Int64, k.device())).unsqueeze(1) + start;
+            let cols = Tensor::arange(start + n, (Kind::Int64, k.device())).unsqueeze(0);
+            cols.le_tensor(&rows)
+        });
+        Ok(Attend { keys: keys.narrow(2, 0, start + n), values: values.narrow(2, 0, start + n), causal: start == 0 && n > 1, mask })
+    }
+
+    /// Marks the `n` positions every layer just appended as held.
+    pub fn advance(&mut self, n: i64) {
+        self.len += n;
+    }
+}

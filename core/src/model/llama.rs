@@ -1,0 +1,234 @@
+//! The Llama family as `transformers` computes it (`LlamaForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM` without a sliding
+//! window): RMSNorm in float32, rotary positions, grouped-query attention, a SwiGLU
+//! MLP. Parameters carry the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`),
+//! so loading and exporting are a copy, with no renaming or transposition.
+
+use tch::{nn, nn::Module, Kind, Tensor};
+
+use super::{
+    kv_cache::KvCache,
+    rope::{self, Rope},
+    Layer, LayerKind, Model, Task,
+};
+use crate::{
+    config::{LlamaArgs, ModelConfig},
+    error::Result,
+};
+
+/// `transformers`' `initializer_range`.
+const INIT_STD: f64 = 0.02;
+
+fn linear(vs: nn::Path, inp: i64, out: i64, bias: bool) -> nn::Linear {
+    let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: INIT_STD }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
+    nn::linear(vs, inp, out, config)
+}
+
+/// `LlamaRMSNorm`: normalised in float32, cast back to the input's type, then
+/// scaled by the weight (in that order: it matters in bf16).
+#[derive(Debug)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(vs: nn::Path, d: i64, eps: f64) -> RmsNorm {
+        RmsNorm { weight: vs.var("weight", &[d], nn::Init::Const(1.0)), eps }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let x32 = x.to_kind(Kind::Float);
+        let variance = x32.square().mean_dim(-1, true, Kind::Float);
+        let normed = x32 * (variance + self.eps).rsqrt();
+        &self.weight * normed.to_kind(x.kind())
+    }
+}
+
+/// Shapes shared by every layer.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    dropout: f64,
+}
+
+#[derive(Debug)]
+struct DecoderLayer {
+    input_norm: RmsNorm,
+    q_proj: nn::Linear,
+    k_proj: nn::Linear,
+    v_proj: nn::Linear,
+    o_proj: nn::Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    post_norm: RmsNorm,
+    gate_proj: nn::Linear,
+    up_proj: nn::Linear,
+    down_proj: nn::Linear,
+    dims: Dims,
+}
+
+impl DecoderLayer {
+    fn new(vs: nn::Path, m: &ModelConfig, dims: Dims) -> DecoderLayer {
+        let (a, d) = (&m.llama, m.n_embd);
+        let attn = &vs / "self_attn";
+        let mlp = &vs / "mlp";
+        let (q_width, kv_width, inner) = (dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim, a.mlp_width(d));
+        DecoderLayer {
+            input_norm: RmsNorm::new(&vs / "input_layernorm", d, a.rms_norm_eps),
+            q_proj: linear(&attn / "q_proj", d, q_width, a.qkv_bias),
+            k_proj: linear(&attn / "k_proj", d, kv_width, a.qkv_bias),
+            v_proj: linear(&attn / "v_proj", d, kv_width, a.qkv_bias),
+            o_proj: linear(&attn / "o_proj", q_width, d, a.o_bias),
+            q_norm: a.qk_norm.then(|| RmsNorm::new(&attn / "q_norm", dims.head_dim, a.rms_norm_eps)),
+            k_norm: a.qk_norm.then(|| RmsNorm::new(&attn / "k_norm", dims.head_dim, a.rms_norm_eps)),
+            post_norm: RmsNorm::new(&vs / "post_attention_layernorm", d, a.rms_norm_eps),
+            gate_proj: linear(&mlp / "gate_proj", d, inner, a.mlp_bias),
+            up_proj: linear(&mlp / "up_proj", d, inner, a.mlp_bias),
+            down_proj: linear(&mlp / "down_proj", inner, d, a.mlp_bias),
+            dims,
+        }
+    }
+
+    /// `[B, T, width]` projections as `[B, heads, T, head_dim]`, each head normed (Qwen3).
+    fn heads(&self, x: Tensor, heads: i64, norm: Option<&RmsNorm>) -> Tensor {
+        let (b, t, _) = x.size3().expect("[B, T, D] activations");
+        let x = x.view([b, t, heads, self.dims.head_dim]);
+        norm.map_or(x.shallow_clone(), |n| n.forward(&x)).transpose(1, 2)
+    }
+
+    /// One layer over `x` `[B, T, D]` with those positions' cos and sin; with a cache,
+    /// the new keys and values join it and the queries attend over all it holds.
+    fn forward(&self, x: &Tensor, (cos, sin): (&Tensor, &Tensor), train: bool, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
+        let (b, t, _) = x.size3()?;
+        let h = self.input_norm.forward(x);
+        let q = self.heads(self.q_proj.forward(&h), self.dims.heads, self.q_norm.as_ref());
+        let k = self.heads(self.k_proj.forward(&h), self.dims.kv_heads, self.k_norm.as_ref());
+        let v = self.heads(self.v_proj.forward(&h), self.dims.kv_heads, None);
+        let (q, k) = (rope::apply(&q, cos, sin), rope::apply(&k, cos, sin));
+        let p = if train { self.dims.dropout } else { 0.0 };
+        let y = match cache {
+            None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, true)?,
+            Some((cache, layer)) => {
+                let seen = cache.append(layer, &k, &v)?;
+                Tensor::f_scaled_dot_product_attention(&q, &seen.keys, &seen.values, seen.mask.as_ref(), 0.0, seen.causal, None, true)?
+            }
+        };
+        let y = y.transpose(1, 2).reshape([b, t, self.dims.heads * self.dims.head_dim]);
+        let x = x + self.o_proj.forward(&y);
+        let h = self.post_norm.forward(&x);
+        Ok(&x + self.down_proj.forward(&(self.gate_proj.forward(&h).silu() * self.up_proj.forward(&h))))
+    }
+}
+
+pub struct Llama {
+    embed_tokens: nn::Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// `None` when the head is the token embedding (`tie_word_embeddings`).
+    lm_head: Option<Tensor>,
+    rope: Rope,
+    config: ModelConfig,
+}
+
+impl Llama {
+    pub fn new(vs: &nn::Path, m: &ModelConfig) -> Llama {
+        let a: &LlamaArgs = &m.llama;
+        let dims = Dims { heads: m.n_head, kv_heads: a.kv_heads(m.n_head), head_dim: a.head_width(m.n_embd, m.n_head), dropout: m.dropout };
+        let model = vs / "model";
+        let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: INIT_STD }, ..Default::default() };
+        let lm_head =
+            (!a.tie_embeddings).then(|| (vs / "lm_head").var("weight", &[m.vocab_size, m.n_embd], nn::Init::Randn { mean: 0.0, stdev: INIT_STD }));
+        Llama {
+            embed_tokens: nn::embedding(&model / "embed_tokens", m.vocab_size, m.n_embd, emb),
+            layers: (0..m.n_layer).map(|i| DecoderLayer::new(&model / "layers" / i, m, dims)).collect(),
+            norm: RmsNorm::new(&model / "norm", m.n_embd, a.rms_norm_eps),
+            lm_head,
+            rope: Rope::new(a, dims.head_dim, m.block_size, vs.device()),
+            config: m.clone(),
+        }
+    }
+
+    fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let t = inputs.size().last().copied().unwrap_or(0);
+        let start = cache.as_ref().map_or(0, |c| c.len());
+        if start + t > self.rope.positions() {
+            return Err(crate::error::Error::Other(format!(
+                "{} positions exceed the model's context of {} (model.block_size)",
+                start + t,
+                self.rope.positions()
+            )));
+        }
+        if let Some(c) = cache.as_deref() {
+            c.reserve(t)?;
+        }
+        let mut x = self.embed_tokens.forward(inputs);
+        // In the embedding's type, as `transformers` casts them: float32 for float32
+        // weights, also under autocast (q and k then rotate in float32).
+        let (cos, sin) = self.rope.window(start, t, x.kind());
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(&x, (&cos, &sin), train, cache.as_deref_mut().map(|c| (c, i)))?;
+        }
+        if let Some(c) = cache {
+            c.advance(t);
+        }
+        let x = self.norm.forward(&x);
+        Ok(x.linear::<Tensor>(self.lm_head.as_ref().unwrap_or(&self.embed_tokens.ws), None))
+    }
+}
+
+impl Model for Llama {
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
+        self.run(inputs, train, None).unwrap_or_else(|e| panic!("llama forward: {e}"))
+    }
+
+    fn forward_cached(&mut self, inputs: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        self.run(inputs, false, Some(cache))
+    }
+
+    fn new_cache(&self, capacity: i64) -> Option<KvCache> {
+        Some(KvCache::new(self.layers.len(), capacity.min(self.config.block_size)))
+    }
+
+    fn task(&self) -> Task {
+        Task::LanguageModel
+    }
+
+    fn kind(&self) -> &str {
+        "llama"
+    }
+
+    fn uses_randomness(&self) -> bool {
+        self.config.dropout > 0.0
+    }
+
+    fn layers(&self, seq_len: i64) -> Vec<Layer> {
+        let (m, t) = (&self.config, seq_len);
+        let (d, a) = (m.n_embd, &m.llama);
+        let (hd, kv) = (a.head_width(d, m.n_head), a.kv_heads(m.n_head));
+        let (q_width, kv_width, inner) = (m.n_head * hd, kv * hd, a.mlp_width(d));
+        let mut layers = Vec::new();
+        for i in 0..m.n_layer {
+            let name = |s: &str| format!("model.layers.{i}.{s}");
+            layers.push(Layer::linear(name("self_attn.q_proj"), d, q_width, t, true));
+            layers.push(Layer::linear(name("self_attn.k_proj"), d, kv_width, t, true));
+            layers.push(Layer::linear(name("self_attn.v_proj"), d, kv_width, t, true));
+            // Every query head attends: grouped keys and values save memory, not matmul work.
+            layers.push(Layer {
+                kind: LayerKind::Attention,
+                heads: m.n_head as u64,
+                head_dim: hd as u64,
+                seq_len: t as u64,
+                ..Layer::linear(name("self_attn.sdpa"), q_width, q_width, t, true)
+            });
+            layers.push(Layer::linear(name("self_attn.o_proj"), q_width, d, t, true));
+            layers.push(Layer::linear(name("mlp.gate_proj"), d, inner, t, true));
+            layers.push(Layer::linear(name("mlp.up_proj"), d, inner, t, true));
+            layers.push(Layer::linear(name("mlp.down_proj"), inner, d, t, true));
+        }
+        layers.push(Layer::linear("lm_head", d, m.vocab_size, t, true));
+        layers
+    }
+}
