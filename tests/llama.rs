@@ -47,9 +47,24 @@ fn close(a: f64, b: f64, tol: f64, what: &str) {
 }
 
 /// A model of `family` made by transformers, and random token data below its vocabulary.
+/// Qwen3's is saved as bf16 shards with an index; Llama's `config.json` is rewritten
+/// in the transformers 4.x form (top-level `rope_theta`, `rope_scaling`, `torch_dtype`).
 fn family_model(dir: &Path, family: &str) -> (PathBuf, Vec<String>) {
     let model = dir.join(family);
-    hf(&[&"make-llama", &family, &model]);
+    match family {
+        "qwen3" => drop(hf(&[&"make-llama", &family, &model, &"-", &"--bf16-sharded"])),
+        _ => drop(hf(&[&"make-llama", &family, &model])),
+    }
+    if family == "llama" {
+        edit_config(&model, |j| {
+            let mut rope = j.remove("rope_parameters").unwrap();
+            let theta = rope.as_object_mut().unwrap().remove("rope_theta").unwrap();
+            j.insert("rope_theta".into(), theta);
+            j.insert("rope_scaling".into(), rope);
+            let dtype = j.remove("dtype").unwrap();
+            j.insert("torch_dtype".into(), dtype);
+        });
+    }
     let tokens = dir.join("tokens.bin");
     if !tokens.exists() {
         hf(&[&"make-tokens", &tokens, &"20000"]);
@@ -62,6 +77,9 @@ fn each_family_computes_transformers_logits_and_losses_in_fp32_and_bf16() {
     let dir = tempfile::tempdir().unwrap();
     for family in FAMILIES {
         let (model, set) = family_model(dir.path(), family);
+        if family == "qwen3" {
+            assert!(model.join("model.safetensors.index.json").is_file(), "qwen3 is saved sharded");
+        }
         let probe = dir.path().join(format!("{family}.probe"));
         run_expect(ptrain().args(["logits", "--split", "train", "--step", "1", "--out"]).arg(&probe).args(small(&set).into_iter().skip(2)), 0);
         let report = hf(&[&"compare-logits", &model, &probe]);

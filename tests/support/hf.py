@@ -4,7 +4,8 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
 
   hf.py make-model DIR                       random GPT-2 (2 layers, 2 heads, 64 wide, vocab 512,
                                              128 positions), every parameter perturbed, save_pretrained
-  hf.py make-llama KIND DIR [TOKENIZER_JSON] a random llama (untied, llama3 rope scaling), qwen2 (q/k/v
+  hf.py make-llama KIND DIR [TOKENIZER_JSON|-] [--bf16-sharded]
+                                             a random llama (untied, llama3 rope scaling), qwen2 (q/k/v
                                              bias, tied, GQA 4:2), qwen3 (q/k norm, head_dim 24 != 64/4)
                                              or mistral, every parameter perturbed, save_pretrained; with a
                                              tokenizer: its vocabulary, tokenizer.json and eos id beside it
@@ -80,7 +81,7 @@ LLAMA_KINDS = {
 }
 
 
-def make_llama(kind, d, tokenizer=None):
+def make_llama(kind, d, tokenizer=None, *flags):
     import shutil
 
     import torch
@@ -90,6 +91,7 @@ def make_llama(kind, d, tokenizer=None):
     cls = getattr(transformers, spec.pop("cls"))
     vocab = 512
     eos = None
+    tokenizer = None if tokenizer == "-" else tokenizer
     if tokenizer:
         from tokenizers import Tokenizer
 
@@ -115,7 +117,11 @@ def make_llama(kind, d, tokenizer=None):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    model.save_pretrained(d)
+    if "--bf16-sharded" in flags:
+        # Hub checkpoints: bf16 weights in several files with an index.
+        model.to(torch.bfloat16).save_pretrained(d, max_shard_size="100KB")
+    else:
+        model.save_pretrained(d)
     if tokenizer:
         shutil.copy(tokenizer, f"{d}/tokenizer.json")
         with open(f"{d}/tokenizer_config.json", "w") as f:
