@@ -5,6 +5,7 @@ mod config;
 mod export;
 mod launch;
 mod logits;
+mod plugin_cache;
 mod plugins;
 mod run;
 mod scaffold;
