@@ -3,10 +3,11 @@
 # on this machine's ptrain build, and what it had to compile.
 #   bench/plugin_scaffold.sh            (prints a Markdown table; a few minutes)
 # For the figures in BENCHMARKS.md, run it on a quiet machine right after
-# `cargo build --release --workspace --all-targets` in a fresh clone, before the test
-# suite: the first tensor-reading plugin built on a ptrain build compiles tch and
-# plugin-api once into ptrain's build directory (their features depend on the whole
-# dependency graph; torch-sys is reused), and every later one finds them ("again" rows).
+# `cargo build --release --workspace --all-targets`. The crates build in a fresh plugin
+# build cache (PTRAIN_HOME in a temporary directory), which `ptrain plugins new` seeds from
+# ptrain's build (not timed): the first tensor-reading plugin compiles tch and plugin-api
+# once into it (their features depend on the whole dependency graph; torch-sys is reused),
+# and every later one finds them ("again" rows).
 # The builds run without scripts/env.sh's variables, as in an author's shell.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,7 @@ cargo build --release --quiet -p ptrain
 ptrain=$PWD/target/release/ptrain
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+export PTRAIN_HOME=$work/ptrain-home
 
 echo "| template | wall time | torch-sys | compiled |"
 echo "|---|---|---|---|"

@@ -4,6 +4,8 @@ _ptrain_root=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
 export PTRAIN_ROOT="$_ptrain_root"
 export VIRTUAL_ENV="${PTRAIN_VENV:-$_ptrain_root/.venv}"
 case ":$PATH:" in *":$VIRTUAL_ENV/bin:"*) ;; *) export PATH="$VIRTUAL_ENV/bin:$PATH" ;; esac
+# `ptrain` itself: this checkout's release build (after `cargo build --release`).
+case ":$PATH:" in *":$_ptrain_root/target/release:"*) ;; *) export PATH="$_ptrain_root/target/release:$PATH" ;; esac
 # torch-sys asks this venv's python where libtorch lives (tch's LIBTORCH_USE_PYTORCH mode).
 export LIBTORCH_USE_PYTORCH=1
 _ptrain_torch_lib=$(ls -d "$VIRTUAL_ENV"/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n 1)

@@ -1,18 +1,24 @@
 //! What a third-party author does, from nothing: `ptrain plugins new` for both kinds into
-//! a directory outside the workspace, `cargo build --release` and `cargo test --release`
-//! there without ptrain's scripts/env.sh (the scaffold's .cargo/config.toml is all it
-//! needs), then one run that loads both by name through PTRAIN_PLUGIN_PATH, the sink
-//! writing what the inline plugin emitted.
+//! a temporary directory outside the checkout, `cargo build --release` and `cargo test
+//! --release` there without ptrain's scripts/env.sh (the scaffold's .cargo/config.toml is
+//! all it needs), the same for the two complete examples of docs/plugins.md, then one run
+//! that loads all four by name through PTRAIN_PLUGIN_PATH, the sinks writing what the
+//! inline plugins emitted.
 //!
-//! The builds reuse the workspace's compiled dependencies (torch-sys above all; the test
-//! checks cargo reports it Fresh), so they take about a minute, not seven.
+//! The crates build in a plugin build cache of their own (`$PTRAIN_HOME/plugin-build`,
+//! here a fresh temporary directory), seeded by `ptrain plugins new` from the checkout's
+//! build: torch-sys is found Fresh (the test checks cargo says so), and the builds stay
+//! out of the checkout's build directory: no rustc command of theirs names it, and no
+//! file of theirs appears or changes there (other tests build workspace crates into it
+//! meanwhile, so the comparison is of the files named after the four crates).
 
 mod common;
 
 use std::{
-    hash::{Hash, Hasher},
+    collections::BTreeMap,
     path::{Path, PathBuf},
     process::Command,
+    time::SystemTime,
 };
 
 use common::*;
@@ -36,66 +42,94 @@ fn cargo(dir: &Path, args: &[&str]) -> std::process::Output {
     out
 }
 
-fn new_plugin(name: &str, kind: &[&str], dir: &Path) {
-    run_expect(ptrain().args(["plugins", "new", name]).args(kind).arg("--dir").arg(dir), 0);
-    assert!(dir.join("Cargo.toml").is_file() && dir.join("src/lib.rs").is_file() && dir.join(".cargo/config.toml").is_file());
+/// Every file under `dir` whose name contains one of `names`, with its size and time.
+fn snapshot(dir: &Path, names: &[String]) -> BTreeMap<PathBuf, (u64, SystemTime)> {
+    let mut files = BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().map(Result::unwrap) {
+            let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+            if meta.is_dir() {
+                todo.push(entry.path());
+            }
+            if names.iter().any(|n| entry.file_name().to_string_lossy().contains(n.as_str())) {
+                files.insert(entry.path(), (meta.len(), meta.modified().unwrap()));
+            }
+        }
+    }
+    files
 }
 
-/// A fresh directory under the system's temporary one, the same for every run from this
-/// checkout: the crates' artifacts in the workspace's build directory are then replaced by
-/// the next run instead of piling up (a new path would be a new package each time).
-struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    fn new() -> ScratchDir {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        repo().hash(&mut hasher);
-        let dir = std::env::temp_dir().join(format!("ptrain-plugin-scaffold-{:016x}", hasher.finish()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        ScratchDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// The code block of docs/plugins.md that follows the line `marker`.
+fn docs_example(marker: &str) -> String {
+    let docs = std::fs::read_to_string(repo().join("docs/plugins.md")).unwrap();
+    let after = docs.split_once(marker).unwrap_or_else(|| panic!("docs/plugins.md has no {marker}")).1;
+    let block = after.split_once("```rust\n").unwrap().1;
+    block.split_once("\n```").unwrap().0.to_string()
 }
 
 #[test]
-fn both_kinds_of_scaffold_build_on_the_workspace_and_run_together() {
-    let dir = ScratchDir::new();
-    assert!(!dir.path().starts_with(repo()), "the crates must lie outside the workspace");
-    let (inline, sink) = (dir.path().join("gradwatch"), dir.path().join("csv-sink"));
-    new_plugin("gradwatch", &[], &inline);
-    new_plugin("csv-sink", &["--sink"], &sink);
-    let out = run_expect(ptrain().args(["plugins", "new", "gradwatch", "--dir"]).arg(&inline), 2);
+fn both_kinds_and_the_docs_examples_build_outside_the_checkout_and_run_together() {
+    let dir = tempfile::Builder::new().prefix("ptrain-plugin-scaffold-").tempdir().unwrap();
+    assert!(!dir.path().starts_with(repo()), "the crates must lie outside the checkout");
+    let home = dir.path().join("ptrain-home");
+    // The checkout's build directory (target/release: the binary, its plugins, and the
+    // compiled torch-sys the cache is seeded from), and what a build of the four crates
+    // there would leave: units and libraries named after them.
+    let checkout_build = build_dir();
+    let target = checkout_build.parent().unwrap().display().to_string();
+    let crates = ["gradwatch", "csv-sink", "zero-grads", "tsv"];
+    let names: Vec<String> = crates.iter().flat_map(|c| [format!("ptrain-plugin-{c}"), format!("ptrain_plugin_{}", c.replace('-', "_"))]).collect();
+    let before = snapshot(&checkout_build, &names);
+
+    let new_plugin = |name: &str, kind: &[&str]| -> PathBuf {
+        let crate_dir = dir.path().join(name);
+        let out = run_expect(ptrain().env("PTRAIN_HOME", &home).args(["plugins", "new", name]).args(kind).arg("--dir").arg(&crate_dir), 0);
+        let config = std::fs::read_to_string(crate_dir.join(".cargo/config.toml")).unwrap();
+        assert!(config.contains(&format!("build-dir = \"{}\"", home.join("plugin-build").display())), "{config}");
+        assert!(!config.contains(&format!("\"{target}")), "nothing may build in the checkout:\n{config}");
+        assert!(crate_dir.join("src/lib.rs").is_file(), "{}", stdout(&out));
+        crate_dir
+    };
+    let (inline, sink) = (new_plugin("gradwatch", &[]), new_plugin("csv-sink", &["--sink"]));
+    let out = run_expect(ptrain().env("PTRAIN_HOME", &home).args(["plugins", "new", "gradwatch", "--dir"]).arg(&inline), 2);
     assert!(stderr(&out).contains("exists and is not empty"), "{}", stderr(&out));
 
-    let build = cargo(&inline, &["build", "--release", "-v"]);
-    let log = String::from_utf8_lossy(&build.stderr);
-    assert!(log.contains("Fresh torch-sys"), "libtorch's bindings were not reused from the workspace's build:\n{log}");
+    // Verbose: every rustc command, with its output and search directories, is in the log.
+    let build_verbose = |crate_dir: &Path| -> String {
+        let log = String::from_utf8_lossy(&cargo(crate_dir, &["build", "--release", "-v"]).stderr).into_owned();
+        assert!(!log.contains(&format!("{target}/")), "the build used the checkout's {target}:\n{log}");
+        log
+    };
+    let log = build_verbose(&inline);
+    assert!(log.contains("Fresh torch-sys"), "libtorch's bindings were not reused from the seeded cache:\n{log}");
     assert!(!log.contains("Compiling torch-sys"), "{log}");
-    cargo(&sink, &["build", "--release"]);
-    for (crate_dir, tests) in [(&inline, 2), (&sink, 1)] {
+    build_verbose(&sink);
+    for (crate_dir, tests) in [(&inline, 3), (&sink, 2)] {
         let out = cargo(crate_dir, &["test", "--release"]);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains(&format!("test result: ok. {tests} passed")), "{text}");
     }
+    // The complete examples of the docs, each in a crate of its kind.
+    let (zeros, tsv) = (new_plugin("zero-grads", &[]), new_plugin("tsv", &["--sink"]));
+    std::fs::write(zeros.join("src/lib.rs"), docs_example("<!-- complete inline example -->")).unwrap();
+    std::fs::write(tsv.join("src/lib.rs"), docs_example("<!-- complete sink example -->")).unwrap();
+    build_verbose(&zeros);
+    build_verbose(&tsv);
 
-    // Both by name, through a colon-separated PTRAIN_PLUGIN_PATH.
-    let search = format!("{}:{}", inline.join("target/release").display(), sink.join("target/release").display());
+    // All four by name, through a colon-separated PTRAIN_PLUGIN_PATH.
+    let search: Vec<String> = [&inline, &sink, &zeros, &tsv].iter().map(|c| c.join("target/release").display().to_string()).collect();
     let run = dir.path().join("run");
+    let tsv_out = dir.path().join("metrics.tsv");
+    // The docs' sink refuses to run without its `path`, before training.
+    let refused = run_expect(ptrain().env("PTRAIN_PLUGIN_PATH", search.join(":")).args(tiny_gpt(2)).args(["--plugins", "tsv"]), 2);
+    assert!(stderr(&refused).contains("plugin tsv: option `path` is required"), "{}", stderr(&refused));
     run_expect(
         ptrain()
-            .env("PTRAIN_PLUGIN_PATH", &search)
+            .env("PTRAIN_PLUGIN_PATH", search.join(":"))
             .args(tiny_gpt(20))
-            .args(["--plugins", "gradwatch,csv-sink", "--set", "plugins.gradwatch.every=5", "--set", "plugins.csv-sink.every=1"])
+            .args(["--plugins", "gradwatch,csv-sink,zero-grads,tsv", "--set", "plugins.gradwatch.every=5", "--set", "plugins.csv-sink.every=1"])
+            .args(["--set", &format!("plugins.tsv.path={}", tsv_out.display())])
             .arg("--run-dir")
             .arg(&run),
         0,
@@ -116,7 +150,18 @@ fn both_kinds_of_scaffold_build_on_the_workspace_and_run_together() {
     assert!(norms.iter().all(|n| n.1.is_finite() && n.1 > 0.0), "{norms:?}");
     let losses = rows.iter().filter(|r| r.1 == "train/loss").count();
     assert_eq!(losses, 20, "the sink got the core metrics at every step:\n{csv}");
+    // The docs' inline plugin: the fraction of zero gradient entries, every 20 steps.
+    let zero: Vec<(u64, f64)> = rows.iter().filter(|r| r.1 == "zero-grads/fraction").map(|r| (r.0, r.2)).collect();
+    assert!(zero.len() == 1 && zero[0].0 == 20 && (0.0..=1.0).contains(&zero[0].1), "{csv}");
+    // The docs' sink: a header, then one line per batch it received.
+    let tsv_text = std::fs::read_to_string(&tsv_out).unwrap();
+    assert!(tsv_text.starts_with("step\ttrain/loss\n") && tsv_text.lines().count() > 2, "{tsv_text}");
     let s = summary(&run);
     assert_eq!(s["plugins"]["csv-sink"]["rows"].as_u64(), Some(rows.len() as u64), "{s}");
     assert_eq!(s["plugin_failures"], serde_json::json!([]));
+
+    let after = snapshot(&checkout_build, &names);
+    let changed: Vec<_> = before.iter().filter(|(path, meta)| after.get(*path) != Some(*meta)).map(|(p, _)| p).collect();
+    let added: Vec<_> = after.keys().filter(|p| !before.contains_key(*p)).collect();
+    assert!(changed.is_empty() && added.is_empty(), "the plugins' builds wrote into the checkout's build directory: {changed:?} {added:?}");
 }

@@ -141,9 +141,13 @@ fn a_panicking_inline_plugin_is_disabled_with_one_line_and_training_goes_on() {
 fn an_erroring_inline_plugin_is_disabled_too() {
     let dir = tempfile::tempdir().unwrap();
     let faults = fixture("inline-faults").display().to_string();
-    run_expect(ptrain().args(with_plugins(8, &faults)).args(["--set", "plugins.inline-faults.error_at=3"]).arg("--run-dir").arg(dir.path()), 0);
+    let out =
+        run_expect(ptrain().args(with_plugins(8, &faults)).args(["--set", "plugins.inline-faults.error_at=3"]).arg("--run-dir").arg(dir.path()), 0);
     let s = summary(dir.path());
     assert_eq!(s["plugin_failures"][0]["error"], "deliberate error at step 3");
+    // The log line says where, as the summary does.
+    let hook = s["plugin_failures"][0]["hook"].as_str().unwrap();
+    assert!(stderr(&out).contains(&format!("plugin `inline-faults` failed in {hook} at step 3 and was disabled")), "{}", stderr(&out));
     assert_eq!(s["steps"], 8);
 }
 
@@ -174,7 +178,7 @@ fn a_plugin_that_detaches_itself_is_called_no_more_and_is_no_failure() {
 fn a_panicking_sink_is_disabled_and_other_sinks_keep_receiving() {
     let dir = tempfile::tempdir().unwrap();
     let faults = fixture("worker-faults").display().to_string();
-    run_expect(
+    let out = run_expect(
         ptrain()
             .args(with_plugins(10, &format!("{faults},jsonl")))
             .args(["--set", "plugins.worker-faults.panic_at=4", "--set", "plugins.jsonl.every=1"])
@@ -182,6 +186,7 @@ fn a_panicking_sink_is_disabled_and_other_sinks_keep_receiving() {
             .arg(dir.path()),
         0,
     );
+    assert!(stderr(&out).contains("plugin `worker-faults` failed in metrics at step 4 and was disabled"), "{}", stderr(&out));
     let s = summary(dir.path());
     assert_eq!(s["plugin_failures"][0]["plugin"], "worker-faults");
     assert_eq!(s["plugin_failures"][0]["hook"], "metrics");

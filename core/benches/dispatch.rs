@@ -46,7 +46,7 @@ fn loaded(plugins: &[&str], every: i64) -> PluginHost {
         tables.insert(library.descriptor.name.as_str().to_string(), t);
     }
     let services = HostServices::leak(Arc::new(Gate::new(0)), None);
-    let (mut host, slots) = PluginHost::load(&requests, &tables, services, 0).expect("plugins load");
+    let (mut host, slots) = PluginHost::load(&requests, &tables, &Default::default(), services, 0).expect("plugins load");
     host.schedule(Scheduler::new(slots, 1, u64::MAX - 1, 0), false);
     host
 }

@@ -43,7 +43,7 @@ impl Model for Recording {
 #[test]
 fn the_first_bf16_loss_is_float32_cross_entropy_of_the_bf16_logits() {
     let dir = tempfile::tempdir().unwrap();
-    let config = ConfigBuilder::layered(None, &[])
+    let config = ConfigBuilder::layered(&[], &[])
         .unwrap()
         .build_with(|c| {
             c.run.run_dir = dir.path().display().to_string();

@@ -16,8 +16,9 @@ pub mod __private {
 
     use crate::{
         abi::{FfiPlugin_TO, PluginBox, PluginMod, PluginModRef},
+        error::PluginError,
         host::HostApi,
-        plugin::{guard, with_options_of, Adapter, Plugin, PluginError},
+        plugin::{guard, with_options_of, Adapter, Plugin},
         schedule::Descriptor,
     };
 

@@ -19,6 +19,7 @@
 mod abi;
 mod checkpoint;
 mod context;
+mod error;
 pub mod export;
 mod host;
 mod metrics;
@@ -33,9 +34,10 @@ pub use checkpoint::{CheckpointPayload, CheckpointReason, DType, NamedBlob, Tens
 pub use context::{
     DeviceInfo, DeviceKind, LayerKind, LayerSpec, ModelInfo, NamedTensor, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task, TensorRef,
 };
+pub use error::{PluginError, PluginResult};
 pub use host::{HostApi, LogLevel, STOP_FAILURE_PREFIX};
 pub use metrics::{Histogram, Metric, MetricBatch, MetricValue, Outbox, Scalar};
-pub use plugin::{guard, parse_options, Adapter, Plugin, PluginError, PluginResult};
+pub use plugin::{guard, parse_options, Adapter, Plugin};
 pub use schedule::{Attachment, Cadence, Descriptor, Hook, Needs, StepWindows, Threading};
 
 /// Re-exported so that [`export_plugin!`] works without authors naming abi_stable.

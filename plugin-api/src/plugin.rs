@@ -4,7 +4,6 @@
 use std::{
     any::Any,
     cell::RefCell,
-    fmt,
     panic::{catch_unwind, AssertUnwindSafe},
     sync::Once,
 };
@@ -15,46 +14,11 @@ use crate::{
     abi::FfiPlugin,
     checkpoint::CheckpointPayload,
     context::{RunEnd, RunInfo, StepContext},
+    error::{PluginError, PluginResult},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
     schedule::{Descriptor, StepWindows},
 };
-
-/// The error a plugin call returns; the host disables the plugin and logs it.
-#[derive(Debug)]
-pub struct PluginError(String);
-
-impl PluginError {
-    pub fn msg(message: impl fmt::Display) -> PluginError {
-        PluginError(message.to_string())
-    }
-
-    pub fn message(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for PluginError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-// Like anyhow: any std error converts with `?`, so PluginError itself is not one.
-impl<E: std::error::Error> From<E> for PluginError {
-    fn from(error: E) -> PluginError {
-        let mut message = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            message.push_str(": ");
-            message.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        PluginError(message)
-    }
-}
-
-pub type PluginResult<T = ()> = Result<T, PluginError>;
 
 /// A ptrain plugin. Implement it, then `ptrain_plugin_api::export_plugin!(MyPlugin);`.
 ///
@@ -148,7 +112,7 @@ pub fn parse_options<T: serde::de::DeserializeOwned>(options: serde_json::Value)
             (Some(table), _) => format!("{table}.{key}"),
             (None, _) => key,
         };
-        PluginError(format!("invalid options: {key}: {message}"))
+        PluginError::msg(format!("invalid options: {key}: {message}"))
     })
 }
 
@@ -201,7 +165,7 @@ pub fn guard<T>(f: impl FnOnce() -> PluginResult<T>) -> RResult<T, RString> {
     install_quiet_panic_hook();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(value)) => RResult::ROk(value),
-        Ok(Err(error)) => RResult::RErr(error.0.into()),
+        Ok(Err(error)) => RResult::RErr(error.into_message().into()),
         Err(payload) => RResult::RErr(panic_message(&*payload).into()),
     }
 }

@@ -10,9 +10,10 @@ pub struct ConfigArgs {
     /// Print the commented default configuration instead.
     #[arg(long)]
     default: bool,
-    /// TOML file layered over the default.
+    /// TOML file layered over the default; repeat to layer several, in order (a later
+    /// file's keys win).
     #[arg(short, long, value_name = "FILE")]
-    config: Option<PathBuf>,
+    config: Vec<PathBuf>,
     /// Override one key.
     #[arg(short, long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
@@ -22,7 +23,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     if args.default {
         print!("{}", ptrain_core::config::DEFAULT_TOML);
     } else {
-        print!("{}", ConfigBuilder::layered(args.config.as_deref(), &args.set)?.build()?.to_toml());
+        print!("{}", ConfigBuilder::layered(&args.config, &args.set)?.build()?.to_toml());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -25,9 +25,10 @@ enum SplitArg {
 #[derive(Debug, Args)]
 pub struct LogitsArgs {
     /// TOML file layered over the default (with --checkpoint and no --config: the
-    /// checkpoint's own config.toml).
+    /// checkpoint's own config.toml); repeat to layer several, in order (a later
+    /// file's keys win).
     #[arg(short, long, value_name = "FILE")]
-    config: Option<PathBuf>,
+    config: Vec<PathBuf>,
     /// Override one key.
     #[arg(short, long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
@@ -50,8 +51,11 @@ pub struct LogitsArgs {
 
 pub fn run(args: LogitsArgs) -> anyhow::Result<ExitCode> {
     let recorded = args.checkpoint.as_ref().map(|c| ptrain_core::model::hf::resolve_checkpoint(c)).transpose()?;
-    let file = args.config.clone().or_else(|| recorded.as_ref().map(|c| c.join("config.toml")));
-    let config = ptrain_core::ConfigBuilder::layered(file.as_deref(), &args.set)?.build()?;
+    let files = match &recorded {
+        Some(checkpoint) if args.config.is_empty() => vec![checkpoint.join("config.toml")],
+        _ => args.config.clone(),
+    };
+    let config = ptrain_core::ConfigBuilder::layered(&files, &args.set)?.build()?;
     let batch = match (&args.inputs, args.split) {
         (Some(path), _) => ProbeBatch::from_file(path)?,
         (None, SplitArg::Train) => ProbeBatch::Drawn { split: Split::Train, step: args.step.unwrap_or(1) },

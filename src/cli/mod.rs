@@ -6,6 +6,7 @@ mod export;
 mod generate;
 mod launch;
 mod logits;
+mod plugin_cache;
 mod plugins;
 mod run;
 mod scaffold;

@@ -14,8 +14,10 @@ pub enum PluginsCommand {
     /// Write a new plugin crate, ready for `cargo build --release`: an inline plugin that
     /// reads gradients every 20 steps and emits a metric, or with --sink a worker that
     /// writes every metrics batch to a CSV file; each with a unit test. It depends on this
-    /// ptrain's plugin-api by path and builds on ptrain's compiled dependencies
-    /// (.cargo/config.toml), so the first build takes about a minute, not several.
+    /// ptrain's plugin-api by path and builds in the plugin build cache shared by your
+    /// plugins ($PTRAIN_HOME/plugin-build, default ~/.cache/ptrain/plugin-build; nothing is
+    /// written into ptrain's checkout), which the first inline plugin seeds from ptrain's own
+    /// build: torch-sys (libtorch's bindings) is not compiled again.
     New {
         /// The plugin's name (lowercase letters, digits, inner dashes): `--plugins <NAME>` loads it.
         name: String,

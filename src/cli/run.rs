@@ -7,8 +7,9 @@ use ptrain_core::{config::DeviceChoice, Config, ConfigBuilder, Resume, Trainer};
 
 /// The exit codes of `ptrain run`, for `--help`.
 const EXIT_CODES: &str = "Exit codes:
-  0        the run completed
-  1        training failed (or stopped: non-finite losses, a save error with on_save_error = \"stop\", a plugin's request)
+  0        the run completed, or a plugin ended it early as done (request_stop: early-stop)
+  1        training failed (or stopped: non-finite losses, a save error with on_save_error = \"stop\", a plugin's
+           request_failure_stop)
   2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin options
   3        the run completed, but a plugin failed and --strict-plugins (run.strict_plugins) is set
   130/143  interrupted by SIGINT/SIGTERM after saving an emergency checkpoint";
@@ -17,8 +18,9 @@ const EXIT_CODES: &str = "Exit codes:
 #[command(after_help = EXIT_CODES)]
 pub struct RunArgs {
     /// TOML file layered over the embedded default (`ptrain config --default` shows it).
+    /// Repeat to layer several, in order: a later file's keys win, tables merge key by key.
     #[arg(short, long, value_name = "FILE")]
-    config: Option<PathBuf>,
+    config: Vec<PathBuf>,
     /// Plugins to load, by name or .so path (replaces `run.plugins`).
     #[arg(short, long, value_delimiter = ',', value_name = "A,B")]
     plugins: Option<Vec<String>>,
@@ -79,7 +81,7 @@ impl RunArgs {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let config = ConfigBuilder::layered(args.config.as_deref(), &args.set)?.build_with(|c| args.apply(c))?;
+    let config = ConfigBuilder::layered(&args.config, &args.set)?.build_with(|c| args.apply(c))?;
     let resume = match (&args.resume, args.auto_resume) {
         (Some(path), _) => Some(Resume::Path(path.clone())),
         (None, true) => Some(Resume::Auto),

@@ -1,12 +1,15 @@
-//! `ptrain plugins new`: writes a plugin crate outside ptrain's tree that builds at
-//! once, on this machine's ptrain: its plugin-api by path, its Cargo.lock (the same
-//! dependency versions), and a `.cargo/config.toml` that builds in ptrain's build
-//! directory so torch-sys (libtorch's C++ bindings) is not compiled again.
+//! `ptrain plugins new`: writes a plugin crate, anywhere, that builds at once on this
+//! machine's ptrain: its plugin-api by path, its Cargo.lock (the same dependency
+//! versions), and a `.cargo/config.toml` that builds in the plugin build cache
+//! ([`super::plugin_cache`]), seeded from ptrain's build so torch-sys (libtorch's C++
+//! bindings) is not compiled again. Nothing is written into ptrain's checkout.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use ptrain_core::Error;
+
+use super::plugin_cache::{self, has_torch_sys};
 
 /// The tch ptrain builds with (pinned by a test to the workspace's).
 const TCH_REQUIREMENT: &str = "=0.24.0";
@@ -21,16 +24,12 @@ const SINK: &str = include_str!("templates/sink.rs");
 struct Origin {
     /// The checkout holding `plugin-api/` and `Cargo.lock`.
     checkout: PathBuf,
-    /// The cargo build directory holding ptrain's compiled torch-sys.
+    /// The cargo build directory holding ptrain's compiled torch-sys (only read).
     build_dir: Option<PathBuf>,
+    /// The plugin build cache the crate builds in.
+    cache: Option<PathBuf>,
     /// libtorch's directory in the venv's torch.
     torch_lib: Option<PathBuf>,
-}
-
-fn has_torch_sys(target: &Path) -> bool {
-    std::fs::read_dir(target.join("release/build"))
-        .map(|entries| entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("torch-sys-")))
-        .unwrap_or(false)
 }
 
 impl Origin {
@@ -53,7 +52,7 @@ impl Origin {
             .filter(|dir| dir.is_dir())
             .or_else(|| std::env::var_os("PTRAIN_TORCH_LIB").map(PathBuf::from).filter(|dir| dir.is_dir()));
         let canonical = |p: PathBuf| p.canonicalize().unwrap_or(p);
-        Ok(Origin { checkout: canonical(checkout), build_dir: build_dir.map(canonical), torch_lib })
+        Ok(Origin { checkout: canonical(checkout), build_dir: build_dir.map(canonical), cache: plugin_cache::dir(), torch_lib })
     }
 }
 
@@ -101,18 +100,21 @@ fn files(name: &str, sink: bool, origin: &Origin) -> Vec<(&'static str, String)>
         .replace("{{api_path}}", &toml_string(&origin.checkout.join("plugin-api")))
         .replace("{{api_features}}", api_features)
         .replace("{{tch_dependency}}", &tch);
-    let build_dir = match &origin.build_dir {
-        Some(dir) => format!(
-            "\n# torch-sys (libtorch's C++ bindings, minutes to compile) and whatever else ptrain has\n\
-             # compiled with the same versions and features is found Fresh in ptrain's build directory\n\
-             # (`cargo build --release -v` says so); the plugin library itself lands in ./target/release/.\n\
-             # CAREFUL: `cargo clean` here would empty ptrain's build directory too; use\n\
+    let build_dir = match &origin.cache {
+        Some(cache) => format!(
+            "\n# Intermediate artifacts go to ptrain's plugin build cache, outside ptrain's checkout and\n\
+             # shared by every plugin `ptrain plugins new` writes here ($PTRAIN_HOME/plugin-build, by\n\
+             # default ~/.cache/ptrain/plugin-build); the plugin library itself lands in ./target/release/.\n\
+             # torch-sys (libtorch's C++ bindings, minutes to compile) is found there Fresh\n\
+             # (`cargo build --release -v` says so): `ptrain plugins new` seeds the cache from ptrain's\n\
+             # own build. CAREFUL: `cargo clean` here would empty the cache too; use\n\
              # `cargo clean -p ptrain-plugin-{name}`.\n[build]\nbuild-dir = \"{}\"\n",
-            toml_string(dir)
+            toml_string(cache)
         ),
-        None => "\n# No ptrain build directory was found next to the ptrain binary: the first build compiles\n\
-                 # libtorch's bindings (torch-sys), several minutes. To build on ptrain's, add\n\
-                 #   [build]\n#   build-dir = \"<ptrain checkout>/target\"\n"
+        None => "\n# No cache directory was found ($PTRAIN_HOME, $XDG_CACHE_HOME and $HOME are unset): the\n\
+                 # plugin builds in ./target alone, and its first build compiles libtorch's bindings\n\
+                 # (torch-sys), minutes. To share one build between plugins, add\n\
+                 #   [build]\n#   build-dir = \"<a directory of yours>\"\n"
             .to_string(),
     };
     let mut config = CARGO_CONFIG.replace("{{build_dir_section}}", &build_dir);
@@ -133,7 +135,10 @@ fn files(name: &str, sink: bool, origin: &Origin) -> Vec<(&'static str, String)>
         ("Cargo.toml", cargo_toml),
         (".cargo/config.toml", config),
         ("src/lib.rs", fill(source)),
-        ("README.md", fill(README).replace("{{docs}}", &origin.checkout.join("docs/plugins.md").display().to_string())),
+        (
+            "README.md",
+            fill(README).replace("{{docs}}", &origin.checkout.join("docs/plugins.md").display().to_string()).replace("{{ptrain}}", &ptrain_exe()),
+        ),
         (".gitignore", "/target\n".to_string()),
     ]
 }
@@ -167,6 +172,37 @@ fn keep_sections(text: &str, keep: &[&str]) -> String {
     out.join("\n") + "\n"
 }
 
+/// This ptrain binary, as the crate's README and the "next:" lines call it.
+fn ptrain_exe() -> String {
+    std::env::current_exe().map(|exe| exe.display().to_string()).unwrap_or_else(|_| "ptrain".into())
+}
+
+/// Seeds the plugin build cache for an inline plugin, or says why there is nothing to do.
+fn prepare_cache(origin: &Origin, sink: bool) {
+    let Some(cache) = &origin.cache else {
+        return println!("  builds in ./target alone: the first build compiles libtorch's bindings (minutes)");
+    };
+    let lock = origin.checkout.join("Cargo.lock");
+    match &origin.build_dir {
+        _ if sink => println!("  builds in the plugin build cache {} (a sink needs no libtorch)", cache.display()),
+        _ if has_torch_sys(cache) => println!("  builds in the plugin build cache {}, which has torch-sys", cache.display()),
+        Some(build) => match plugin_cache::seed(build, cache, &lock) {
+            Ok(bytes) => println!(
+                "  builds in the plugin build cache {}, seeded from ptrain's build in {} ({} MB): torch-sys is not compiled again",
+                cache.display(),
+                build.display(),
+                bytes >> 20
+            ),
+            // The crate is written: a cache that could not be seeded only makes the first build slower.
+            Err(e) => eprintln!("warning: could not seed the plugin build cache {}: {e:#}; the first build compiles torch-sys (minutes)", cache.display()),
+        },
+        None => println!(
+            "  builds in the plugin build cache {}; no ptrain build was found to seed it from: the first build compiles libtorch's bindings (minutes)",
+            cache.display()
+        ),
+    }
+}
+
 pub fn run(name: &str, sink: bool, dir: Option<PathBuf>) -> anyhow::Result<()> {
     check_name(name)?;
     let dir = dir.unwrap_or_else(|| PathBuf::from(name));
@@ -187,12 +223,9 @@ pub fn run(name: &str, sink: bool, dir: Option<PathBuf>) -> anyhow::Result<()> {
     let kind = if sink { "a sink (worker thread): metrics batches to CSV" } else { "inline: reads gradients every 20 steps" };
     println!("created plugin `{name}` in {}, {kind}", dir.display());
     println!("  plugin-api: {}", origin.checkout.join("plugin-api").display());
-    match &origin.build_dir {
-        Some(build) => println!("  builds on ptrain's compiled dependencies in {}", build.display()),
-        None => println!("  no ptrain build directory found: the first build compiles libtorch's bindings (minutes)"),
-    }
+    prepare_cache(&origin, sink);
     println!("next:\n  cd {} && cargo build --release && cargo test --release", dir.display());
-    println!("  PTRAIN_PLUGIN_PATH=$PWD/target/release ptrain run --plugins {name}");
+    println!("  PTRAIN_PLUGIN_PATH=$PWD/target/release {} run --plugins {name}", ptrain_exe());
     Ok(())
 }
 
@@ -221,6 +254,7 @@ mod tests {
         let origin = Origin {
             checkout: "/p".into(),
             build_dir: Some("/p/target".into()),
+            cache: Some("/home/a/.cache/ptrain/plugin-build".into()),
             torch_lib: Some("/v/lib/python3.11/site-packages/torch/lib".into()),
         };
         for sink in [false, true] {
@@ -230,9 +264,10 @@ mod tests {
         }
         let sink = files("csv", true, &origin);
         let config = &sink.iter().find(|(p, _)| *p == ".cargo/config.toml").unwrap().1;
-        assert!(config.contains("build-dir = \"/p/target\"") && config.contains("[profile.release]"), "{config}");
+        assert!(config.contains("build-dir = \"/home/a/.cache/ptrain/plugin-build\"") && config.contains("[profile.release]"), "{config}");
+        assert!(!config.contains("/p/target"), "nothing builds in ptrain's checkout:\n{config}");
         assert!(!config.contains("[env]") && !config.contains("runner"), "a sink needs no libtorch:\n{config}");
-        let inline = files("grad", false, &Origin { build_dir: None, ..origin });
+        let inline = files("grad", false, &Origin { cache: None, ..origin });
         let config = &inline.iter().find(|(p, _)| *p == ".cargo/config.toml").unwrap().1;
         assert!(config.contains("LD_LIBRARY_PATH=/v/lib/python3.11/site-packages/torch/lib") && !config.contains("\nbuild-dir"), "{config}");
     }

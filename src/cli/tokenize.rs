@@ -12,9 +12,10 @@ use ptrain_core::data::token_cache::Tokenizing;
 /// rank would otherwise tokenize), and to measure tokenization speed.
 #[derive(Debug, Args)]
 pub struct TokenizeArgs {
-    /// TOML file layered over the default.
+    /// TOML file layered over the default; repeat to layer several, in order (a later
+    /// file's keys win).
     #[arg(short, long, value_name = "FILE")]
-    config: Option<PathBuf>,
+    config: Vec<PathBuf>,
     /// Override one key, e.g. `--set data.tokenizer=tok.json`.
     #[arg(short, long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
@@ -24,7 +25,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
-    let config = ptrain_core::ConfigBuilder::layered(args.config.as_deref(), &args.set)?.build()?;
+    let config = ptrain_core::ConfigBuilder::layered(&args.config, &args.set)?.build()?;
     if !config.tokenizes() {
         return Err(ptrain_core::Error::from(ptrain_core::ConfigError {
             origin: "configuration".into(),

@@ -1,5 +1,5 @@
-//! Configuration: the embedded commented default, a user file layered over it,
-//! then `--set section.key=value` overrides. One module per section.
+//! Configuration: the embedded commented default, the user's files layered over it
+//! in order, then `--set section.key=value` overrides. One module per section.
 //!
 //! Every layer is checked as soon as it is applied (merged over what came before and
 //! deserialized with unknown keys denied), so an error names its source and key path.
@@ -9,10 +9,12 @@ mod debug;
 mod dist;
 mod model;
 mod optim;
+mod origins;
 mod plugins;
 mod ranges;
 mod resolve;
 mod run;
+mod suggest;
 mod train;
 
 use std::{
@@ -27,7 +29,8 @@ pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use model::{Activation, LlamaArgs, ModelConfig, ModelKind, RopeScaling, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
-pub use plugins::{check_tables_claimed, CadenceOverride, OnFull, PluginSettings};
+pub use origins::KeyOrigins;
+pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
 pub use train::{NanPolicy, Precision, TrainConfig};
 
@@ -48,6 +51,9 @@ pub struct Config {
     pub debug: DebugConfig,
     /// `[plugins.<name>]` tables, interpreted by the plugin host.
     pub plugins: BTreeMap<String, toml::Table>,
+    /// Which file or `--set` set each key, for errors found after layering.
+    #[serde(skip)]
+    pub origins: KeyOrigins,
 }
 
 impl Default for Config {
@@ -76,10 +82,11 @@ impl Default for ConfigBuilder {
 }
 
 impl ConfigBuilder {
-    /// The embedded default, then `file`, then each `section.key=value` of `sets`.
-    pub fn layered(file: Option<&Path>, sets: &[String]) -> Result<Self, Error> {
+    /// The embedded default, then each of `files` in order (a later file's keys win),
+    /// then each `section.key=value` of `sets`.
+    pub fn layered(files: &[PathBuf], sets: &[String]) -> Result<Self, Error> {
         let mut builder = ConfigBuilder::default();
-        if let Some(path) = file {
+        for path in files {
             builder = builder.file(path)?;
         }
         for set in sets {
@@ -151,6 +158,7 @@ impl ConfigBuilder {
     /// the checks.
     pub fn build_with(self, last: impl FnOnce(&mut Config)) -> Result<Config, Error> {
         let mut config = deserialize(&self.table)?;
+        config.origins = KeyOrigins::new(self.explicit.clone());
         last(&mut config);
         config.resolve_pretrained(&self.explicit)?;
         config.validate()?;

@@ -5,6 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::{
+    origins::KeyOrigins,
+    suggest::{closest, edit_distance},
+};
 use crate::{
     error::{ConfigError, Error},
     hooks::Cadence,
@@ -13,6 +17,8 @@ use crate::{
 /// Keys of a plugin table that override a cadence; with `queue` and `on_full` the
 /// host's keys. Every other key is a plugin option.
 const CADENCE_KEYS: &[&str] = &["every", "every_secs", "first_step", "at_eval", "at_checkpoint", "at_end"];
+/// The host's keys of a plugin table besides the cadence keys.
+const OTHER_HOST_KEYS: &[&str] = &["queue", "on_full", "finish_timeout_s", "hook_warn_s"];
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
@@ -110,10 +116,11 @@ impl PluginSettings {
                 k if attachments.contains(&k) => {
                     let sub = value.as_table().ok_or_else(|| err(format!("`{k}` is an attachment: expected a table of cadence keys")))?;
                     if let Some(unknown) = sub.keys().find(|k| !CADENCE_KEYS.contains(&k.as_str())) {
+                        let hint = closest(unknown, CADENCE_KEYS.iter().copied()).map(|k| format!("did you mean `{k}`? ")).unwrap_or_default();
                         return Err(ConfigError {
                             origin: source,
                             key: format!("{path}.{unknown}"),
-                            message: format!("unknown cadence key (expected one of {})", CADENCE_KEYS.join(", ")),
+                            message: format!("unknown cadence key ({hint}expected one of {})", CADENCE_KEYS.join(", ")),
                         });
                     }
                     settings.attachments.insert(k.to_string(), cadence(&source, &path, sub)?);
@@ -127,6 +134,36 @@ impl PluginSettings {
         settings.options = serde_json::Value::Object(options);
         Ok(settings)
     }
+}
+
+/// A plugin's refusal of its options (from `Plugin::new`), with what the host knows
+/// and the plugin does not: where the offending key was set (`(in configs/a.toml)`),
+/// and, for an unknown key, the host's keys and the plugin's attachments it may have
+/// meant (`evry` for `every`, `grad` for the attachment `grads`).
+pub fn explain_option_error(plugin: &str, error: &str, attachments: &[&str], scheduled_primary: bool, origins: &KeyOrigins) -> String {
+    let table = format!("plugins.{plugin}");
+    let unknown = error.split("unknown field `").nth(1).and_then(|rest| rest.split('`').next());
+    // The key the error is about: the unknown field, or the longest key path it names.
+    let field_keys = unknown.map(|field| origins.keys_under(&format!("{table}.{field}"))).unwrap_or_default();
+    let key = origins.keys_under(&table).into_iter().filter(|k| error.contains(k)).chain(field_keys).max_by_key(|k| k.len());
+    let layers = origins.of(key.unwrap_or(&table));
+    let mut message = error.to_string();
+    if !layers.is_empty() {
+        message += &format!(" (in {})", layers.join(", "));
+    }
+    if let Some(field) = unknown {
+        let cadence = if scheduled_primary { CADENCE_KEYS } else { &[] };
+        let host: Vec<&str> = cadence.iter().chain(OTHER_HOST_KEYS).copied().collect();
+        match closest(field, host.iter().chain(attachments).copied()) {
+            Some(k) if attachments.contains(&k) => message += &format!("; did you mean `{k}`, the plugin's attachment ([{table}.{k}])?"),
+            Some(k) => message += &format!("; did you mean `{k}`, a key of the host?"),
+            None => message += ";",
+        }
+        let tables =
+            if attachments.is_empty() { String::new() } else { format!(", a table per attachment of the plugin ({})", attachments.join(", ")) };
+        message += &format!(" [{table}] takes the host's keys {}{tables}, and the plugin's own options", host.join(", "));
+    }
+    message
 }
 
 /// Refuses a `[plugins.<name>]` table that no loaded plugin claims (by name, or by
@@ -151,22 +188,6 @@ pub fn check_tables_claimed(tables: &BTreeMap<String, toml::Table>, claimed: &[&
             "[plugins.{table}] configures a plugin that is not loaded: {hint}; load it with --plugins or run.plugins, or remove the table"
         ),
     })
-}
-
-/// Levenshtein distance, in characters.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = diagonal + usize::from(ca != *cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitution.min(row[j] + 1).min(diagonal + 1);
-        }
-    }
-    row[b.len()]
 }
 
 fn cadence(source: &str, prefix: &str, table: &toml::Table) -> Result<CadenceOverride, ConfigError> {
@@ -202,11 +223,27 @@ mod tests {
     }
 
     #[test]
-    fn edit_distance_counts_insertions_deletions_and_substitutions() {
-        assert_eq!(edit_distance("gradwach", "gradwatch"), 1);
-        assert_eq!(edit_distance("jsnol", "jsonl"), 2);
-        assert_eq!(edit_distance("", "perf"), 4);
-        assert_eq!(edit_distance("flops", "flops"), 0);
+    fn a_refused_option_is_explained_with_its_file_and_the_key_meant() {
+        let set = [("plugins.g.evry", "a.toml"), ("plugins.g.grad.every", "b.toml"), ("plugins.g.limit", "a.toml")];
+        let origins = KeyOrigins::new(set.map(|(k, v)| (k.to_string(), v.to_string())).into());
+        let explain = |error: &str, scheduled: bool| explain_option_error("g", error, &["grads"], scheduled, &origins);
+        let e = explain("invalid options: plugins.g.evry: unknown field `evry`, expected `limit`", true);
+        assert!(
+            e.starts_with(
+                "invalid options: plugins.g.evry: unknown field `evry`, expected `limit` (in a.toml); did you mean `every`, a key of the host?"
+            ),
+            "{e}"
+        );
+        assert!(e.ends_with("[plugins.g] takes the host's keys every, every_secs, first_step, at_eval, at_checkpoint, at_end, queue, on_full, finish_timeout_s, hook_warn_s, a table per attachment of the plugin (grads), and the plugin's own options"), "{e}");
+        let e = explain("unknown field `grad`, expected `limit`", true);
+        assert!(e.contains("(in b.toml); did you mean `grads`, the plugin's attachment ([plugins.g.grads])?"), "{e}");
+        // Without a scheduled first attachment the cadence keys are the plugin's options.
+        let e = explain("invalid options: plugins.g.evry: unknown field `evry`", false);
+        assert!(!e.contains("did you mean") && e.contains("takes the host's keys queue, on_full"), "{e}");
+        let e = explain("invalid options: plugins.g.limit: invalid type: string \"x\", expected f64", true);
+        assert!(e.ends_with("expected f64 (in a.toml)"), "{e}");
+        let e = explain("option `path` is required", true);
+        assert_eq!(e, "option `path` is required (in a.toml, b.toml)", "a table from two files names both");
     }
 
     #[test]

@@ -95,7 +95,8 @@ impl PluginHost {
         };
         result
             .map_err(|error| {
-                tracing::error!("plugin `{}` failed in {} and was disabled: {error}", self.instances[index].info.name, event.name());
+                let (name, hook, step) = (&self.instances[index].info.name, event.name(), event.step());
+                tracing::error!("plugin `{name}` failed in {hook} at step {step} and was disabled: {error}");
                 self.record_failure(index, event.name(), event.step(), error);
             })
             .ok()

@@ -38,7 +38,7 @@ pub use services::{HostServices, StopRequest};
 
 use self::{watchdog::Watchdog, worker::Worker};
 use crate::{
-    config::{check_tables_claimed, PluginSettings},
+    config::{check_tables_claimed, explain_option_error, KeyOrigins, PluginSettings},
     error::{Error, Result},
     hooks::{Cadence, Gate, Owner, Scheduler, SlotSpec, StepPlan},
 };
@@ -107,9 +107,11 @@ pub struct PluginHost {
 impl PluginHost {
     /// Loads the requested plugins (names or paths) and returns their scheduled
     /// attachments. Every problem here is a usage error: nothing has trained yet.
+    /// `origins` (the configuration's) lets option errors name the file that set the key.
     pub fn load(
         requests: &[String],
         tables: &BTreeMap<String, toml::Table>,
+        origins: &KeyOrigins,
         services: &'static HostServices,
         rank: u32,
     ) -> Result<(PluginHost, Vec<SlotSpec>)> {
@@ -147,7 +149,11 @@ impl PluginHost {
             // A plugin whose first attachment has no cadence (run start) takes the
             // cadence keys of its table as its own options (the trace's `every`).
             let primary = d.attachments.first().filter(|a| a.hook.is_scheduled()).map(|a| a.cadence);
-            let settings = PluginSettings::parse(&name, table, &names, primary.is_some())?;
+            let settings = PluginSettings::parse(&name, table, &names, primary.is_some()).map_err(|e| origins.locate(e))?;
+            let refused = |e: abi_stable::std_types::RString| Error::Plugin {
+                name: name.clone(),
+                message: explain_option_error(&name, e.as_str(), &names, primary.is_some(), origins),
+            };
             let index = host.instances.len();
             let mut declared = 0;
             for a in d.attachments.iter() {
@@ -183,10 +189,8 @@ impl PluginHost {
             }
             let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
             let runner = if runs_here {
-                let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api())
-                    .into_result()
-                    .map_err(|e| Error::Plugin { name: name.clone(), message: e.into_string() })?;
-                let windows = plugin.step_windows().into_result().map_err(|e| Error::Plugin { name: name.clone(), message: e.into_string() })?;
+                let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
+                let windows = plugin.step_windows().into_result().map_err(refused)?;
                 if !windows.is_none() {
                     let steps = [Hook::StepStart, Hook::AfterForward, Hook::AfterBackward, Hook::StepEnd];
                     for slot in slots.iter_mut().filter(|s| s.owner == Owner::Plugin(index) && steps.contains(&s.hook)) {

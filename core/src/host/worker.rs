@@ -229,7 +229,7 @@ fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared) {
                 Ok(Reply::Summary(summary)) => *shared.summary.lock().expect("summary lock") = Some(summary),
                 Ok(_) => {}
                 Err(error) => {
-                    tracing::error!("plugin `{name}` failed in {} and was disabled: {error}", event.name());
+                    tracing::error!("plugin `{name}` failed in {} at step {} and was disabled: {error}", event.name(), event.step());
                     shared.record(event.name(), event.step(), error);
                 }
             }

@@ -116,7 +116,7 @@ impl Run {
         }
 
         let services = HostServices::leak(Arc::new(crate::hooks::Gate::new(0)), dist.as_ref().map(|d| d.collectives()));
-        let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, services, rank)?;
+        let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
             let io = |path: PathBuf| move |source| Error::Io { path, source };

@@ -49,10 +49,13 @@ impl Plugin for {{Type}} {
     );
 
     fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self> {
-        Ok({{Type}} {
-            options: parse_options(options)?,
-            host,
-        })
+        let options: Options = parse_options(options)?;
+        // A bad option is refused here: the run stops before training (exit 2) with
+        // this message. `Err("...".into())` and `bail!("...")` work too.
+        if let Some(limit) = options.warn_above.filter(|limit| *limit <= 0.0) {
+            return Err(format!("warn_above = {limit}: must be above 0").into());
+        }
+        Ok({{Type}} { options, host })
     }
 
     fn on_step(&mut self, ctx: &StepContext<'_>, out: &mut Outbox) -> PluginResult {
@@ -61,6 +64,8 @@ impl Plugin for {{Type}} {
         let (mut norms, mut maxima) = (Vec::new(), Vec::new());
         for grad in ctx.grads.iter() {
             grad.tensor.with(|g| {
+                // Undefined for a parameter that got no gradient this step (unused
+                // in the forward pass): skip it.
                 if g.defined() {
                     let g = g.detach().to_kind(Kind::Float);
                     norms.push(g.norm());
@@ -125,6 +130,13 @@ mod tests {
         assert!((norm - 13.0).abs() < 1e-5, "{norm}"); // sqrt(9 + 16 + 144)
         let max_abs = testing::scalar(&emitted, "{{name}}/grad_max_abs");
         assert_eq!(max_abs, Some(12.0));
+    }
+
+    #[test]
+    fn a_limit_that_is_not_above_zero_is_refused() {
+        let options = serde_json::json!({ "warn_above": 0.0 });
+        let err = {{Type}}::new(options, HostApi::standalone()).err().unwrap();
+        assert_eq!(err.message(), "warn_above = 0: must be above 0");
     }
 
     #[test]

@@ -19,8 +19,8 @@ use std::{
 };
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch,
-    MetricValue, Needs, Plugin, PluginResult, RunEnd, RunInfo, Threading,
+    bail, export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi,
+    MetricBatch, MetricValue, Needs, Plugin, PluginResult, RunEnd, RunInfo, Threading,
 };
 use serde::Deserialize;
 
@@ -56,8 +56,14 @@ impl Plugin for {{Type}} {
     );
 
     fn new(options: serde_json::Value, _host: HostApi) -> PluginResult<Self> {
+        let options: Options = parse_options(options)?;
+        // A bad option is refused here: the run stops before training (exit 2) with
+        // this message. `Err("...".into())` works too.
+        if let Some(path) = options.path.as_ref().filter(|path| path.is_dir()) {
+            bail!("path = {}: a directory; name a file", path.display());
+        }
         Ok({{Type}} {
-            options: parse_options(options)?,
+            options,
             out: None,
             rows: 0,
         })
@@ -145,5 +151,12 @@ mod tests {
         let text = std::fs::read_to_string(dir.join("{{name}}.csv")).unwrap();
         assert_eq!(text, "step,name,value\n10,train/loss,2.5\n");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_for_path_is_refused() {
+        let options = serde_json::json!({ "path": std::env::temp_dir() });
+        let err = {{Type}}::new(options, HostApi::standalone()).err().unwrap();
+        assert!(err.message().ends_with(": a directory; name a file"), "{err}");
     }
 }
