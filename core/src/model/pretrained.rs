@@ -46,7 +46,7 @@ impl Pretrained {
     pub fn open(source: &Path, device: Device) -> Result<Pretrained> {
         if source.join(hf::CONFIG_JSON).is_file() {
             let set = [format!("model.init_from={}", source.display())];
-            let config = ConfigBuilder::layered(None, &set)?.build()?;
+            let config = ConfigBuilder::layered(&[], &set)?.build()?;
             let vars = nn::VarStore::new(device);
             let model = super::from_config(&config, &vars.root(), &NoData)?;
             let tokenizer_path = source.join("tokenizer.json");
