@@ -23,8 +23,9 @@ pub struct LaunchArgs {
     /// Pass the ranks' output through as it is, without `[rank<r>]` line prefixes.
     #[arg(long)]
     no_prefix: bool,
-    /// What each rank runs, after `--`: e.g. `-- run --config configs/tiny-gpt.toml`.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    /// What each rank runs: e.g. `run --config configs/tiny-gpt.toml` (everything from the
+    /// first word that is not an option of launch's, with or without `--` before it).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 1.., required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
 }
 

@@ -216,8 +216,23 @@ fn deserialize(table: &toml::Table) -> Result<Config, ConfigError> {
             Some(field) => format!("{path}.{field}"),
             None => path,
         };
-        ConfigError { origin: "configuration".into(), key, message }
+        ConfigError { origin: "configuration".into(), key, message: with_suggestion(message) }
     })
+}
+
+/// serde's "unknown field `minlr`, expected one of `lr`, `min_lr`, ..." with the
+/// nearest expected name first: "did you mean `min_lr`?".
+fn with_suggestion(message: String) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else { return message };
+    let Some((field, expected)) = rest.split_once('`') else { return message };
+    let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    match suggest::closest(field, names.iter().copied()) {
+        Some(near) => {
+            let all: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+            format!("unknown field `{field}`: did you mean `{near}`? (expected one of {})", all.join(", "))
+        }
+        None => message,
+    }
 }
 
 impl Config {
@@ -240,6 +255,16 @@ impl Config {
         }
         if self.model.kind == ModelKind::Llama {
             self.validate_llama()?;
+        }
+        if matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) && self.data.max_seq_len > self.model.block_size {
+            return Err(bad(
+                "data.max_seq_len",
+                format!(
+                    "{} is above the model's context, model.block_size = {} (n_positions / max_position_embeddings with model.init_from): \
+                     sequences would be cut to {}; set data.max_seq_len to at most that",
+                    self.data.max_seq_len, self.model.block_size, self.model.block_size
+                ),
+            ));
         }
         self.validate_pretrained()?;
         for (key, path) in self.input_files() {

@@ -48,6 +48,17 @@ fn unknown_keys_name_the_key_path_and_the_file() {
 }
 
 #[test]
+fn an_unknown_key_names_the_nearest_one_first() {
+    let e = config_error(ConfigBuilder::default().set("optim.minlr=1e-5")).to_string();
+    assert!(e.contains("unknown field `minlr`: did you mean `min_lr`? (expected one of `name`, `lr`, `min_lr`"), "{e}");
+    let e = config_error(ConfigBuilder::default().set("model.n_layers=5")).to_string();
+    assert!(e.contains("did you mean `n_layer`?"), "{e}");
+    // Nothing near: serde's list alone.
+    let e = config_error(ConfigBuilder::default().set("optim.zzzzzzzz=1")).to_string();
+    assert!(!e.contains("did you mean") && e.contains("expected one of"), "{e}");
+}
+
+#[test]
 fn wrong_types_and_syntax_are_reported_with_their_source() {
     let e = config_error(ConfigBuilder::default().set("train.steps=\"many\""));
     assert_eq!(e.key, "train.steps");
