@@ -32,12 +32,19 @@ pub fn select(choice: DeviceChoice, local_rank: usize) -> Result<Device> {
         }
         DeviceChoice::Auto | DeviceChoice::Cuda => {
             let count = tch::Cuda::device_count() as usize;
-            if local_rank >= count {
-                return Err(Error::Device { device: format!("cuda:{local_rank}"), message: format!("only {count} CUDA device(s) visible") });
-            }
-            Ok(Device::Cuda(local_rank))
+            let index = gpu_index(local_rank, count);
+            tracing::info!("device cuda:{index} (local rank {local_rank} mod {count} visible CUDA device(s))");
+            Ok(Device::Cuda(index))
         }
     }
+}
+
+/// The GPU of a local rank: `local_rank % visible`, so that a launcher giving each
+/// task its own GPU (`CUDA_VISIBLE_DEVICES` per rank, Slurm `--gpus-per-task=1`)
+/// puts every rank on its `cuda:0`, and one that shows all GPUs to every rank puts
+/// local rank r on `cuda:r`.
+pub fn gpu_index(local_rank: usize, visible: usize) -> usize {
+    local_rank % visible.max(1)
 }
 
 /// A human name: `cpu` or the GPU's name.
@@ -79,4 +86,18 @@ fn proc_status_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;
     line[field.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_ranks_wrap_around_the_visible_gpus() {
+        // One GPU per task (CUDA_VISIBLE_DEVICES per rank): every rank on cuda:0.
+        assert_eq!((0..4).map(|r| gpu_index(r, 1)).collect::<Vec<_>>(), [0, 0, 0, 0]);
+        // Every GPU visible to every rank: local rank r on cuda:r.
+        assert_eq!((0..4).map(|r| gpu_index(r, 4)).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(gpu_index(5, 2), 1);
+    }
 }
