@@ -22,7 +22,7 @@ fn main() {
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
-        .files(["csrc/optim.cpp", "csrc/grads.cpp", "csrc/foreach.cpp", "csrc/profiler.cpp", "csrc/trace.cpp", "csrc/cuda.cpp", "csrc/autocast.cpp"]);
+        .files(["csrc/optim.cpp", "csrc/grads.cpp", "csrc/foreach.cpp", "csrc/profiler.cpp", "csrc/trace.cpp", "csrc/cuda.cpp", "csrc/autocast.cpp", "csrc/pin.cpp"]);
     if has_cuda {
         build.define("PTX_CUDA", None).include(&cuda_include);
         println!("cargo:rustc-link-lib=dylib=c10_cuda");

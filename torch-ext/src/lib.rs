@@ -63,6 +63,8 @@ extern "C" {
     fn ptx_record_end(handle: Raw) -> *mut c_char;
     fn ptx_cuda_memory_history(enabled: bool, max_entries: i64) -> *mut c_char;
     fn ptx_cuda_memory_snapshot(out: *mut *mut c_char, len: *mut i64) -> *mut c_char;
+    fn ptx_pin_memory(t: Raw, out: *mut Raw) -> *mut c_char;
+    fn ptx_is_pinned(t: Raw, out: *mut bool) -> *mut c_char;
 }
 
 /// An error raised by libtorch inside the shim.
@@ -408,6 +410,25 @@ pub fn autocast_bf16<T>(cuda: bool, f: impl FnOnce() -> T) -> Result<T, TorchErr
     }
     let _exit = Exit(cuda, was_enabled);
     Ok(f())
+}
+
+/// Page-locks a host tensor for asynchronous copies to the GPU (returns it as
+/// it is when already pinned). Unlike tch's `pin_memory(device)` it passes no
+/// device, which libtorch 2.11 deprecates with a warning per call.
+pub fn pin_memory(t: &Tensor) -> Result<Tensor, TorchError> {
+    let mut out: Raw = std::ptr::null_mut();
+    // SAFETY: `t` is a live tensor handle for the call; `out` receives an owned one.
+    check(unsafe { ptx_pin_memory(t.as_ptr() as Raw, &mut out) })?;
+    // SAFETY: the shim returns a new heap `at::Tensor*`, which Tensor now owns.
+    Ok(unsafe { Tensor::from_ptr(out as *mut _) })
+}
+
+/// Whether `t` is in page-locked memory (`Tensor.is_pinned()`, no device).
+pub fn is_pinned(t: &Tensor) -> Result<bool, TorchError> {
+    let mut out = false;
+    // SAFETY: `t` is a live tensor handle for the call.
+    check(unsafe { ptx_is_pinned(t.as_ptr() as Raw, &mut out) })?;
+    Ok(out)
 }
 
 /// CUDA helpers; all are harmless no-ops without CUDA.

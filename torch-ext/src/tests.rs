@@ -117,3 +117,16 @@ fn a_trace_records_spans_and_operators_and_saves_chrome_json() {
     assert!(text.contains("\"name\": \"ProfilerStep#7\"") || text.contains("\"name\":\"ProfilerStep#7\""), "{}", &text[..text.len().min(2000)]);
     assert!(text.contains("aten::matmul") && text.contains("\"rank\": 3"), "{}", &text[..text.len().min(2000)]);
 }
+
+#[test]
+fn pinning_passes_no_device_and_pins_on_a_gpu() {
+    if !tch::Cuda::is_available() {
+        eprintln!("skipped: pinned memory needs a CUDA device");
+        return;
+    }
+    let host = t(&[1.0, 2.0]);
+    assert!(!is_pinned(&host).unwrap());
+    let pinned = pin_memory(&host).unwrap();
+    assert!(is_pinned(&pinned).unwrap());
+    assert_eq!(Vec::<f32>::try_from(&pinned).unwrap(), [1.0, 2.0]);
+}
