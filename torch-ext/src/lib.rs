@@ -56,7 +56,7 @@ extern "C" {
     fn ptx_trace_prepare(cuda: bool, shapes: bool, memory: bool) -> *mut c_char;
     fn ptx_trace_start(cuda: bool, shapes: bool, memory: bool) -> *mut c_char;
     fn ptx_trace_metadata(key: *const c_char, value: *const c_char) -> *mut c_char;
-    fn ptx_trace_stop(result: *mut Raw) -> *mut c_char;
+    fn ptx_trace_stop(sync_device: i32, result: *mut Raw) -> *mut c_char;
     fn ptx_trace_save(result: Raw, path: *const c_char) -> *mut c_char;
     fn ptx_trace_free(result: Raw);
     fn ptx_record_begin(name: *const c_char, handle: *mut Raw) -> *mut c_char;
@@ -341,10 +341,14 @@ pub mod trace {
         }
     }
 
-    /// Stops recording and returns what was recorded.
-    pub fn stop() -> Result<Recorded, TorchError> {
+    /// Stops recording and returns what was recorded. With `cuda_device`, first
+    /// waits for that GPU to finish what was queued (as torch.profiler's exit
+    /// does): otherwise the window's last kernels are still running when Kineto
+    /// stops collecting, and the trace misses them.
+    pub fn stop(cuda_device: Option<i32>) -> Result<Recorded, TorchError> {
         let mut result: Raw = std::ptr::null_mut();
-        check(unsafe { ptx_trace_stop(&mut result) })?;
+        // SAFETY: `result` receives an owned trace, which Recorded frees.
+        check(unsafe { ptx_trace_stop(cuda_device.unwrap_or(-1), &mut result) })?;
         Ok(Recorded(result))
     }
 

@@ -104,7 +104,7 @@ fn a_trace_records_spans_and_operators_and_saves_chrome_json() {
     let x = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
     let _ = x.matmul(&x);
     span.end().unwrap();
-    let recorded = trace::stop().unwrap();
+    let recorded = trace::stop(None).unwrap();
     let path = std::env::temp_dir().join(format!("ptrain-torch-ext-trace-{}.json", std::process::id()));
     // Written on another thread, as the trace plugin does.
     let saved = std::thread::spawn({
