@@ -306,17 +306,36 @@ def compare(rows, stats, samples, model, device):
     return out
 
 
-def loss_checks(samples, rows):
-    """ptrain's math against the bare loop's: the same losses, bit for bit?"""
+# On CUDA, correct code does not repeat bit for bit: flash-attention's backward and
+# index_add (the embedding's gradient) accumulate with atomics in a varying order, so
+# two runs of the same binary already differ in the last bits, and training carries
+# that forward. There the check is a relative tolerance: the first loss (before any
+# update) almost exact, the final ones within 1% (bf16, GPT-small, 150 steps).
+CUDA_LOSS_TOLERANCE = {"first_loss": 1e-4, "final_loss": 1e-2, "final_eval_loss": 1e-2}
+
+
+def losses_agree(pairs, device):
+    """(identical bit for bit, within the device's tolerance, largest relative difference)."""
+    keys = tuple(CUDA_LOSS_TOLERANCE)
+    identical = all(x[k] == y[k] for x, y in pairs for k in keys)
+    rel = {k: max(abs(x[k] - y[k]) / max(abs(y[k]), 1e-12) for x, y in pairs) for k in keys}
+    within = identical or (device == "cuda" and all(rel[k] <= CUDA_LOSS_TOLERANCE[k] for k in keys))
+    return identical, within, max(rel.values())
+
+
+def loss_checks(samples, rows, device="cpu"):
+    """ptrain's math against the bare loop's: the same losses, bit for bit (on the
+    CPU), or within CUDA_LOSS_TOLERANCE on CUDA?"""
     checks = {}
 
     def same(a, b):
         pairs = [(x, y) for x, y in zip(samples.get(a, []), samples.get(b, [])) if "error" not in x and "error" not in y]
         if not pairs:
             return None
-        keys = ("first_loss", "final_loss", "final_eval_loss")
-        return {"runs": len(pairs), "identical": all(x[k] == y[k] for x, y in pairs for k in keys),
-                "values": {k: (pairs[-1][0][k], pairs[-1][1][k]) for k in keys}}
+        keys = tuple(CUDA_LOSS_TOLERANCE)
+        identical, within, max_rel = losses_agree(pairs, device)
+        return {"runs": len(pairs), "identical": identical, "within_tolerance": within, "max_rel_diff": max_rel,
+                "device": device, "values": {k: (pairs[-1][0][k], pairs[-1][1][k]) for k in keys}}
 
     ids = {c["id"] for c in rows}
     checks["ptrain_vs_bare"] = same("ptrain", "bare")
@@ -488,7 +507,9 @@ def model_table(model, spec, rows, result, device):
         chk = checks.get("ptrain_vs_bare")
         if chk:
             first, last, ev = (chk["values"][k] for k in ("first_loss", "final_loss", "final_eval_loss"))
-            verdict = "**identical, bit for bit**" if chk["identical"] else "**different**"
+            verdict = "**identical, bit for bit**" if chk["identical"] else (
+                f"**equal within CUDA's non-determinism** (largest relative difference {chk.get('max_rel_diff', 0):.2e}; "
+                f"tolerances {CUDA_LOSS_TOLERANCE})" if chk.get("within_tolerance") else "**different**")
             lines.append(f"Losses, ptrain fast mode vs the bare loop (fused AdamW), over {chk['runs']} paired runs: {verdict} "
                          f"(first {first[0]!r} vs {first[1]!r}, final {last[0]!r} vs {last[1]!r}, "
                          f"final eval {ev[0]!r} vs {ev[1]!r}).")
@@ -497,8 +518,9 @@ def model_table(model, spec, rows, result, device):
                 who, _, ref = key.partition("_vs_")
                 label = next((c["label"] for c in rows if c["id"] == who), who)
                 against = "the bare loop" if ref == "bare" else "fast mode"
-                lines.append(f"Losses, {label} vs {against}: {'identical' if chk['identical'] else '**different**'} "
-                             f"({chk['runs']} runs).")
+                verdict = "identical" if chk["identical"] else (
+                    "equal within CUDA's non-determinism" if chk.get("within_tolerance") else "**different**")
+                lines.append(f"Losses, {label} vs {against}: {verdict} ({chk['runs']} runs).")
         for cid in ("bare-tch-adamw", "torch", "lightning"):
             s = stats.get(cid, {})
             if s.get("runs"):
@@ -664,7 +686,7 @@ def main():
                                     "every_steps": every_steps, "repeats": repeats,
                                     "contenders": {c["id"]: {"label": c["label"], "does": c["does"]} for c in rows},
                                     "every_step_sets": next((c["resolved_sets"] for c in rows if c["id"] == "plugins-every"), []),
-                                    "stats": stats, "comparisons": comps, "loss_checks": loss_checks(samples, rows),
+                                    "stats": stats, "comparisons": comps, "loss_checks": loss_checks(samples, rows, args.device),
                                     "samples": samples}
         print(f"  medians ({model}):")
         for c in rows:
@@ -679,7 +701,8 @@ def main():
             print(f"    {c['label']:<44} {s['median_step_s'] * 1e3:8.3f} ms/step {s['steps_per_s']:8.1f} steps/s{extra}")
         chk = results["models"][model]["loss_checks"].get("ptrain_vs_bare")
         if chk:
-            print(f"  ptrain vs bare losses identical: {chk['identical']} ({chk['runs']} runs)")
+            print(f"  ptrain vs bare losses identical: {chk['identical']}, within tolerance: {chk['within_tolerance']} "
+                  f"(largest relative difference {chk['max_rel_diff']:.2e}, {chk['runs']} runs)")
 
     out = OUT / ("results.json" if args.device == "cpu" else "results-cuda.json")
     out.write_text(json.dumps(results, indent=2) + "\n")
