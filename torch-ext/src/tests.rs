@@ -119,6 +119,18 @@ fn a_trace_records_spans_and_operators_and_saves_chrome_json() {
 }
 
 #[test]
+fn autocast_restores_the_dtype_it_found() {
+    // libtorch's default CUDA autocast dtype is float16; the state is per thread
+    // and needs no GPU to set or read.
+    let before = autocast_dtype(true).unwrap();
+    assert_eq!(before, Kind::Half);
+    let inside = autocast_bf16(true, || autocast_dtype(true).unwrap()).unwrap();
+    assert_eq!(inside, Kind::BFloat16);
+    assert_eq!(autocast_dtype(true).unwrap(), before, "the region's bfloat16 leaked out of it");
+    assert_eq!(autocast_bf16(false, || autocast_dtype(false).unwrap()).unwrap(), Kind::BFloat16);
+}
+
+#[test]
 fn pinning_passes_no_device_and_pins_on_a_gpu() {
     if !tch::Cuda::is_available() {
         eprintln!("skipped: pinned memory needs a CUDA device");
