@@ -44,9 +44,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 OUT = BENCH / "out"
-PTRAIN = ROOT / "target" / "release" / "ptrain"
-BARE = ROOT / "target" / "release" / "bare-tch"
-PYTHON = ROOT / ".venv" / "bin" / "python"
+# From a bundle (scripts/bundle.sh, docs/gpu.md): PTRAIN_BIN_DIR=bundle/bin and
+# PTRAIN_PYTHON=the device's python, with --no-build.
+BIN_DIR = Path(os.environ.get("PTRAIN_BIN_DIR") or ROOT / "target" / "release").resolve()
+PTRAIN = BIN_DIR / "ptrain"
+BARE = BIN_DIR / "bare-tch"
+PYTHON = Path(os.environ.get("PTRAIN_PYTHON") or ROOT / ".venv" / "bin" / "python")
 
 ALL_PLUGINS = ["tensorboard", "wandb", "flops", "dataset-metrics", "perf", "checkpoint"]
 # Language-model data has no dataset ids: dataset-metrics has nothing to group by.
@@ -423,7 +426,8 @@ def ensure_environment(args):
     for binary in (PTRAIN, BARE):
         if not binary.exists():
             raise SystemExit(f"{binary} is missing: build with cargo build --release -p ptrain -p ptrain-bench-bare")
-    if sh([str(PYTHON), "-c", "import lightning"]).returncode != 0:
+    wants_lightning = not args.only or "lightning" in args.only.split(",")
+    if wants_lightning and sh([str(PYTHON), "-c", "import lightning"]).returncode != 0:
         if args.no_install:
             raise SystemExit("Lightning is not installed: .venv/bin/pip install -r bench/requirements.txt")
         print("installing bench/requirements.txt into .venv")
