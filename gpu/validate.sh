@@ -100,10 +100,18 @@ EOF
     local dok; dok=$(field "$c" driver_ok)
     row "driver vs libtorch" "$( [ "$dok" = True ] && echo ok || echo FAIL)" "driver CUDA $(field "$c" driver_cuda), libtorch CUDA $(field "$c" torch_cuda)" "the driver must support at least libtorch's CUDA"
   fi
+  if [ "$device" = cuda ]; then
+    # ptrain's own view: trains two steps and names the GPU (an empty name or a
+    # refusal means the shim was built without CUDA).
+    timeout 60 "$ptrain" run --config "$root/configs/tiny-gpt.toml" --device cuda --steps 2 --set train.eval_every=0 \
+      --run-dir "$work/ptrain-cuda" --quiet >"$work/ptrain-cuda.log" 2>&1
+    local rc=$? name; name=$(field "$work/ptrain-cuda/summary.json" device_name)
+    row "ptrain on cuda" "$( [ $rc = 0 ] && [ -n "$name" ] && [ "$name" != cpu ] && echo ok || echo FAIL)" "device $name" "exit $rc; $(grep -m1 -E 'error|FAILED' "$work/ptrain-cuda.log" | cut -c1-160)"
+  fi
   timeout 60 "$smoke" "$device" 1048576 >"$work/collectives.log" 2>&1
   local rc=$?
   local backend; backend=$([ "$device" = cuda ] && echo nccl || echo gloo)
-  row "$backend, one rank" "$( [ $rc = 0 ] && echo ok || echo FAIL)" "$(grep -c ' ok ' "$work/collectives.log") of 5 ok (init, all-reduce, broadcast, reduce-scatter, all-gather)" "exit $rc; see collectives.log"
+  row "$backend, one rank" "$( [ $rc = 0 ] && echo ok || echo FAIL)" "$(grep -c ' ok ' "$work/collectives.log") of 5 ok (init, all-reduce, broadcast, reduce-scatter, all-gather)" "exit $rc; $(grep -m1 -E 'error|FAILED' "$work/collectives.log" | cut -c1-160)"
 }
 
 steps() {
