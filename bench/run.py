@@ -44,9 +44,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 OUT = BENCH / "out"
-PTRAIN = ROOT / "target" / "release" / "ptrain"
-BARE = ROOT / "target" / "release" / "bare-tch"
-PYTHON = ROOT / ".venv" / "bin" / "python"
+# From a bundle (scripts/bundle.sh, docs/gpu.md): PTRAIN_BIN_DIR=bundle/bin and
+# PTRAIN_PYTHON=the device's python, with --no-build.
+BIN_DIR = Path(os.environ.get("PTRAIN_BIN_DIR") or ROOT / "target" / "release").resolve()
+PTRAIN = BIN_DIR / "ptrain"
+BARE = BIN_DIR / "bare-tch"
+PYTHON = Path(os.environ.get("PTRAIN_PYTHON") or ROOT / ".venv" / "bin" / "python")
 
 ALL_PLUGINS = ["tensorboard", "wandb", "flops", "dataset-metrics", "perf", "checkpoint"]
 # Language-model data has no dataset ids: dataset-metrics has nothing to group by.
@@ -306,17 +309,36 @@ def compare(rows, stats, samples, model, device):
     return out
 
 
-def loss_checks(samples, rows):
-    """ptrain's math against the bare loop's: the same losses, bit for bit?"""
+# On CUDA, correct code does not repeat bit for bit: flash-attention's backward and
+# index_add (the embedding's gradient) accumulate with atomics in a varying order, so
+# two runs of the same binary already differ in the last bits, and training carries
+# that forward. There the check is a relative tolerance: the first loss (before any
+# update) almost exact, the final ones within 1% (bf16, GPT-small, 150 steps).
+CUDA_LOSS_TOLERANCE = {"first_loss": 1e-4, "final_loss": 1e-2, "final_eval_loss": 1e-2}
+
+
+def losses_agree(pairs, device):
+    """(identical bit for bit, within the device's tolerance, largest relative difference)."""
+    keys = tuple(CUDA_LOSS_TOLERANCE)
+    identical = all(x[k] == y[k] for x, y in pairs for k in keys)
+    rel = {k: max(abs(x[k] - y[k]) / max(abs(y[k]), 1e-12) for x, y in pairs) for k in keys}
+    within = identical or (device == "cuda" and all(rel[k] <= CUDA_LOSS_TOLERANCE[k] for k in keys))
+    return identical, within, max(rel.values())
+
+
+def loss_checks(samples, rows, device="cpu"):
+    """ptrain's math against the bare loop's: the same losses, bit for bit (on the
+    CPU), or within CUDA_LOSS_TOLERANCE on CUDA?"""
     checks = {}
 
     def same(a, b):
         pairs = [(x, y) for x, y in zip(samples.get(a, []), samples.get(b, [])) if "error" not in x and "error" not in y]
         if not pairs:
             return None
-        keys = ("first_loss", "final_loss", "final_eval_loss")
-        return {"runs": len(pairs), "identical": all(x[k] == y[k] for x, y in pairs for k in keys),
-                "values": {k: (pairs[-1][0][k], pairs[-1][1][k]) for k in keys}}
+        keys = tuple(CUDA_LOSS_TOLERANCE)
+        identical, within, max_rel = losses_agree(pairs, device)
+        return {"runs": len(pairs), "identical": identical, "within_tolerance": within, "max_rel_diff": max_rel,
+                "device": device, "values": {k: (pairs[-1][0][k], pairs[-1][1][k]) for k in keys}}
 
     ids = {c["id"] for c in rows}
     checks["ptrain_vs_bare"] = same("ptrain", "bare")
@@ -404,7 +426,8 @@ def ensure_environment(args):
     for binary in (PTRAIN, BARE):
         if not binary.exists():
             raise SystemExit(f"{binary} is missing: build with cargo build --release -p ptrain -p ptrain-bench-bare")
-    if sh([str(PYTHON), "-c", "import lightning"]).returncode != 0:
+    wants_lightning = not args.only or "lightning" in args.only.split(",")
+    if wants_lightning and sh([str(PYTHON), "-c", "import lightning"]).returncode != 0:
         if args.no_install:
             raise SystemExit("Lightning is not installed: .venv/bin/pip install -r bench/requirements.txt")
         print("installing bench/requirements.txt into .venv")
@@ -488,7 +511,9 @@ def model_table(model, spec, rows, result, device):
         chk = checks.get("ptrain_vs_bare")
         if chk:
             first, last, ev = (chk["values"][k] for k in ("first_loss", "final_loss", "final_eval_loss"))
-            verdict = "**identical, bit for bit**" if chk["identical"] else "**different**"
+            verdict = "**identical, bit for bit**" if chk["identical"] else (
+                f"**equal within CUDA's non-determinism** (largest relative difference {chk.get('max_rel_diff', 0):.2e}; "
+                f"tolerances {CUDA_LOSS_TOLERANCE})" if chk.get("within_tolerance") else "**different**")
             lines.append(f"Losses, ptrain fast mode vs the bare loop (fused AdamW), over {chk['runs']} paired runs: {verdict} "
                          f"(first {first[0]!r} vs {first[1]!r}, final {last[0]!r} vs {last[1]!r}, "
                          f"final eval {ev[0]!r} vs {ev[1]!r}).")
@@ -497,8 +522,9 @@ def model_table(model, spec, rows, result, device):
                 who, _, ref = key.partition("_vs_")
                 label = next((c["label"] for c in rows if c["id"] == who), who)
                 against = "the bare loop" if ref == "bare" else "fast mode"
-                lines.append(f"Losses, {label} vs {against}: {'identical' if chk['identical'] else '**different**'} "
-                             f"({chk['runs']} runs).")
+                verdict = "identical" if chk["identical"] else (
+                    "equal within CUDA's non-determinism" if chk.get("within_tolerance") else "**different**")
+                lines.append(f"Losses, {label} vs {against}: {verdict} ({chk['runs']} runs).")
         for cid in ("bare-tch-adamw", "torch", "lightning"):
             s = stats.get(cid, {})
             if s.get("runs"):
@@ -664,7 +690,7 @@ def main():
                                     "every_steps": every_steps, "repeats": repeats,
                                     "contenders": {c["id"]: {"label": c["label"], "does": c["does"]} for c in rows},
                                     "every_step_sets": next((c["resolved_sets"] for c in rows if c["id"] == "plugins-every"), []),
-                                    "stats": stats, "comparisons": comps, "loss_checks": loss_checks(samples, rows),
+                                    "stats": stats, "comparisons": comps, "loss_checks": loss_checks(samples, rows, args.device),
                                     "samples": samples}
         print(f"  medians ({model}):")
         for c in rows:
@@ -679,7 +705,8 @@ def main():
             print(f"    {c['label']:<44} {s['median_step_s'] * 1e3:8.3f} ms/step {s['steps_per_s']:8.1f} steps/s{extra}")
         chk = results["models"][model]["loss_checks"].get("ptrain_vs_bare")
         if chk:
-            print(f"  ptrain vs bare losses identical: {chk['identical']} ({chk['runs']} runs)")
+            print(f"  ptrain vs bare losses identical: {chk['identical']}, within tolerance: {chk['within_tolerance']} "
+                  f"(largest relative difference {chk['max_rel_diff']:.2e}, {chk['runs']} runs)")
 
     out = OUT / ("results.json" if args.device == "cpu" else "results-cuda.json")
     out.write_text(json.dumps(results, indent=2) + "\n")

@@ -31,13 +31,37 @@ pub fn select(choice: DeviceChoice, local_rank: usize) -> Result<Device> {
             Err(Error::Device { device: "cuda".into(), message: "CUDA is not available (no GPU, or libtorch without CUDA)".into() })
         }
         DeviceChoice::Auto | DeviceChoice::Cuda => {
+            shim_has_cuda(ptrain_torch_ext::cuda::compiled())?;
             let count = tch::Cuda::device_count() as usize;
-            if local_rank >= count {
-                return Err(Error::Device { device: format!("cuda:{local_rank}"), message: format!("only {count} CUDA device(s) visible") });
-            }
-            Ok(Device::Cuda(local_rank))
+            let index = gpu_index(local_rank, count);
+            tracing::info!("device cuda:{index} (local rank {local_rank} mod {count} visible CUDA device(s))");
+            Ok(Device::Cuda(index))
         }
     }
+}
+
+/// The GPU of a local rank: `local_rank % visible`, so that a launcher giving each
+/// task its own GPU (`CUDA_VISIBLE_DEVICES` per rank, Slurm `--gpus-per-task=1`)
+/// puts every rank on its `cuda:0`, and one that shows all GPUs to every rank puts
+/// local rank r on `cuda:r`.
+pub fn gpu_index(local_rank: usize, visible: usize) -> usize {
+    local_rank % visible.max(1)
+}
+
+/// A CUDA run needs the shim's CUDA parts (device name, allocator statistics,
+/// memory snapshots): without them the GPU's name is empty, memory reads 0 and
+/// the flops plugin's MFU is wrong. Refused before training.
+pub fn shim_has_cuda(compiled: bool) -> Result<()> {
+    if compiled {
+        return Ok(());
+    }
+    Err(Error::Device {
+        device: "cuda".into(),
+        message: "this build of ptrain has no CUDA support in its libtorch shim (ptrain-torch-ext was built without the CUDA headers: \
+                  see the build's warning; set CUDA_HOME or run scripts/bootstrap.sh, then rebuild), so it cannot train on CUDA; \
+                  use --device cpu"
+            .into(),
+    })
 }
 
 /// A human name: `cpu` or the GPU's name.
@@ -79,4 +103,27 @@ fn proc_status_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;
     line[field.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_ranks_wrap_around_the_visible_gpus() {
+        // One GPU per task (CUDA_VISIBLE_DEVICES per rank): every rank on cuda:0.
+        assert_eq!((0..4).map(|r| gpu_index(r, 1)).collect::<Vec<_>>(), [0, 0, 0, 0]);
+        // Every GPU visible to every rank: local rank r on cuda:r.
+        assert_eq!((0..4).map(|r| gpu_index(r, 4)).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(gpu_index(5, 2), 1);
+    }
+
+    #[test]
+    fn a_cuda_run_without_the_shims_cuda_is_a_usage_error() {
+        assert!(shim_has_cuda(true).is_ok());
+        let err = shim_has_cuda(false).unwrap_err();
+        assert!(err.is_usage(), "exit 2 before training");
+        let text = err.to_string();
+        assert!(text.contains("no CUDA support") && text.contains("--device cpu"), "{text}");
+    }
 }

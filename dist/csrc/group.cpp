@@ -95,9 +95,9 @@ static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d
 }
 
 extern "C" char* pd_group_new(const char* host, uint16_t port, int32_t rank, int32_t world,
-                              int64_t timeout_ms, int32_t backend, bool agent_store,
-                              const char* prefix, const char* iface, bool loopback,
-                              int32_t device, pd_group** out) {
+                              int64_t timeout_ms, int64_t nccl_timeout_ms, int32_t backend,
+                              bool agent_store, const char* prefix, const char* iface,
+                              bool loopback, int32_t device, pd_group** out) {
   PD_TRY
   auto timeout = std::chrono::milliseconds(timeout_ms);
   c10d::TCPStoreOptions options;
@@ -110,7 +110,8 @@ extern "C" char* pd_group_new(const char* host, uint16_t port, int32_t rank, int
   if (prefix[0] != 0) store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
   auto group = std::make_unique<pd_group>();
   group->store = store;
-  group->backend = backend == 1 ? pd::make_nccl(store, rank, world, timeout, device)
+  group->backend = backend == 1 ? pd::make_nccl(store, rank, world,
+                                                 std::chrono::milliseconds(nccl_timeout_ms), device)
                                 : make_gloo(store, rank, world, timeout, iface, loopback);
   *out = group.release();
   PD_CATCH
@@ -166,6 +167,9 @@ extern "C" char* pd_work_wait(pd_work* work) {
   std::unique_ptr<pd_work> owned(work);
   PD_TRY
   owned->work->wait();
+  // NCCL's wait returns once the current stream is ordered after the collective;
+  // an error the watchdog found (timeout, aborted communicator) is on the work.
+  if (auto error = owned->work->exception()) std::rethrow_exception(error);
   PD_CATCH
 }
 

@@ -14,9 +14,11 @@ bool pd_nccl_compiled();
 // process group. Rank 0 serves the store unless `agent_store` (torchrun's agent
 // already serves it); keys go under `prefix` (may be empty). `iface` (may be empty)
 // names the network interfaces Gloo binds to; `loopback` binds Gloo to 127.0.0.1.
-// `device` is this rank's CUDA device (NCCL only).
+// `device` is this rank's CUDA device (NCCL only). `timeout_ms` bounds the rendezvous
+// and Gloo's collectives, `nccl_timeout_ms` NCCL's.
 char* pd_group_new(const char* host, uint16_t port, int32_t rank, int32_t world,
-                   int64_t timeout_ms, int32_t backend, bool agent_store, const char* prefix,
+                   int64_t timeout_ms, int64_t nccl_timeout_ms, int32_t backend,
+                   bool agent_store, const char* prefix,
                    const char* iface, bool loopback, int32_t device, pd_group** out);
 void pd_group_free(pd_group* group);
 // Starts an in-place sum all-reduce / broadcast; finish it with pd_work_wait.
@@ -29,7 +31,8 @@ char* pd_broadcast(pd_group* group, pd_tensor tensor, int32_t root, pd_work** ou
 char* pd_reduce_scatter(pd_group* group, pd_tensor out, pd_tensor* rows, int64_t n, pd_work** work);
 char* pd_reduce_scatter_flat(pd_group* group, pd_tensor out, pd_tensor in, pd_work** work);
 char* pd_all_gather_flat(pd_group* group, pd_tensor out, pd_tensor in, pd_work** work);
-// Waits for the work and frees it (also on error).
+// Waits for the work and frees it (also on error). A failure the NCCL watchdog
+// recorded on the work (a timeout, an aborted communicator) is returned too.
 char* pd_work_wait(pd_work* work);
 void pd_work_free(pd_work* work);
 // dst[i].copy_(src[i]) for all i, in one foreach call.

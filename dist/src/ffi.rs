@@ -25,6 +25,7 @@ extern "C" {
         rank: i32,
         world: i32,
         timeout_ms: i64,
+        nccl_timeout_ms: i64,
         backend: i32,
         agent_store: bool,
         prefix: *const c_char,

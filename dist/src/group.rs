@@ -3,7 +3,11 @@
 //! Every operation is asynchronous in c10d: [`Group::start_all_reduce`] and
 //! [`Group::start_broadcast`] return a [`Work`] to wait on. Timeouts are the store's and
 //! the process group's own: a peer that dies or stalls makes `wait` fail with an
-//! error (Gloo), or the NCCL watchdog end the process, instead of hanging.
+//! error (Gloo), or the NCCL watchdog abort the communicators after
+//! `nccl_timeout` (clean-up only, unless `TORCH_NCCL_ASYNC_ERROR_HANDLING` says
+//! otherwise), so that the collective, or the next one, returns an error instead
+//! of the watchdog killing the process. On NCCL, `wait` only orders the current
+//! stream after the collective: the host learns it is done by reading a result.
 
 use std::{
     ffi::CString,
@@ -38,7 +42,10 @@ pub struct GroupSpec {
     pub master_port: u16,
     pub rank: u32,
     pub world_size: u32,
+    /// The rendezvous's timeout, and Gloo's for each collective.
     pub timeout: Duration,
+    /// NCCL's for each collective (its watchdog's).
+    pub nccl_timeout: Duration,
     pub backend: Backend,
     /// The device the run's tensors live on (NCCL stages host tensors there).
     pub device: Device,
@@ -59,6 +66,7 @@ impl GroupSpec {
             rank,
             world_size,
             timeout,
+            nccl_timeout: timeout,
             backend: Backend::Gloo,
             device: Device::Cpu,
             gloo_ifname: None,
@@ -128,7 +136,7 @@ impl Group {
         let iface = CString::new(spec.gloo_ifname.clone().unwrap_or_default()).map_err(|_| "GLOO_SOCKET_IFNAME contains a NUL byte".to_string())?;
         let prefix = CString::new(spec.agent_store.clone().unwrap_or_default()).map_err(|_| "store prefix contains a NUL byte".to_string())?;
         let mut out = std::ptr::null_mut();
-        let timeout_ms = i64::try_from(spec.timeout.as_millis()).unwrap_or(i64::MAX);
+        let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         let backend = match spec.backend {
             Backend::Gloo => 0,
             Backend::Nccl => 1,
@@ -140,7 +148,8 @@ impl Group {
                 spec.master_port,
                 spec.rank as i32,
                 spec.world_size as i32,
-                timeout_ms,
+                millis(spec.timeout),
+                millis(spec.nccl_timeout),
                 backend,
                 spec.agent_store.is_some(),
                 prefix.as_ptr(),
@@ -217,11 +226,15 @@ impl Group {
     /// Adds what a failed collective most likely means to the backend's message.
     pub fn explain(&self, what: &str, error: String) -> String {
         let s = &self.spec;
+        let (key, timeout) = match s.backend {
+            Backend::Gloo => ("dist.timeout_s", s.timeout),
+            Backend::Nccl => ("dist.nccl_timeout_s", s.nccl_timeout),
+        };
         format!(
-            "{what} failed on rank {} of {}: {error} (another rank exited or stopped answering; dist.timeout_s = {})",
+            "{what} failed on rank {} of {}: {error} (another rank exited or stopped answering; {key} = {})",
             s.rank,
             s.world_size,
-            s.timeout.as_secs()
+            timeout.as_secs()
         )
     }
 

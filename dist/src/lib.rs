@@ -48,6 +48,9 @@ pub fn from_env(config: &Config) -> Result<Option<Box<dyn DataParallel>>, Error>
     if d.timeout_s == 0 {
         return Err(usage("[dist]", "dist.timeout_s", "must be at least 1 second"));
     }
+    if d.nccl_timeout_s == 0 {
+        return Err(usage("[dist]", "dist.nccl_timeout_s", "must be at least 1 second"));
+    }
     if !d.bucket_mb.is_finite() || d.bucket_mb < 0.0 {
         return Err(usage("[dist]", "dist.bucket_mb", format!("{} is not a size in MB", d.bucket_mb)));
     }
@@ -70,6 +73,7 @@ pub fn from_env(config: &Config) -> Result<Option<Box<dyn DataParallel>>, Error>
         rank: p.rank,
         world_size: p.world_size,
         timeout: Duration::from_secs(d.timeout_s),
+        nccl_timeout: Duration::from_secs(d.nccl_timeout_s),
         backend,
         device,
         gloo_ifname: std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()),

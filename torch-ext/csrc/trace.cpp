@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #ifdef PTX_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 #endif
 
@@ -60,8 +61,22 @@ extern "C" char* ptx_trace_metadata(const char* key, const char* value) {
 }
 
 // Stops recording; *result receives the recorded trace (free with ptx_trace_free).
-extern "C" char* ptx_trace_stop(void** result) {
+// With sync_device >= 0 it first waits for that GPU, as torch.profiler's exit
+// synchronises: the window's last step is usually still running on the device,
+// and Kineto stopped now would drop its kernels.
+extern "C" char* ptx_trace_stop(int32_t sync_device, void** result) {
   PTX_TRY
+#ifdef PTX_CUDA
+  if (sync_device >= 0) {
+    // Not c10::cuda::CUDAGuard: its inline code calls the CUDA runtime directly,
+    // which the shim does not link.
+    auto previous = c10::cuda::ExchangeDevice(static_cast<c10::DeviceIndex>(sync_device));
+    c10::cuda::device_synchronize();
+    c10::cuda::ExchangeDevice(previous);
+  }
+#else
+  if (sync_device >= 0) throw std::runtime_error("this build has no CUDA");
+#endif
   *result = prof::disableProfiler().release();
   PTX_CATCH
 }

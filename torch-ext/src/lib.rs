@@ -43,8 +43,8 @@ extern "C" {
     fn ptx_profiler_stop(flops: *mut u64, counted_ops: *mut u64) -> *mut c_char;
     fn ptx_flop_count_start() -> *mut c_char;
     fn ptx_flop_count_stop(out: *mut u64) -> *mut c_char;
-    fn ptx_autocast_enter(cuda: bool, was_enabled: *mut bool) -> *mut c_char;
-    fn ptx_autocast_exit(cuda: bool, was_enabled: bool) -> *mut c_char;
+    fn ptx_autocast_enter(cuda: bool, was_enabled: *mut bool, was_dtype: *mut i32) -> *mut c_char;
+    fn ptx_autocast_exit(cuda: bool, was_enabled: bool, was_dtype: i32) -> *mut c_char;
     fn ptx_cuda_compiled() -> bool;
     fn ptx_cuda_device_count() -> i64;
     fn ptx_cuda_empty_cache() -> *mut c_char;
@@ -56,13 +56,16 @@ extern "C" {
     fn ptx_trace_prepare(cuda: bool, shapes: bool, memory: bool) -> *mut c_char;
     fn ptx_trace_start(cuda: bool, shapes: bool, memory: bool) -> *mut c_char;
     fn ptx_trace_metadata(key: *const c_char, value: *const c_char) -> *mut c_char;
-    fn ptx_trace_stop(result: *mut Raw) -> *mut c_char;
+    fn ptx_trace_stop(sync_device: i32, result: *mut Raw) -> *mut c_char;
     fn ptx_trace_save(result: Raw, path: *const c_char) -> *mut c_char;
     fn ptx_trace_free(result: Raw);
     fn ptx_record_begin(name: *const c_char, handle: *mut Raw) -> *mut c_char;
     fn ptx_record_end(handle: Raw) -> *mut c_char;
     fn ptx_cuda_memory_history(enabled: bool, max_entries: i64) -> *mut c_char;
     fn ptx_cuda_memory_snapshot(out: *mut *mut c_char, len: *mut i64) -> *mut c_char;
+    fn ptx_pin_memory(t: Raw, out: *mut Raw) -> *mut c_char;
+    fn ptx_is_pinned(t: Raw, out: *mut bool) -> *mut c_char;
+    fn ptx_autocast_dtype(cuda: bool, out: *mut i32) -> *mut c_char;
 }
 
 /// An error raised by libtorch inside the shim.
@@ -339,10 +342,14 @@ pub mod trace {
         }
     }
 
-    /// Stops recording and returns what was recorded.
-    pub fn stop() -> Result<Recorded, TorchError> {
+    /// Stops recording and returns what was recorded. With `cuda_device`, first
+    /// waits for that GPU to finish what was queued (as torch.profiler's exit
+    /// does): otherwise the window's last kernels are still running when Kineto
+    /// stops collecting, and the trace misses them.
+    pub fn stop(cuda_device: Option<i32>) -> Result<Recorded, TorchError> {
         let mut result: Raw = std::ptr::null_mut();
-        check(unsafe { ptx_trace_stop(&mut result) })?;
+        // SAFETY: `result` receives an owned trace, which Recorded frees.
+        check(unsafe { ptx_trace_stop(cuda_device.unwrap_or(-1), &mut result) })?;
         Ok(Recorded(result))
     }
 
@@ -396,18 +403,52 @@ pub mod trace {
 
 /// Runs `f` with autocast to bfloat16 on the CPU (`cuda` false) or on CUDA, as
 /// `torch.autocast(device_type, torch.bfloat16)` does.
+/// On leaving, the autocast state before it (enabled flag and dtype) is back.
 pub fn autocast_bf16<T>(cuda: bool, f: impl FnOnce() -> T) -> Result<T, TorchError> {
-    let mut was_enabled = false;
-    check(unsafe { ptx_autocast_enter(cuda, &mut was_enabled) })?;
+    let (mut was_enabled, mut was_dtype) = (false, 0);
+    check(unsafe { ptx_autocast_enter(cuda, &mut was_enabled, &mut was_dtype) })?;
     // Leaves the region even if `f` panics.
-    struct Exit(bool, bool);
+    struct Exit(bool, bool, i32);
     impl Drop for Exit {
         fn drop(&mut self) {
-            let _ = check(unsafe { ptx_autocast_exit(self.0, self.1) });
+            let _ = check(unsafe { ptx_autocast_exit(self.0, self.1, self.2) });
         }
     }
-    let _exit = Exit(cuda, was_enabled);
+    let _exit = Exit(cuda, was_enabled, was_dtype);
     Ok(f())
+}
+
+/// The dtype autocast casts to on the CPU (`cuda` false) or CUDA, this thread
+/// (`torch.get_autocast_dtype`): libtorch's defaults are bfloat16 and float16.
+pub fn autocast_dtype(cuda: bool) -> Result<tch::Kind, TorchError> {
+    let mut code = 0;
+    // SAFETY: reads this thread's autocast state into `code`.
+    check(unsafe { ptx_autocast_dtype(cuda, &mut code) })?;
+    match code {
+        5 => Ok(tch::Kind::Half),
+        6 => Ok(tch::Kind::Float),
+        15 => Ok(tch::Kind::BFloat16),
+        other => Err(TorchError(format!("autocast dtype with scalar type code {other}"))),
+    }
+}
+
+/// Page-locks a host tensor for asynchronous copies to the GPU (returns it as
+/// it is when already pinned). Unlike tch's `pin_memory(device)` it passes no
+/// device, which libtorch 2.11 deprecates with a warning per call.
+pub fn pin_memory(t: &Tensor) -> Result<Tensor, TorchError> {
+    let mut out: Raw = std::ptr::null_mut();
+    // SAFETY: `t` is a live tensor handle for the call; `out` receives an owned one.
+    check(unsafe { ptx_pin_memory(t.as_ptr() as Raw, &mut out) })?;
+    // SAFETY: the shim returns a new heap `at::Tensor*`, which Tensor now owns.
+    Ok(unsafe { Tensor::from_ptr(out as *mut _) })
+}
+
+/// Whether `t` is in page-locked memory (`Tensor.is_pinned()`, no device).
+pub fn is_pinned(t: &Tensor) -> Result<bool, TorchError> {
+    let mut out = false;
+    // SAFETY: `t` is a live tensor handle for the call.
+    check(unsafe { ptx_is_pinned(t.as_ptr() as Raw, &mut out) })?;
+    Ok(out)
 }
 
 /// CUDA helpers; all are harmless no-ops without CUDA.

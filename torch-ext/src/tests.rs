@@ -104,7 +104,7 @@ fn a_trace_records_spans_and_operators_and_saves_chrome_json() {
     let x = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
     let _ = x.matmul(&x);
     span.end().unwrap();
-    let recorded = trace::stop().unwrap();
+    let recorded = trace::stop(None).unwrap();
     let path = std::env::temp_dir().join(format!("ptrain-torch-ext-trace-{}.json", std::process::id()));
     // Written on another thread, as the trace plugin does.
     let saved = std::thread::spawn({
@@ -116,4 +116,29 @@ fn a_trace_records_spans_and_operators_and_saves_chrome_json() {
     let _ = std::fs::remove_file(&path);
     assert!(text.contains("\"name\": \"ProfilerStep#7\"") || text.contains("\"name\":\"ProfilerStep#7\""), "{}", &text[..text.len().min(2000)]);
     assert!(text.contains("aten::matmul") && text.contains("\"rank\": 3"), "{}", &text[..text.len().min(2000)]);
+}
+
+#[test]
+fn autocast_restores_the_dtype_it_found() {
+    // libtorch's default CUDA autocast dtype is float16; the state is per thread
+    // and needs no GPU to set or read.
+    let before = autocast_dtype(true).unwrap();
+    assert_eq!(before, Kind::Half);
+    let inside = autocast_bf16(true, || autocast_dtype(true).unwrap()).unwrap();
+    assert_eq!(inside, Kind::BFloat16);
+    assert_eq!(autocast_dtype(true).unwrap(), before, "the region's bfloat16 leaked out of it");
+    assert_eq!(autocast_bf16(false, || autocast_dtype(false).unwrap()).unwrap(), Kind::BFloat16);
+}
+
+#[test]
+fn pinning_passes_no_device_and_pins_on_a_gpu() {
+    if !tch::Cuda::is_available() {
+        eprintln!("skipped: pinned memory needs a CUDA device");
+        return;
+    }
+    let host = t(&[1.0, 2.0]);
+    assert!(!is_pinned(&host).unwrap());
+    let pinned = pin_memory(&host).unwrap();
+    assert!(is_pinned(&pinned).unwrap());
+    assert_eq!(Vec::<f32>::try_from(&pinned).unwrap(), [1.0, 2.0]);
 }

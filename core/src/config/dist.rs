@@ -5,7 +5,12 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct DistConfig {
     pub backend: DistBackend,
+    /// The rendezvous's timeout, and Gloo's for every collective.
     pub timeout_s: u64,
+    /// NCCL's collective timeout (its watchdog's), larger than `timeout_s`: on a
+    /// GPU, ranks drift apart for as long as the host runs ahead of the device, or
+    /// rank 0 waits for a checkpoint write (PyTorch's NCCL default is 10 minutes).
+    pub nccl_timeout_s: u64,
     pub bucket_mb: f64,
     /// What each rank keeps only a slice of (ZeRO stage 1 or 2).
     #[serde(default)]

@@ -55,8 +55,8 @@ impl Loader {
                     let mut draw = w as u64;
                     loop {
                         let mut batch = dataset.batch(Split::Train, plan.key(draw));
-                        if let Some(device) = pin {
-                            batch = batch.pinned(device);
+                        if pin.is_some() {
+                            batch = batch.pinned();
                         }
                         if tx.send(batch).is_err() {
                             return;
@@ -77,10 +77,7 @@ impl Loader {
         self.next += 1;
         if self.receivers.is_empty() {
             let batch = self.dataset.batch(Split::Train, self.plan.key(draw));
-            return match self.pin {
-                Some(device) => batch.pinned(device),
-                None => batch,
-            };
+            return if self.pin.is_some() { batch.pinned() } else { batch };
         }
         let n = self.receivers.len() as u64;
         self.receivers[(draw % n) as usize].recv().expect("data worker stopped")

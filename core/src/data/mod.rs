@@ -41,14 +41,20 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Page-locks the host tensors so the copy to the GPU can be asynchronous.
-    pub fn pinned(self, device: Device) -> Batch {
-        Batch {
-            inputs: self.inputs.pin_memory(device),
-            targets: self.targets.pin_memory(device),
-            dataset_ids: self.dataset_ids.map(|t| t.pin_memory(device)),
-            ..self
-        }
+    /// Page-locks the host tensors so the copy to the GPU can be asynchronous,
+    /// through the shim: tch's `pin_memory(device)` passes a device, which libtorch
+    /// deprecates with a warning per call. A tensor that cannot be pinned stays as
+    /// it is (the copy is then synchronous).
+    pub fn pinned(self) -> Batch {
+        let pin = |t: Tensor| match ptrain_torch_ext::pin_memory(&t) {
+            Ok(pinned) => pinned,
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| tracing::warn!("could not page-lock a batch ({e}): host-to-GPU copies are synchronous"));
+                t
+            }
+        };
+        Batch { inputs: pin(self.inputs), targets: pin(self.targets), dataset_ids: self.dataset_ids.map(pin), ..self }
     }
 
     /// Moves the batch to `device` (a no-op on the CPU).

@@ -133,10 +133,16 @@ impl Run {
         }
         // A barrier: launchers tear the job down when any rank exits non-zero (an
         // interrupted one exits 130), so no rank leaves before rank 0 has written
-        // its checkpoint and summary.
+        // its checkpoint and summary. Each rank counts itself and the host reads
+        // the count: NCCL's wait only orders streams, the read blocks until the
+        // all-reduce is done on every rank.
         if let Some(d) = &self.dist {
-            let mut done = Tensor::zeros([1], (Kind::Float, env.device));
+            let mut done = Tensor::ones([1], (Kind::Float, env.device));
             d.collectives().all_reduce_sum(&mut done).map_err(Error::Dist)?;
+            let ranks = done.double_value(&[0]);
+            if ranks != f64::from(env.world) {
+                return Err(Error::Dist(format!("the end-of-run barrier counted {ranks} ranks, not {}", env.world)));
+            }
         }
         Ok(Outcome { summary, run_dir: self.env.run_dir.clone(), exit_code })
     }

@@ -73,8 +73,9 @@ impl Run {
         let (since, since_step, phases_before) = self.metrics.last_emit;
         let (tally, world) = (&self.tally, self.env.world as u64);
         let steps = step - since_step;
-        let secs = since.elapsed().as_secs_f64().max(1e-9);
+        // The loss read waits for the device: the interval ends after it.
         let mut values = vec![read(tally.last_loss.as_ref())];
+        let secs = since.elapsed().as_secs_f64().max(1e-9);
         let mut names = vec!["train/loss"];
         if let Some(d) = &self.dist {
             let mut t = Tensor::from_slice(&values).to_device(self.env.device);

@@ -96,7 +96,12 @@ impl Run {
         if let Some(dist) = self.dist.as_mut() {
             dist.after_update(&self.learner.optimizer).map_err(Error::Dist)?;
         }
-        timer.book(Phase::Optimizer);
+        if plan.is_empty() {
+            timer.book(Phase::Optimizer);
+        } else {
+            // A due step reads from the device (loss, flags): the wait is this step's.
+            timer.settle(Phase::Optimizer);
+        }
         if let Some(before) = dump {
             self.dump_tensors(step, before)?;
         }

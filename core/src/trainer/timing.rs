@@ -1,5 +1,8 @@
 //! Phase times. Host clocks only: on the CPU they are exact; on CUDA a step that
-//! must report detailed metrics synchronises at each boundary (only then).
+//! must report detailed metrics synchronises at each boundary (only then), and
+//! every due step waits for the device before its timer ends ([`StepTimer::settle`]),
+//! so the host reads that follow (loss, non-finite flags) find the GPU idle and
+//! its time is booked to the steps that queued it.
 
 use std::time::Instant;
 
@@ -19,6 +22,9 @@ pub enum Phase {
 
 /// Times one step, phase by phase.
 pub struct StepTimer {
+    /// The CUDA device, if the run is on one.
+    cuda: Option<usize>,
+    /// Whether every boundary synchronises (detailed metrics).
     sync_device: Option<usize>,
     last: Instant,
     pub phases: PhaseTimes,
@@ -28,11 +34,12 @@ pub struct StepTimer {
 impl StepTimer {
     /// Starts timing a step; `sync` makes boundaries wait for `device` (CUDA).
     pub fn start(device: Device, sync: bool) -> StepTimer {
-        let sync_device = match device {
-            Device::Cuda(i) if sync => Some(i),
+        let cuda = match device {
+            Device::Cuda(i) => Some(i),
             _ => None,
         };
-        let mut timer = StepTimer { sync_device, last: Instant::now(), phases: PhaseTimes::default(), hooks_s: 0.0 };
+        let sync_device = cuda.filter(|_| sync);
+        let mut timer = StepTimer { cuda, sync_device, last: Instant::now(), phases: PhaseTimes::default(), hooks_s: 0.0 };
         timer.lap();
         timer
     }
@@ -49,6 +56,17 @@ impl StepTimer {
             Phase::Optimizer => &mut p.optimizer_s,
             Phase::Hooks => &mut self.hooks_s,
         } += secs;
+    }
+
+    /// Waits for the GPU to finish what the step queued and books the wait to
+    /// `phase`. Called on due steps only: their host reads would wait anyway, and
+    /// outside the timer that GPU time would count in no step (tokens/s too high,
+    /// step times too low). A no-op on the CPU.
+    pub fn settle(&mut self, phase: Phase) {
+        if let Some(i) = self.cuda {
+            tch::Cuda::synchronize(i as i64);
+        }
+        self.book(phase);
     }
 
     /// The step's phase times, with the whole step (hooks included) in `step_s`.

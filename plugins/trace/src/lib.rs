@@ -71,6 +71,8 @@ pub struct Trace {
     dir: PathBuf,
     rank: u32,
     world: u32,
+    /// The CUDA device the run trains on (when `profile.cuda`).
+    device_index: i32,
     snapshot: bool,
     writer: Option<Writer>,
     prepared: bool,
@@ -122,7 +124,8 @@ impl Trace {
         self.span = None;
         let Some(first) = self.recording.take() else { return Ok(()) };
         self.prepared = false;
-        let recorded = trace::stop()?;
+        // Waits for the GPU first: the window's last step is still running there.
+        let recorded = trace::stop(self.profile.cuda.then_some(self.device_index))?;
         let snapshot = if self.snapshot {
             let bytes = trace::cuda_memory_snapshot()?;
             trace::cuda_memory_history(false, 0)?;
@@ -165,6 +168,7 @@ impl Plugin for Trace {
             dir: PathBuf::new(),
             rank: 0,
             world: 1,
+            device_index: 0,
             snapshot: false,
             writer: None,
             prepared: false,
@@ -183,6 +187,7 @@ impl Plugin for Trace {
         self.world = run.world_size;
         self.dir = self.options.dir.clone().unwrap_or_else(|| Path::new(run.run_dir.as_str()).join("traces"));
         self.profile.cuda = run.device.kind == DeviceKind::Cuda;
+        self.device_index = run.device.index;
         self.snapshot = self.options.memory_snapshot && self.profile.cuda;
         if self.options.memory_snapshot && !self.profile.cuda && run.rank == 0 {
             self.host.log(LogLevel::Warn, NAME, "memory_snapshot needs CUDA: no memory snapshots on this device");

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The validation kit in one folder, small enough for the device tool (at most 64
+# MiB travels): stripped copies of the ptrain binary, the plugins, the bare-tch
+# benchmark loop and the one-rank collective smoke program, plus the configs, the
+# bench scripts, the tests' Python helpers and gpu/validate.sh. See docs/gpu.md.
+#
+#   scripts/bundle.sh OUT_DIR              # builds what it needs first
+#   scripts/bundle.sh --no-build OUT_DIR   # uses target/release as it is
+#
+# Stripping uses `strip --strip-debug` on copies: the symbol table stays (a
+# backtrace still names functions), the DWARF line tables go. target/ keeps its
+# line tables ([profile.release] debug = "line-tables-only"): development builds
+# want file:line in panic backtraces; the bundle and installs do not need them.
+set -euo pipefail
+build=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) build=0; shift ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "error: unknown option \`$1\`" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[ $# -eq 1 ] || { echo "usage: scripts/bundle.sh [--no-build] OUT_DIR" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$1
+plugins=(checkpoint csv dataset-metrics early-stop flops health jsonl mlflow perf tensorboard trace wandb)
+if [ "$build" = 1 ]; then
+  . "$root/scripts/env.sh"
+  (cd "$root" && cargo build --release -p ptrain -p ptrain-bench-bare "${plugins[@]/#/-p ptrain-plugin-}" \
+    && cargo build --release -p ptrain-dist --example collectives)
+fi
+# PTRAIN_RELEASE_DIR: another build directory (the tests pass theirs).
+rel="${PTRAIN_RELEASE_DIR:-$root/target/release}"
+for f in "$rel/ptrain" "$rel/bare-tch" "$rel/examples/collectives"; do
+  [ -x "$f" ] || { echo "error: $f is missing: build first (without --no-build this script does)" >&2; exit 2; }
+done
+command -v strip >/dev/null || { echo "error: \`strip\` (binutils) is needed" >&2; exit 2; }
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/gpu" "$out/tests/support" "$out/bench/configs"
+# Plugins beside the binary: ptrain looks for them in its own directory.
+strip --strip-debug -o "$out/bin/ptrain" "$rel/ptrain"
+strip --strip-debug -o "$out/bin/bare-tch" "$rel/bare-tch"
+strip --strip-debug -o "$out/bin/collectives" "$rel/examples/collectives"
+for p in "${plugins[@]}"; do
+  so="$rel/libptrain_plugin_${p//-/_}.so"
+  [ -f "$so" ] || { echo "error: $so is missing: build first" >&2; exit 2; }
+  strip --strip-debug -o "$out/bin/$(basename "$so")" "$so"
+done
+cp -r "$root/configs" "$out/"
+cp "$root"/bench/*.py "$root"/bench/*.sh "$root"/bench/*.md "$root"/bench/requirements.txt "$out/bench/"
+cp "$root"/bench/configs/* "$out/bench/configs/"
+cp "$root"/tests/support/*.py "$out/tests/support/"
+cp "$root/gpu/validate.sh" "$out/gpu/"
+cp "$root/docs/gpu.md" "$out/README.md"
+bytes=$(du -sb "$out" | cut -f1)
+awk -v b="$bytes" -v n="$(find "$out" -type f | wc -l)" -v o="$out" 'BEGIN { printf "bundle %s: %d files, %.1f MiB (%d bytes)\n", o, n, b / 1048576, b }'

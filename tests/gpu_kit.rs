@@ -1,0 +1,72 @@
+//! The validation kit end to end on the CPU, so it cannot rot before a GPU runs
+//! it: scripts/bundle.sh packs the built binaries into a folder the device tool
+//! can carry (under 64 MiB), and the bundle's gpu/validate.sh --device cpu runs
+//! every step against the venv's torch and prints its table.
+
+mod common;
+
+use std::process::Command;
+
+use common::{build_dir, repo};
+
+const MIB: u64 = 1 << 20;
+
+fn folder_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| if e.file_type().unwrap().is_dir() { folder_bytes(&e.path()) } else { e.metadata().unwrap().len() })
+        .sum()
+}
+
+#[test]
+fn the_bundle_is_small_and_its_validation_passes_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    let packed =
+        Command::new(repo().join("scripts/bundle.sh")).arg("--no-build").arg(&bundle).env("PTRAIN_RELEASE_DIR", build_dir()).output().unwrap();
+    let text = String::from_utf8_lossy(&packed.stdout).to_string() + &String::from_utf8_lossy(&packed.stderr);
+    assert!(packed.status.success(), "bundle.sh failed (build the workspace with --all-targets first):\n{text}");
+    let bytes = folder_bytes(&bundle);
+    assert!(bytes < 64 * MIB, "the bundle is {:.1} MiB, over the device tool's 64 MiB", bytes as f64 / MIB as f64);
+    for file in ["bin/ptrain", "bin/collectives", "bin/bare-tch", "bin/libptrain_plugin_flops.so", "gpu/validate.sh", "configs/tiny-gpt.toml"] {
+        assert!(bundle.join(file).exists(), "{file} is missing from the bundle");
+    }
+
+    let python = std::env::var_os("PTRAIN_PYTHON").map(std::path::PathBuf::from).unwrap_or_else(|| repo().join(".venv/bin/python"));
+    let out = dir.path().join("out");
+    let validated = Command::new(bundle.join("gpu/validate.sh"))
+        .args(["--device", "cpu", "--python"])
+        .arg(&python)
+        .arg("--out")
+        .arg(&out)
+        // The kit sets LD_LIBRARY_PATH from --python itself.
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("PTRAIN_PLUGIN_PATH")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&validated.stdout).to_string() + &String::from_utf8_lossy(&validated.stderr);
+    assert!(validated.status.success(), "validate.sh --device cpu failed:\n{log}");
+    let table = std::fs::read_to_string(out.join("summary.txt")).unwrap();
+    assert!(log.contains(&table), "the table is printed at the end:\n{log}");
+    let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let rows = rows["rows"].as_array().unwrap();
+    let steps: Vec<&str> = rows.iter().map(|r| r["step"].as_str().unwrap()).collect();
+    for step in [
+        "gloo, one rank",
+        "fp32 20 steps",
+        "bf16 40 steps",
+        "checkpoint + resume",
+        "torchrun, 1 rank",
+        "torchrun, 2 ranks, gradients",
+        "every plugin, defaults",
+        "flops: MFU",
+    ] {
+        assert!(steps.contains(&step), "no `{step}` row in {steps:?}");
+    }
+    assert!(rows.iter().all(|r| r["result"] == "ok"), "{table}");
+    // What comes back from a device: three files.
+    let mut files: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    files.sort();
+    assert_eq!(files, ["summary.json", "summary.txt", "validate.tar.gz"]);
+}
