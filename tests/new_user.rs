@@ -38,3 +38,33 @@ fn launch_takes_the_command_with_or_without_a_double_dash() {
         assert_eq!(summary(&run_dir)["steps"], 2, "{name}");
     }
 }
+
+/// Runs a tests/support/hf.py command.
+fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) {
+    let out = python().arg("tests/support/hf.py").args(args.iter().map(|a| a.as_ref())).output().expect("spawn python");
+    assert!(out.status.success(), "hf.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn export_refuses_a_run_whose_tokenizer_is_gone_unless_told_to_go_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let (text, tok_dir) = (dir.path().join("text.txt"), dir.path().join("tok"));
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    let tok = tok_dir.join("tokenizer.json");
+    hf(&[&"make-text", &text, &"2000", &"3"]);
+    hf(&[&"train-tokenizer", &text, &tok, &"300"]);
+    let run_dir = dir.path().join("run");
+    let mut args = tiny_gpt(2);
+    args.extend(["--plugins", "checkpoint", "--set", "data.kind=text"].map(String::from));
+    args.extend(["--set".into(), format!("data.path={}", text.display()), "--set".into(), format!("data.tokenizer={}", tok.display())]);
+    run_expect(ptrain().args(args).arg("--run-dir").arg(&run_dir), 0);
+    std::fs::rename(&tok_dir, dir.path().join("moved")).unwrap();
+
+    let out = dir.path().join("exported");
+    let refused = run_expect(ptrain().args(["export", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 2);
+    let err = stderr(&refused);
+    assert!(err.contains(&tok.display().to_string()) && err.contains("--no-tokenizer"), "{err}");
+    assert!(!out.join("model.safetensors").exists(), "nothing written before the refusal");
+    run_expect(ptrain().args(["export", "--no-tokenizer", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 0);
+    assert!(out.join("model.safetensors").is_file() && !out.join("tokenizer.json").exists());
+}

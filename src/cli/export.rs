@@ -32,11 +32,15 @@ pub struct ExportArgs {
     /// Output directory (created; files in it are replaced).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
+    /// Export without the run's tokenizer files (otherwise a tokenizer that can no
+    /// longer be read is an error, exit 2).
+    #[arg(long)]
+    no_tokenizer: bool,
 }
 
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let Format::Hf = args.format;
-    let done = ptrain_core::model::hf::export(&args.checkpoint, &args.out)?;
+    let done = ptrain_core::model::hf::export(&args.checkpoint, &args.out, !args.no_tokenizer)?;
     let mut files = vec!["config.json".to_string(), format!("model.safetensors ({} tensors)", done.tensors)];
     files.extend(done.tokenizer_files.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()));
     println!("exported step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));

@@ -63,13 +63,20 @@ fn elem_size(dtype: Dtype) -> usize {
 
 /// Writes `out/config.json`, `out/model.safetensors` (GPT-2 names and layouts) and
 /// the run's tokenizer files, from the checkpoint at (or newest under) `path`.
-pub fn export(path: &Path, out: &Path) -> Result<Exported> {
+/// With `with_tokenizer`, a run whose tokenizer can no longer be read is refused
+/// before anything is written (an export without it loads a one-token vocabulary in
+/// `AutoTokenizer`); without, no tokenizer file is written.
+pub fn export(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported> {
     let checkpoint = resolve_checkpoint(path)?;
     let manifest = ptrain_checkpoint::validate(&checkpoint).map_err(|e| checkpoint_error(&checkpoint, e.to_string()))?;
     let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
     let text = std::fs::read_to_string(&config_path).map_err(|e| Error::Io { path: config_path.clone(), source: e })?;
     let config: Config = ConfigBuilder::default().toml(&text, &config_path.display().to_string())?.build_recorded()?;
     let m = &config.model;
+    let tokenizer = Path::new(&config.data.tokenizer);
+    if with_tokenizer && !config.data.tokenizer.is_empty() && !tokenizer.is_file() {
+        return Err(Error::MissingFile { what: "the run's data.tokenizer (export --no-tokenizer exports without it)", path: tokenizer.to_owned() });
+    }
     if !matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) {
         return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only a gpt or a llama exports to the Hugging Face format", m.kind)));
     }
@@ -124,7 +131,7 @@ pub fn export(path: &Path, out: &Path) -> Result<Exported> {
     if let Some(generation) = source.as_ref().map(|d| d.dir.join(GENERATION_CONFIG)).filter(|p| p.is_file()) {
         std::fs::copy(&generation, out.join(GENERATION_CONFIG)).map_err(|e| Error::Io { path: generation.clone(), source: e })?;
     }
-    let tokenizer_files = copy_tokenizer(&config, out, &mut json)?;
+    let tokenizer_files = if with_tokenizer { copy_tokenizer(&config, out, &mut json)? } else { Vec::new() };
     let json_path = out.join(CONFIG_JSON);
     let text = serde_json::to_string_pretty(&json).expect("JSON serializes") + "\n";
     std::fs::write(&json_path, text).map_err(|e| Error::Io { path: json_path, source: e })?;
@@ -136,10 +143,6 @@ pub fn export(path: &Path, out: &Path) -> Result<Exported> {
 fn copy_tokenizer(config: &Config, out: &Path, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<Vec<PathBuf>> {
     let source = Path::new(&config.data.tokenizer);
     if config.data.tokenizer.is_empty() {
-        return Ok(Vec::new());
-    }
-    if !source.is_file() {
-        tracing::warn!("the run's tokenizer {} is gone: exported without tokenizer.json", source.display());
         return Ok(Vec::new());
     }
     let mut copied = Vec::new();
