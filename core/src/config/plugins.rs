@@ -166,28 +166,31 @@ pub fn explain_option_error(plugin: &str, error: &str, attachments: &[&str], sch
     message
 }
 
-/// Refuses a `[plugins.<name>]` table that no loaded plugin claims (by name, or by
-/// the name or path it was requested as): a misspelt table would otherwise be
-/// ignored. Names the closest loaded plugin.
-pub fn check_tables_claimed(tables: &BTreeMap<String, toml::Table>, claimed: &[&str]) -> Result<(), Error> {
-    let Some(table) = tables.keys().find(|t| !claimed.contains(&t.as_str())) else { return Ok(()) };
-    let loaded: Vec<&str> = claimed.iter().copied().filter(|c| !c.contains('/') && !c.ends_with(".so")).collect();
-    let closest = loaded.iter().copied().min_by_key(|name| edit_distance(table, name));
-    let hint = match closest {
-        None => "no plugin is loaded".to_string(),
-        Some(name) => {
-            let mut names = loaded.clone();
-            names.sort();
-            names.dedup();
-            format!("did you mean `{name}`? (loaded: {})", names.join(", "))
+/// Refuses a `[plugins.<name>]` table that neither a loaded plugin claims (by name, or
+/// by the name or path it was requested as) nor names an installed plugin: a misspelt
+/// table would otherwise be ignored. A table of an installed plugin that is not loaded
+/// this time is kept for when it is (a config file may configure more plugins than
+/// one run uses). Names the closest plugin.
+pub fn check_tables_claimed(tables: &BTreeMap<String, toml::Table>, claimed: &[&str], installed: &[String]) -> Result<(), Error> {
+    for table in tables.keys().filter(|t| !claimed.contains(&t.as_str())) {
+        if installed.contains(table) {
+            tracing::debug!("[plugins.{table}] is not used: the plugin {table} is installed but not loaded in this run");
+            continue;
         }
-    };
-    Err(Error::Plugin {
-        name: table.clone(),
-        message: format!(
-            "[plugins.{table}] configures a plugin that is not loaded: {hint}; load it with --plugins or run.plugins, or remove the table"
-        ),
-    })
+        let loaded: Vec<&str> = claimed.iter().copied().filter(|c| !c.contains('/') && !c.ends_with(".so")).collect();
+        let mut names: Vec<&str> = loaded.iter().copied().chain(installed.iter().map(String::as_str)).collect();
+        names.sort();
+        names.dedup();
+        let hint = match names.iter().copied().min_by_key(|name| edit_distance(table, name)) {
+            None => "no plugin is loaded or installed".to_string(),
+            Some(name) => format!("did you mean `{name}`? (loaded: {}; installed: {})", loaded.join(", "), installed.join(", ")),
+        };
+        return Err(Error::Plugin {
+            name: table.clone(),
+            message: format!("[plugins.{table}] configures a plugin that is neither loaded nor installed: {hint}; fix the name or remove the table"),
+        });
+    }
+    Ok(())
 }
 
 fn cadence(source: &str, prefix: &str, table: &toml::Table) -> Result<CadenceOverride, ConfigError> {
@@ -247,13 +250,18 @@ mod tests {
     }
 
     #[test]
-    fn a_table_of_a_plugin_not_loaded_is_refused_naming_the_closest_loaded_one() {
+    fn a_table_of_no_installed_plugin_is_refused_naming_the_closest_one() {
         let claimed = ["jsonl", "gradwatch", "./target/release/libptrain_plugin_gradwatch.so"];
-        assert!(check_tables_claimed(&tables(&["jsonl", "gradwatch"]), &claimed).is_ok());
-        let e = check_tables_claimed(&tables(&["gradwach"]), &claimed).unwrap_err().to_string();
-        assert!(e.starts_with("plugin gradwach: [plugins.gradwach] configures a plugin that is not loaded"), "{e}");
-        assert!(e.contains("did you mean `gradwatch`? (loaded: gradwatch, jsonl)"), "{e}");
-        let e = check_tables_claimed(&tables(&["flops"]), &[]).unwrap_err().to_string();
-        assert!(e.contains("no plugin is loaded"), "{e}");
+        let installed = ["jsonl".to_string(), "checkpoint".to_string()];
+        assert!(check_tables_claimed(&tables(&["jsonl", "gradwatch"]), &claimed, &installed).is_ok());
+        // Installed, not loaded this time: kept for a run that loads it.
+        assert!(check_tables_claimed(&tables(&["checkpoint"]), &claimed, &installed).is_ok());
+        let e = check_tables_claimed(&tables(&["gradwach"]), &claimed, &installed).unwrap_err().to_string();
+        assert!(e.starts_with("plugin gradwach: [plugins.gradwach] configures a plugin that is neither loaded nor installed"), "{e}");
+        assert!(e.contains("did you mean `gradwatch`? (loaded: jsonl, gradwatch"), "{e}");
+        let e = check_tables_claimed(&tables(&["chekpoint"]), &[], &installed).unwrap_err().to_string();
+        assert!(e.contains("did you mean `checkpoint`?"), "{e}");
+        let e = check_tables_claimed(&tables(&["flops"]), &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("no plugin is loaded or installed"), "{e}");
     }
 }

@@ -136,7 +136,8 @@ impl PluginHost {
             })
             .collect::<Result<Vec<_>>>()?;
         let claimed: Vec<&str> = libraries.iter().flat_map(|(request, lib, _)| [lib.descriptor.name.as_str(), request.as_str()]).collect();
-        check_tables_claimed(tables, &claimed)?;
+        let installed: Vec<String> = loader::available().into_iter().map(|(name, _)| name).collect();
+        check_tables_claimed(tables, &claimed, &installed)?;
         for (request, lib, path) in libraries {
             let d = lib.descriptor;
             let name = d.name.as_str().to_string();
