@@ -11,36 +11,7 @@ use std::{
     process::Output,
 };
 
-use common::*;
-
-/// Runs a tests/support/hf.py command; returns its JSON output, if any.
-fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
-    let out = python().arg("tests/support/hf.py").args(args.iter().map(|a| a.as_ref())).output().expect("spawn python");
-    assert!(
-        out.status.success(),
-        "hf.py {:?} failed:\n{}",
-        args.iter().map(|a| a.as_ref()).collect::<Vec<_>>(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().last().map(|l| serde_json::from_str(l).expect("hf.py prints JSON")).unwrap_or(serde_json::Value::Null)
-}
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
-
-/// Common settings of the small runs: CPU, one thread, short sequences.
-fn small(extra: &[String]) -> Vec<String> {
-    let mut a: Vec<String> =
-        ["--device", "cpu", "--set", "run.threads=1", "--set", "data.max_seq_len=64", "--set", "data.batch_size=4", "--set", "train.eval_batches=1"]
-            .map(String::from)
-            .into();
-    for e in extra {
-        a.extend(["--set".to_string(), e.clone()]);
-    }
-    a
-}
+use common::{hf::*, *};
 
 fn tokenize(extra: &[String], log_info: bool) -> Output {
     let mut cmd = ptrain();
@@ -62,10 +33,6 @@ fn cached(cache: &Path, stem: &str) -> PathBuf {
         .collect();
     assert_eq!(found.len(), 1, "one cached file for {stem} in {}: {found:?}", cache.display());
     found[0].clone()
-}
-
-fn close(a: f64, b: f64, tol: f64, what: &str) {
-    assert!((a - b).abs() <= tol, "{what}: {a} vs {b} (tolerance {tol})");
 }
 
 #[test]

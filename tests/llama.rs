@@ -9,42 +9,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::*;
-
-/// Runs a tests/support/hf.py command; returns its last line as JSON.
-fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
-    let out = python().arg("tests/support/hf.py").args(args.iter().map(|a| a.as_ref())).output().expect("spawn python");
-    assert!(
-        out.status.success(),
-        "hf.py {:?} failed:\n{}",
-        args.iter().map(|a| a.as_ref()).collect::<Vec<_>>(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().last().map(|l| serde_json::from_str(l).expect("hf.py prints JSON")).unwrap_or(serde_json::Value::Null)
-}
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
+use common::{hf::*, *};
 
 const FAMILIES: [&str; 4] = ["llama", "qwen2", "qwen3", "mistral"];
-
-/// CPU, one thread, batches of 4 x 64 tokens, and `extra` as `--set`s.
-fn small(extra: &[String]) -> Vec<String> {
-    let mut a: Vec<String> =
-        ["--device", "cpu", "--set", "run.threads=1", "--set", "data.max_seq_len=64", "--set", "data.batch_size=4", "--set", "train.eval_batches=1"]
-            .map(String::from)
-            .into();
-    for e in extra {
-        a.extend(["--set".to_string(), e.clone()]);
-    }
-    a
-}
-
-fn close(a: f64, b: f64, tol: f64, what: &str) {
-    assert!((a - b).abs() <= tol, "{what}: {a} vs {b} (tolerance {tol})");
-}
 
 /// A model of `family` made by transformers, and random token data below its vocabulary.
 /// Qwen3's is saved as bf16 shards with an index; Llama's `config.json` is rewritten

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::*;
+use common::{hf::hf, *};
 
 #[test]
 fn a_sequence_longer_than_the_models_context_is_refused_naming_both_values() {
@@ -37,12 +37,6 @@ fn launch_takes_the_command_with_or_without_a_double_dash() {
         run_expect(&mut cmd, 0);
         assert_eq!(summary(&run_dir)["steps"], 2, "{name}");
     }
-}
-
-/// Runs a tests/support/hf.py command.
-fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) {
-    let out = python().arg("tests/support/hf.py").args(args.iter().map(|a| a.as_ref())).output().expect("spawn python");
-    assert!(out.status.success(), "hf.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

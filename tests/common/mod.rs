@@ -2,6 +2,7 @@
 //! (and the venv's Python for the upstream readers) and read what it wrote.
 #![allow(dead_code)]
 
+pub mod hf;
 pub mod ranks;
 
 use std::{
