@@ -61,19 +61,20 @@ impl KvCache {
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<Attend> {
         let (b, heads, n, d) = k.size4()?;
         let start = self.len;
-        let (keys, values) = self.layers[layer].get_or_insert_with(|| {
-            let buffer = || Tensor::zeros([b, heads, self.capacity, d], (k.kind(), k.device()));
-            (buffer(), buffer())
-        });
-        keys.narrow(2, start, n).copy_(k);
-        values.narrow(2, start, n).copy_(v);
+        if self.layers[layer].is_none() {
+            let buffer = || Tensor::f_zeros([b, heads, self.capacity, d], (k.kind(), k.device()));
+            self.layers[layer] = Some((buffer()?, buffer()?));
+        }
+        let (keys, values) = self.layers[layer].as_ref().expect("allocated above");
+        keys.f_narrow(2, start, n)?.f_copy_(k)?;
+        values.f_narrow(2, start, n)?.f_copy_(v)?;
         let mask = (start > 0 && n > 1).then(|| {
             // Row i (position start + i) sees positions 0..=start + i.
             let rows = Tensor::arange(n, (Kind::Int64, k.device())).unsqueeze(1) + start;
             let cols = Tensor::arange(start + n, (Kind::Int64, k.device())).unsqueeze(0);
             cols.le_tensor(&rows)
         });
-        Ok(Attend { keys: keys.narrow(2, 0, start + n), values: values.narrow(2, 0, start + n), causal: start == 0 && n > 1, mask })
+        Ok(Attend { keys: keys.f_narrow(2, 0, start + n)?, values: values.f_narrow(2, 0, start + n)?, causal: start == 0 && n > 1, mask })
     }
 
     /// Marks the `n` positions every layer just appended as held.

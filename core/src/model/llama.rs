@@ -4,7 +4,7 @@
 //! MLP. Parameters carry the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`),
 //! so loading and exporting are a copy, with no renaming or transposition.
 
-use tch::{nn, nn::Module, Kind, Tensor};
+use tch::{nn, Kind, Tensor};
 
 use super::{
     kv_cache::KvCache,
@@ -18,6 +18,13 @@ use crate::{
 
 /// `transformers`' `initializer_range`.
 const INIT_STD: f64 = 0.02;
+
+// The forward pass uses tch's `f_` functions, so a libtorch error (a bad shape, out
+// of memory) comes back as an error, not a panic.
+
+fn apply(l: &nn::Linear, x: &Tensor) -> Result<Tensor> {
+    Ok(x.f_linear(&l.ws, l.bs.as_ref())?)
+}
 
 fn linear(vs: nn::Path, inp: i64, out: i64, bias: bool) -> nn::Linear {
     let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: INIT_STD }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
@@ -37,11 +44,11 @@ impl RmsNorm {
         RmsNorm { weight: vs.var("weight", &[d], nn::Init::Const(1.0)), eps }
     }
 
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let x32 = x.to_kind(Kind::Float);
-        let variance = x32.square().mean_dim(-1, true, Kind::Float);
-        let normed = x32 * (variance + self.eps).rsqrt();
-        &self.weight * normed.to_kind(x.kind())
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x32 = x.f_to_kind(Kind::Float)?;
+        let variance = x32.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
+        let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
+        Ok(self.weight.f_mul(&normed.f_to_kind(x.kind())?)?)
     }
 }
 
@@ -93,21 +100,25 @@ impl DecoderLayer {
     }
 
     /// `[B, T, width]` projections as `[B, heads, T, head_dim]`, each head normed (Qwen3).
-    fn heads(&self, x: Tensor, heads: i64, norm: Option<&RmsNorm>) -> Tensor {
-        let (b, t, _) = x.size3().expect("[B, T, D] activations");
-        let x = x.view([b, t, heads, self.dims.head_dim]);
-        norm.map_or(x.shallow_clone(), |n| n.forward(&x)).transpose(1, 2)
+    fn heads(&self, x: Tensor, heads: i64, norm: Option<&RmsNorm>) -> Result<Tensor> {
+        let (b, t, _) = x.size3()?;
+        let x = x.f_view([b, t, heads, self.dims.head_dim])?;
+        let x = match norm {
+            Some(n) => n.forward(&x)?,
+            None => x,
+        };
+        Ok(x.f_transpose(1, 2)?)
     }
 
     /// One layer over `x` `[B, T, D]` with those positions' cos and sin; with a cache,
     /// the new keys and values join it and the queries attend over all it holds.
     fn forward(&self, x: &Tensor, (cos, sin): (&Tensor, &Tensor), train: bool, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
         let (b, t, _) = x.size3()?;
-        let h = self.input_norm.forward(x);
-        let q = self.heads(self.q_proj.forward(&h), self.dims.heads, self.q_norm.as_ref());
-        let k = self.heads(self.k_proj.forward(&h), self.dims.kv_heads, self.k_norm.as_ref());
-        let v = self.heads(self.v_proj.forward(&h), self.dims.kv_heads, None);
-        let (q, k) = (rope::apply(&q, cos, sin), rope::apply(&k, cos, sin));
+        let h = self.input_norm.forward(x)?;
+        let q = self.heads(apply(&self.q_proj, &h)?, self.dims.heads, self.q_norm.as_ref())?;
+        let k = self.heads(apply(&self.k_proj, &h)?, self.dims.kv_heads, self.k_norm.as_ref())?;
+        let v = self.heads(apply(&self.v_proj, &h)?, self.dims.kv_heads, None)?;
+        let (q, k) = (rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?);
         let p = if train { self.dims.dropout } else { 0.0 };
         let y = match cache {
             None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, true)?,
@@ -116,10 +127,11 @@ impl DecoderLayer {
                 Tensor::f_scaled_dot_product_attention(&q, &seen.keys, &seen.values, seen.mask.as_ref(), 0.0, seen.causal, None, true)?
             }
         };
-        let y = y.transpose(1, 2).reshape([b, t, self.dims.heads * self.dims.head_dim]);
-        let x = x + self.o_proj.forward(&y);
-        let h = self.post_norm.forward(&x);
-        Ok(&x + self.down_proj.forward(&(self.gate_proj.forward(&h).silu() * self.up_proj.forward(&h))))
+        let y = y.f_transpose(1, 2)?.f_reshape([b, t, self.dims.heads * self.dims.head_dim])?;
+        let x = x.f_add(&apply(&self.o_proj, &y)?)?;
+        let h = self.post_norm.forward(&x)?;
+        let gated = apply(&self.gate_proj, &h)?.f_silu()?.f_mul(&apply(&self.up_proj, &h)?)?;
+        Ok(x.f_add(&apply(&self.down_proj, &gated)?)?)
     }
 }
 
@@ -164,18 +176,18 @@ impl Llama {
         if let Some(c) = cache.as_deref() {
             c.reserve(t)?;
         }
-        let mut x = self.embed_tokens.forward(inputs);
+        let mut x = Tensor::f_embedding(&self.embed_tokens.ws, inputs, -1, false, false)?;
         // In the embedding's type, as `transformers` casts them: float32 for float32
         // weights, also under autocast (q and k then rotate in float32).
-        let (cos, sin) = self.rope.window(start, t, x.kind());
+        let (cos, sin) = self.rope.window(start, t, x.kind())?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x, (&cos, &sin), train, cache.as_deref_mut().map(|c| (c, i)))?;
         }
         if let Some(c) = cache {
             c.advance(t);
         }
-        let x = self.norm.forward(&x);
-        Ok(x.linear::<Tensor>(self.lm_head.as_ref().unwrap_or(&self.embed_tokens.ws), None))
+        let x = self.norm.forward(&x)?;
+        Ok(x.f_linear::<Tensor>(self.lm_head.as_ref().unwrap_or(&self.embed_tokens.ws), None)?)
     }
 }
 

@@ -54,18 +54,18 @@ impl Rope {
 
     /// cos and sin of positions `[start, start + len)` in `kind`, shaped to broadcast
     /// over `[B, heads, len, head_dim]`.
-    pub fn window(&self, start: i64, len: i64, kind: Kind) -> (Tensor, Tensor) {
-        let take = |t: &Tensor| t.narrow(0, start, len).to_kind(kind);
-        (take(&self.cos), take(&self.sin))
+    pub fn window(&self, start: i64, len: i64, kind: Kind) -> Result<(Tensor, Tensor), tch::TchError> {
+        let take = |t: &Tensor| t.f_narrow(0, start, len)?.f_to_kind(kind);
+        Ok((take(&self.cos)?, take(&self.sin)?))
     }
 }
 
 /// `x * cos + rotate_half(x) * sin` for `x` of shape `[B, heads, T, head_dim]`.
-pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, tch::TchError> {
     let half = x.size()[3] / 2;
-    let (x1, x2) = (x.narrow(3, 0, half), x.narrow(3, half, half));
-    let rotated = Tensor::cat(&[&x2.neg(), &x1], -1);
-    x * cos + rotated * sin
+    let (x1, x2) = (x.f_narrow(3, 0, half)?, x.f_narrow(3, half, half)?);
+    let rotated = Tensor::f_cat(&[&x2.f_neg()?, &x1], -1)?;
+    x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)
 }
 
 #[cfg(test)]
@@ -114,8 +114,8 @@ mod tests {
     fn rotation_pairs_halves_and_keeps_norms() {
         let rope = Rope::new(&args(), 4, 8, Device::Cpu);
         let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([1, 1, 1, 4]).repeat([1, 1, 8, 1]);
-        let (cos, sin) = rope.window(0, 8, Kind::Float);
-        let y = apply(&x, &cos, &sin);
+        let (cos, sin) = rope.window(0, 8, Kind::Float).unwrap();
+        let y = apply(&x, &cos, &sin).unwrap();
         // Position 0 is the identity; every position keeps each (i, i + d/2) pair's norm.
         assert!(y.get(0).get(0).get(0).allclose(&x.get(0).get(0).get(0), 1e-6, 1e-6, false));
         let pair_norm = |t: &Tensor, i: i64| (t.narrow(3, i, 1).square() + t.narrow(3, i + 2, 1).square()).sqrt();
