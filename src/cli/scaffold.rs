@@ -185,14 +185,14 @@ pub fn run(name: &str, sink: bool, dir: Option<PathBuf>) -> anyhow::Result<()> {
         std::fs::copy(&lock, dir.join("Cargo.lock")).with_context(|| format!("copying {}", lock.display()))?;
     }
     let kind = if sink { "a sink (worker thread): metrics batches to CSV" } else { "inline: reads gradients every 20 steps" };
-    println!("created plugin `{name}` in {}, {kind}", dir.display());
-    println!("  plugin-api: {}", origin.checkout.join("plugin-api").display());
+    outln!("created plugin `{name}` in {}, {kind}", dir.display());
+    outln!("  plugin-api: {}", origin.checkout.join("plugin-api").display());
     match &origin.build_dir {
-        Some(build) => println!("  builds on ptrain's compiled dependencies in {}", build.display()),
-        None => println!("  no ptrain build directory found: the first build compiles libtorch's bindings (minutes)"),
+        Some(build) => outln!("  builds on ptrain's compiled dependencies in {}", build.display()),
+        None => outln!("  no ptrain build directory found: the first build compiles libtorch's bindings (minutes)"),
     }
-    println!("next:\n  cd {} && cargo build --release && cargo test --release", dir.display());
-    println!("  PTRAIN_PLUGIN_PATH=$PWD/target/release ptrain run --plugins {name}");
+    outln!("next:\n  cd {} && cargo build --release && cargo test --release", dir.display());
+    outln!("  PTRAIN_PLUGIN_PATH=$PWD/target/release ptrain run --plugins {name}");
     Ok(())
 }
 

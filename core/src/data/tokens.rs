@@ -164,7 +164,7 @@ impl TokenWindows {
 }
 
 impl Dataset for TokenWindows {
-    fn batch(&self, split: Split, key: BatchKey) -> Batch {
+    fn batch(&self, split: Split, key: BatchKey) -> Result<Batch> {
         let (store, span) = match split {
             Split::Train => &self.train,
             Split::Val => &self.val,
@@ -177,14 +177,14 @@ impl Dataset for TokenWindows {
             let mut rng = Rng::keyed(self.seed, &[split as u64, key.step, key.micro, sample]);
             store.copy_window(span.start + rng.below(starts + 1) as usize, window);
         }
-        let all = Tensor::from_slice(&buf).view([b as i64, t as i64 + 1]);
-        Batch {
-            inputs: all.narrow(1, 0, t as i64).contiguous(),
-            targets: all.narrow(1, 1, t as i64).contiguous(),
+        let all = Tensor::f_from_slice(&buf)?.f_view([b as i64, t as i64 + 1])?;
+        Ok(Batch {
+            inputs: all.f_narrow(1, 0, t as i64)?.f_contiguous()?,
+            targets: all.f_narrow(1, 1, t as i64)?.f_contiguous()?,
             dataset_ids: None,
             samples: b as i64,
             tokens: (b * t) as i64,
-        }
+        })
     }
 
     fn dataset_names(&self) -> Vec<String> {
