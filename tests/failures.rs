@@ -163,3 +163,19 @@ fn a_closed_stdout_is_a_quiet_exit_0() {
         assert!(stderr(&out).is_empty(), "{args:?}: {}", stderr(&out));
     }
 }
+
+/// A checkpoint that does not fit the run is one mistake with one exit code (2,
+/// refused before training), whether a tensor is missing or has the wrong shape.
+#[test]
+fn every_unusable_checkpoint_given_to_resume_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    run_expect(&mut gpt(2, &run, &[]), 0);
+    let ckpt = run.join("checkpoints/step-00000002");
+    for (change, says) in [("model.n_embd=64", "shape"), ("model.n_layer=5", "no weights")] {
+        let out =
+            run_expect(ptrain().args(tiny_gpt(4)).args(["--set", change, "--resume"]).arg(&ckpt).arg("--run-dir").arg(dir.path().join(change)), 2);
+        let err = stderr(&out);
+        assert!(err.contains("checkpoint") && err.contains(says), "{change}: {err}");
+    }
+}

@@ -97,6 +97,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let outcome = trainer.run()?;
     let s = &outcome.summary;
+    if let Some(error) = &s.error {
+        eprintln!("error: {error}");
+    }
     let loss = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     let problems = problems(s);
     reportln!(

@@ -48,7 +48,7 @@ impl Run {
             Some(Stop::Requested(r)) if !r.plugin.is_empty() => Some(r.plugin.clone()),
             _ => None,
         };
-        if let Some(reason) = &stop_reason {
+        if let (Some(reason), None) = (&stop_reason, &error) {
             self.metrics.progress.println(&format!("stopping after step {last_step}: {reason}"));
         }
         if let Some(reason) = last_save {
@@ -58,7 +58,8 @@ impl Run {
             }
         }
         if stop.is_some() && !self.metrics.emitted.is_empty() {
-            self.emit_metrics(last_step, self.learner.schedule.lr(last_step), StepPlan::NONE);
+            // Only what plugins and evaluation emitted: no core metrics, no collective.
+            self.emit_metrics(last_step, self.learner.schedule.lr(last_step), StepPlan::NONE)?;
         }
         self.host.wait_saves();
         self.learner.loader = None;

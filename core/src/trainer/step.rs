@@ -44,11 +44,8 @@ impl Run {
         let device = self.env.device;
         let stop = match panic::catching(|| self.steps(&mut reached)) {
             Ok(Ok(stop)) => stop,
-            Ok(Err(error)) => {
-                let failure = RunError::from_error(&error, reached.running, device);
-                tracing::error!("{failure}");
-                Some(Stop::Failed(failure))
-            }
+            // The error reaches the user as `Outcome.summary.error` (the CLI prints it).
+            Ok(Err(error)) => Some(Stop::Failed(RunError::from_error(&error, reached.running, device))),
             Err(panic) => Some(Stop::Failed(RunError::from_panic(panic, reached.running, device))),
         };
         self.finish(reached.done, stop, started)
@@ -191,7 +188,7 @@ impl Run {
         }
         // Metrics first: a checkpoint plugin scores this step's checkpoint by them.
         if plan.has(Hook::Metrics) || !self.metrics.emitted.is_empty() {
-            self.emit_metrics(step, lr, plan);
+            self.emit_metrics(step, lr, plan)?;
         }
         if plan.has(Hook::Checkpoint) && stop.is_none() {
             let reason = if step == self.env.total_steps { CheckpointReason::End } else { CheckpointReason::Scheduled };
