@@ -117,3 +117,14 @@ fn a_trace_records_spans_and_operators_and_saves_chrome_json() {
     assert!(text.contains("\"name\": \"ProfilerStep#7\"") || text.contains("\"name\":\"ProfilerStep#7\""), "{}", &text[..text.len().min(2000)]);
     assert!(text.contains("aten::matmul") && text.contains("\"rank\": 3"), "{}", &text[..text.len().min(2000)]);
 }
+
+#[test]
+fn a_span_ends_only_on_the_thread_that_began_it() {
+    let span = trace::Span::begin("moved").unwrap();
+    let ended = std::thread::spawn(move || span.end()).join().unwrap();
+    assert!(ended.unwrap_err().0.contains("thread that began it"));
+    // Dropped on another thread: left open, not ended there.
+    let span = trace::Span::begin("dropped").unwrap();
+    std::thread::spawn(move || drop(span)).join().unwrap();
+    trace::Span::begin("here").unwrap().end().unwrap();
+}

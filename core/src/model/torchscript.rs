@@ -20,7 +20,7 @@ pub struct TorchScript {
     training: bool,
 }
 
-// The module is only used from the training thread that owns the trainer.
+// SAFETY: the module is only used from the training thread that owns the trainer.
 unsafe impl Send for TorchScript {}
 
 impl TorchScript {
