@@ -179,3 +179,39 @@ fn every_unusable_checkpoint_given_to_resume_exits_2() {
         assert!(err.contains("checkpoint") && err.contains(says), "{change}: {err}");
     }
 }
+
+/// A data file truncated under a running job: the next batch that reads past its
+/// new end is an error naming the file (a memory mapping would have been a SIGBUS).
+#[test]
+fn a_data_file_that_becomes_unreadable_fails_the_run_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("text.txt");
+    let text = "the cat sees the ball. a dog follows the long road. ".repeat(4000);
+    std::fs::write(&data, &text).unwrap();
+    let run = dir.path().join("run");
+    let data_set = format!("data.path={:?}", data.display().to_string());
+    let job = |steps: u64| {
+        let mut cmd = gpt(steps, &run, &["--set", "data.kind=\"text\"", "--set", &data_set]);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd
+    };
+    let child = job(1_000_000).spawn().unwrap();
+    // Training is under way once the sink has written a few steps.
+    let jsonl = run.join("metrics.jsonl");
+    while std::fs::read_to_string(&jsonl).map_or(0, |t| t.lines().count()) < 3 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::fs::File::create(&data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked at"), "{}", stderr(&out));
+    let s = summary(&run);
+    assert_eq!(s["status"], "failed", "{s}");
+    assert!(s["error"]["message"].as_str().unwrap().contains(&data.display().to_string()), "names the file: {s}");
+    let last = s["last_step"].as_u64().unwrap();
+    assert_eq!(jsonl_steps(&run), (1..=last).collect::<Vec<_>>(), "every record up to the failing step");
+    // With the file back, the job resumes from its newest checkpoint.
+    std::fs::write(&data, &text).unwrap();
+    let newest = last - last % 2;
+    resumes_from(newest, job(newest + 2), &run);
+}
