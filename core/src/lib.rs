@@ -15,6 +15,7 @@ pub mod hooks;
 pub mod host;
 pub mod model;
 pub mod optim;
+pub mod panic;
 pub mod rng;
 pub mod signals;
 pub mod trainer;

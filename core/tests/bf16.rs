@@ -18,13 +18,13 @@ struct Recording {
 }
 
 impl Model for Recording {
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
-        let logits = self.inner.forward(inputs, train);
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> ptrain_core::Result<Tensor> {
+        let logits = self.inner.forward(inputs, train)?;
         let mut first = self.first.lock().unwrap();
         if train && first.is_none() {
             *first = Some(logits.detach().copy());
         }
-        logits
+        Ok(logits)
     }
 
     fn task(&self) -> Task {
@@ -73,7 +73,7 @@ fn the_first_bf16_loss_is_float32_cross_entropy_of_the_bf16_logits() {
         .unwrap();
     let logits = first.lock().unwrap().take().expect("a training forward");
     assert_eq!(logits.kind(), Kind::BFloat16, "the CPU forward ran in bf16 autocast");
-    let batch = dataset.batch(Split::Train, BatchKey { step: 1, micro: 0, first_sample: 0, count: 4 });
+    let batch = dataset.batch(Split::Train, BatchKey { step: 1, micro: 0, first_sample: 0, count: 4 }).unwrap();
     let vocab = logits.size()[2];
     let ce = |l: &Tensor| l.view([-1, vocab]).cross_entropy_loss::<Tensor>(&batch.targets.view([-1]), None, Reduction::Mean, -100, 0.0);
     let in_float = ce(&logits.to_kind(Kind::Float)).double_value(&[]);

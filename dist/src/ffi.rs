@@ -53,6 +53,7 @@ pub fn check(message: *mut c_char) -> Result<(), String> {
     }
     // SAFETY: a non-null return is a NUL-terminated malloc'ed string we now own.
     let text = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
+    // SAFETY: the shim's malloc'ed memory, freed once, after its last use.
     unsafe { pd_free(message) };
     Err(text.trim_end().to_string())
 }
@@ -68,7 +69,7 @@ pub struct Handles {
     raw: Vec<Raw>,
 }
 
-// The handles point into `tensors`, which are Send.
+// SAFETY: the handles point into `tensors`, which are Send.
 unsafe impl Send for Handles {}
 
 impl Handles {

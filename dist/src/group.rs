@@ -81,15 +81,18 @@ pub struct Group {
     busy_ns: AtomicU64,
 }
 
-// c10d backends take collectives from any thread (they queue them internally); the
+// SAFETY: c10d backends take collectives from any thread (they queue them internally); the
 // trainer issues them from its own thread, in the same order on every rank.
 unsafe impl Send for Group {}
+// SAFETY: as above; the only shared state on the Rust side is `busy_ns`, an atomic.
 unsafe impl Sync for Group {}
 
 /// A collective in flight. Dropping it without waiting abandons the result.
 #[must_use = "a collective is only done once waited for"]
 pub struct Work(*mut PdWork);
 
+// SAFETY: a handle to c10d's `Work`, which may be waited for on any thread; the
+// owner waits for it (or drops it) exactly once.
 unsafe impl Send for Work {}
 
 impl Work {

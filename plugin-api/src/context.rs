@@ -165,7 +165,10 @@ pub struct StepContext<'a> {
     pub rank: u32,
     pub world_size: u32,
     pub device: DeviceInfo<'a>,
-    /// Core scalars computed for this step, when some sink was due.
+    /// At `Eval`, the evaluation's scalars (`eval/loss`, and `eval/accuracy` for
+    /// classifiers). Empty at the step hooks: the loss is a device tensor, and
+    /// reading it is a sync the loop does not pay for plugins that did not ask
+    /// (ask for `Needs::LOSS` and read `tensors.loss`).
     pub scalars: RSlice<'a, Scalar<'a>>,
     /// The batch's tensors an attachment asked for (`Needs::LOSS`, `LOGITS`, ...).
     pub tensors: StepTensors,
@@ -179,7 +182,7 @@ pub struct StepContext<'a> {
 }
 
 impl StepContext<'_> {
-    /// A core scalar by name (`train/loss`, `eval/loss`, ...), if computed this step.
+    /// A scalar by name (`eval/loss`, `eval/accuracy` at `Eval`), if there is one.
     pub fn scalar(&self, name: &str) -> Option<f64> {
         self.scalars.iter().find(|s| s.name.as_str() == name).map(|s| s.value)
     }

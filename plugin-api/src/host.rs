@@ -39,8 +39,9 @@ pub struct HostApi {
     pub detach: extern "C" fn(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>),
 }
 
-// The host's context is a `'static` object that is itself thread-safe.
+// SAFETY: the host's context is a `'static` object that is itself thread-safe.
 unsafe impl Send for HostApi {}
+// SAFETY: as above; the function pointers are plain `extern "C" fn`s.
 unsafe impl Sync for HostApi {}
 
 impl HostApi {

@@ -23,7 +23,7 @@ pub fn run(cmd: CheckpointsCommand) -> anyhow::Result<ExitCode> {
                     Err(e) => format!("INVALID: {e}"),
                 };
                 let mark = if latest.as_deref() == path.file_name().and_then(|n| n.to_str()) { " <- latest" } else { "" };
-                println!("step {step:>8}  {}  {status}{mark}", path.display());
+                outln!("step {step:>8}  {}  {status}{mark}", path.display());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -34,7 +34,7 @@ pub fn run(cmd: CheckpointsCommand) -> anyhow::Result<ExitCode> {
             }
             match found {
                 Some(path) => {
-                    println!("{}", path.display());
+                    outln!("{}", path.display());
                     Ok(ExitCode::SUCCESS)
                 }
                 None => {

@@ -21,9 +21,9 @@ pub struct ConfigArgs {
 
 pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     if args.default {
-        print!("{}", ptrain_core::config::DEFAULT_TOML);
+        out!("{}", ptrain_core::config::DEFAULT_TOML);
     } else {
-        print!("{}", ConfigBuilder::layered(&args.config, &args.set)?.build()?.to_toml());
+        out!("{}", ConfigBuilder::layered(&args.config, &args.set)?.build()?.to_toml());
     }
     Ok(ExitCode::SUCCESS)
 }

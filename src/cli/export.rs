@@ -43,7 +43,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let done = ptrain_core::model::hf::export(&args.checkpoint, &args.out, !args.no_tokenizer)?;
     let mut files = vec!["config.json".to_string(), format!("model.safetensors ({} tensors)", done.tensors)];
     files.extend(done.tokenizer_files.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()));
-    println!("exported step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));
-    println!("load it with transformers.AutoModelForCausalLM.from_pretrained({:?})", done.out.display().to_string());
+    outln!("exported step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));
+    outln!("load it with transformers.AutoModelForCausalLM.from_pretrained({:?})", done.out.display().to_string());
     Ok(ExitCode::SUCCESS)
 }

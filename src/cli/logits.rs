@@ -64,6 +64,6 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<ExitCode> {
     let result = probe::probe(&config, recorded.as_deref(), batch)?;
     result.write(&args.out)?;
     let loss = result.loss.as_ref().map_or("-".to_string(), |l| format!("{:.6}", l.double_value(&[])));
-    println!("logits {:?}, loss {loss}: {}", result.logits.size(), args.out.display());
+    outln!("logits {:?}, loss {loss}: {}", result.logits.size(), args.out.display());
     Ok(ExitCode::SUCCESS)
 }

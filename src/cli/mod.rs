@@ -1,5 +1,30 @@
 //! The `ptrain` command line.
 
+/// `println!` for what commands print on stdout. A reader that stopped reading
+/// (`ptrain plugins list | head -1`) has what it wanted: a broken pipe ends the
+/// process quietly with exit 0 instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!`, as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `println!` for a run's closing lines: a closed stdout loses them (the summary
+/// is in `summary.json`) but not the run's exit code.
+macro_rules! reportln {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 mod checkpoints;
 mod config;
 mod export;
@@ -87,4 +112,18 @@ fn init_logging(quiet: bool) {
         .with_target(false)
         .with_timer(tracing_subscriber::fmt::time::uptime())
         .try_init();
+}
+
+/// Writes to stdout (see [`outln!`]): exit 0 on a broken pipe, exit 1 with a
+/// message on any other write error.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
 }

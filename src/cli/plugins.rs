@@ -54,23 +54,23 @@ fn describe(lib: &loader::PluginLibrary, path: &std::path::Path) -> String {
 pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         PluginsCommand::List => {
-            println!("this ptrain loads plugins built against ptrain-plugin-api {}", ptrain_plugin_api::API_VERSION);
+            outln!("this ptrain loads plugins built against ptrain-plugin-api {}", ptrain_plugin_api::API_VERSION);
             let found = available();
             if found.is_empty() {
                 let dirs: Vec<String> = search_dirs().iter().map(|d| d.display().to_string()).collect();
-                println!("no plugins found in {}", dirs.join(", "));
+                outln!("no plugins found in {}", dirs.join(", "));
             }
             for (name, path) in found {
                 match loader::load(&path) {
-                    Ok(lib) => print!("{}", describe(&lib, &path)),
-                    Err(e) => println!("{name}: cannot load: {e}"),
+                    Ok(lib) => out!("{}", describe(&lib, &path)),
+                    Err(e) => outln!("{name}: cannot load: {e}"),
                 }
             }
         }
         PluginsCommand::Info { name } => {
             let path = resolve(&name)?;
             let lib = loader::load(&path)?;
-            print!("{}", describe(&lib, &path));
+            out!("{}", describe(&lib, &path));
         }
         PluginsCommand::New { name, sink, dir } => super::scaffold::run(&name, sink, dir)?,
     }

@@ -8,9 +8,11 @@ use ptrain_core::{config::DeviceChoice, Config, ConfigBuilder, Resume, Trainer};
 /// The exit codes of `ptrain run`, for `--help`.
 const EXIT_CODES: &str = "Exit codes:
   0        the run completed, or a plugin ended it early as done (request_stop: early-stop)
-  1        training failed (or stopped: non-finite losses, a save error with on_save_error = \"stop\", a plugin's
-           request_failure_stop)
-  2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin options
+  1        training failed (an error, a panic, out of memory, a data worker's death: summary.json has status
+           \"failed\" and the error; the sinks are drained, the newest checkpoint is kept), or stopped
+           (non-finite losses, a save error with on_save_error = \"stop\", a plugin's request_failure_stop)
+  2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin
+           options, a checkpoint given to --resume that cannot be used
   3        the run completed, but a plugin failed and --strict-plugins (run.strict_plugins) is set
   130/143  interrupted by SIGINT/SIGTERM after saving an emergency checkpoint";
 
@@ -96,9 +98,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let outcome = trainer.run()?;
     let s = &outcome.summary;
+    if let Some(error) = &s.error {
+        eprintln!("error: {error}");
+    }
     let loss = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
-    println!(
-        "{}: {} steps in {:.2}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}",
+    let problems = problems(s);
+    reportln!(
+        "{}: {} steps in {:.2}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}{}",
         s.status,
         s.steps,
         s.wall_s,
@@ -107,16 +113,53 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         s.device,
         loss(s.first_loss),
         loss(s.final_loss),
-        loss(s.final_eval_loss)
+        loss(s.final_eval_loss),
+        if problems.is_empty() { String::new() } else { format!("; but {}", problems.join("; ")) }
     );
     for failure in &s.plugin_failures {
-        println!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
+        reportln!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
     }
     if outcome.exit_code == ptrain_core::trainer::EXIT_PLUGIN_FAILED {
-        println!("exit {}: a plugin failed, and run.strict_plugins is set", outcome.exit_code);
+        reportln!("exit {}: a plugin failed, and run.strict_plugins is set", outcome.exit_code);
     }
     if rank == 0 {
-        println!("summary: {}", outcome.run_dir.join("summary.json").display());
+        reportln!("summary: {}", outcome.run_dir.join("summary.json").display());
     }
     Ok(ExitCode::from(outcome.exit_code as u8))
+}
+
+/// What went wrong along the way that a user must know though the run went on:
+/// failed saves (and how old the newest checkpoint is), plugins disabled, detached
+/// or given up on, metrics batches dropped from full queues.
+fn problems(s: &ptrain_core::Summary) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, report) in &s.plugins {
+        let failed = report.get("failed").and_then(|v| v.as_u64()).unwrap_or(0);
+        if failed == 0 {
+            continue;
+        }
+        // A checkpoint plugin lists the checkpoints it kept; others only count.
+        let kept = report.get("kept").and_then(|k| k.as_array());
+        let newest = kept.and_then(|k| k.iter().filter_map(|v| v.as_u64()).max());
+        out.push(match (kept, newest) {
+            (_, Some(step)) => {
+                format!("{failed} {name} save(s) failed, the newest checkpoint is step {step} ({} steps old)", s.last_step.saturating_sub(step))
+            }
+            (Some(_), None) => format!("{failed} {name} save(s) failed, and there is no checkpoint"),
+            (None, _) => format!("{failed} {name} write(s) failed"),
+        });
+    }
+    for f in &s.plugin_failures {
+        out.push(format!("plugin {} disabled (failed in {} at step {})", f.plugin, f.hook, f.step));
+    }
+    for (name, why) in &s.detached_plugins {
+        out.push(format!("plugin {name} left the schedule ({why})"));
+    }
+    for (name, lost) in &s.abandoned_plugins {
+        out.push(format!("plugin {name} abandoned at the end with {lost} event(s) unhandled"));
+    }
+    for (name, dropped) in s.queue_drops.iter().filter(|(_, n)| **n > 0) {
+        out.push(format!("plugin {name} dropped {dropped} metrics batch(es) from its full queue"));
+    }
+    out
 }

@@ -180,14 +180,14 @@ fn ptrain_exe() -> String {
 /// Seeds the plugin build cache for an inline plugin, or says why there is nothing to do.
 fn prepare_cache(origin: &Origin, sink: bool) {
     let Some(cache) = &origin.cache else {
-        return println!("  builds in ./target alone: the first build compiles libtorch's bindings (minutes)");
+        return outln!("  builds in ./target alone: the first build compiles libtorch's bindings (minutes)");
     };
     let lock = origin.checkout.join("Cargo.lock");
     match &origin.build_dir {
-        _ if sink => println!("  builds in the plugin build cache {} (a sink needs no libtorch)", cache.display()),
-        _ if has_torch_sys(cache) => println!("  builds in the plugin build cache {}, which has torch-sys", cache.display()),
+        _ if sink => outln!("  builds in the plugin build cache {} (a sink needs no libtorch)", cache.display()),
+        _ if has_torch_sys(cache) => outln!("  builds in the plugin build cache {}, which has torch-sys", cache.display()),
         Some(build) => match plugin_cache::seed(build, cache, &lock) {
-            Ok(bytes) => println!(
+            Ok(bytes) => outln!(
                 "  builds in the plugin build cache {}, seeded from ptrain's build in {} ({} MB): torch-sys is not compiled again",
                 cache.display(),
                 build.display(),
@@ -196,7 +196,7 @@ fn prepare_cache(origin: &Origin, sink: bool) {
             // The crate is written: a cache that could not be seeded only makes the first build slower.
             Err(e) => eprintln!("warning: could not seed the plugin build cache {}: {e:#}; the first build compiles torch-sys (minutes)", cache.display()),
         },
-        None => println!(
+        None => outln!(
             "  builds in the plugin build cache {}; no ptrain build was found to seed it from: the first build compiles libtorch's bindings (minutes)",
             cache.display()
         ),
@@ -221,11 +221,11 @@ pub fn run(name: &str, sink: bool, dir: Option<PathBuf>) -> anyhow::Result<()> {
         std::fs::copy(&lock, dir.join("Cargo.lock")).with_context(|| format!("copying {}", lock.display()))?;
     }
     let kind = if sink { "a sink (worker thread): metrics batches to CSV" } else { "inline: reads gradients every 20 steps" };
-    println!("created plugin `{name}` in {}, {kind}", dir.display());
-    println!("  plugin-api: {}", origin.checkout.join("plugin-api").display());
+    outln!("created plugin `{name}` in {}, {kind}", dir.display());
+    outln!("  plugin-api: {}", origin.checkout.join("plugin-api").display());
     prepare_cache(&origin, sink);
-    println!("next:\n  cd {} && cargo build --release && cargo test --release", dir.display());
-    println!("  PTRAIN_PLUGIN_PATH=$PWD/target/release {} run --plugins {name}", ptrain_exe());
+    outln!("next:\n  cd {} && cargo build --release && cargo test --release", dir.display());
+    outln!("  PTRAIN_PLUGIN_PATH=$PWD/target/release {} run --plugins {name}", ptrain_exe());
     Ok(())
 }
 

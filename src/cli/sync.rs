@@ -61,9 +61,9 @@ pub fn run(cmd: SyncCommand) -> anyhow::Result<ExitCode> {
             match (&report.run_url, report.items_sent + report.items_refused) {
                 (Some(url), n) if n > 0 => {
                     let created = if report.created { " (created now)" } else { "" };
-                    println!("mlflow: sent {} ({n} pending items) to {url}{created}", report.sent);
+                    outln!("mlflow: sent {} ({n} pending items) to {url}{created}", report.sent);
                 }
-                _ => println!("mlflow: nothing to send ({} pending items were sent before)", report.items_before),
+                _ => outln!("mlflow: nothing to send ({} pending items were sent before)", report.items_before),
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -45,11 +45,11 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
                 "source": t.source, "bytes": bytes, "file": t.file, "tokens": t.tokens, "dtype": format!("uint{}", t.width * 8),
                 "reused": t.reused, "seconds": t.seconds, "tokens_per_s": if t.reused { None } else { Some(rate) },
             });
-            println!("{row}");
+            outln!("{row}");
         } else if t.reused {
-            println!("{}: {} tokens, reused {}", t.source.display(), t.tokens, t.file.display());
+            outln!("{}: {} tokens, reused {}", t.source.display(), t.tokens, t.file.display());
         } else {
-            println!("{}: {} tokens in {:.2}s ({rate:.0} tokens/s) -> {}", t.source.display(), t.tokens, t.seconds, t.file.display());
+            outln!("{}: {} tokens in {:.2}s ({rate:.0} tokens/s) -> {}", t.source.display(), t.tokens, t.seconds, t.file.display());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -16,16 +16,22 @@ extern "C" {
 /// Makes each parameter's `.grad` a view of `flat`, in order from offset 0, so
 /// backward accumulates into `flat`.
 pub fn attach_flat(params: &TensorList, flat: &Tensor) -> Result<(), TorchError> {
+    // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+    // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe { ptx_attach_flat_grads(params.ptr(), params.len() as i64, flat.as_ptr() as Raw) })
 }
 
 /// Sets every parameter's `.grad` to undefined (PyTorch's `grad = None`).
 pub fn detach(params: &TensorList) -> Result<(), TorchError> {
+    // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+    // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe { ptx_detach_grads(params.ptr(), params.len() as i64) })
 }
 
 fn storage(t: &Tensor, grad: bool) -> Result<(u64, u64), TorchError> {
     let (mut address, mut nbytes) = (0, 0);
+    // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+    // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe { ptx_storage(t.as_ptr() as Raw, grad, &mut address, &mut nbytes) })?;
     Ok((address, nbytes))
 }

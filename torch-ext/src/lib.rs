@@ -87,6 +87,7 @@ fn check(message: *mut c_char) -> Result<(), TorchError> {
     }
     // SAFETY: a non-null return is a NUL-terminated malloc'ed string we now own.
     let text = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
+    // SAFETY: the shim's malloc'ed memory, freed once, after its last use.
     unsafe { ptx_free(message) };
     Err(TorchError(text))
 }
@@ -97,7 +98,7 @@ pub struct TensorList {
     raw: Vec<Raw>,
 }
 
-// The handles are owned by `tensors`, which are Send.
+// SAFETY: the handles are owned by `tensors`, which are Send.
 unsafe impl Send for TensorList {}
 
 impl TensorList {
@@ -156,6 +157,8 @@ pub fn fused_adamw(
 ) -> Result<(), TorchError> {
     let n = params.len();
     assert!(grads.len() == n && exp_avgs.len() == n && exp_avg_sqs.len() == n && steps.len() == n);
+    // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+    // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe {
         ptx_fused_adamw(
             params.ptr(),
@@ -188,6 +191,8 @@ pub struct Sgd {
 pub fn fused_sgd(params: &TensorList, grads: &TensorList, momentum_bufs: &TensorList, hp: Sgd, found_inf: Option<&Tensor>) -> Result<(), TorchError> {
     let n = params.len();
     assert!(grads.len() == n && (hp.momentum == 0.0 || momentum_bufs.len() == n));
+    // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+    // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe {
         ptx_fused_sgd(params.ptr(), grads.ptr(), momentum_bufs.ptr(), n as i64, hp.lr, hp.momentum, hp.weight_decay, hp.nesterov, opt(found_inf))
     })
@@ -197,6 +202,8 @@ pub fn fused_sgd(params: &TensorList, grads: &TensorList, momentum_bufs: &Tensor
 /// all on the device (as `clip_grad_norm_(foreach=True)`).
 pub fn clip_grad_norm(grads: &TensorList, max_norm: f64) -> Result<Tensor, TorchError> {
     let mut out: Raw = std::ptr::null_mut();
+    // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+    // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe { ptx_clip_grad_norm(grads.ptr(), grads.len() as i64, max_norm, &mut out) })?;
     // SAFETY: the shim returns a new heap `at::Tensor*`, which Tensor now owns.
     Ok(unsafe { Tensor::from_ptr(out as *mut _) })
@@ -204,6 +211,8 @@ pub fn clip_grad_norm(grads: &TensorList, max_norm: f64) -> Result<Tensor, Torch
 
 /// `torch._foreach_zero_`.
 pub fn zero_all(tensors: &TensorList) -> Result<(), TorchError> {
+    // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+    // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe { ptx_foreach_zero(tensors.ptr(), tensors.len() as i64) })
 }
 
@@ -214,6 +223,8 @@ pub mod profiler {
     use super::*;
 
     pub fn start() -> Result<(), TorchError> {
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_profiler_start() })
     }
 
@@ -221,6 +232,8 @@ pub mod profiler {
     /// operator calls had a FLOP formula.
     pub fn stop() -> Result<(u64, u64), TorchError> {
         let (mut flops, mut ops) = (0, 0);
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_profiler_stop(&mut flops, &mut ops) })?;
         Ok((flops, ops))
     }
@@ -243,11 +256,15 @@ pub mod profiler {
     /// Starts counting FLOPs on this thread (and the autograd threads it feeds)
     /// with the legacy CPU profiler, which unlike Kineto needs no GPU tracer.
     pub fn count_start() -> Result<(), TorchError> {
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_flop_count_start() })
     }
 
     pub fn count_stop() -> Result<FlopCounts, TorchError> {
         let mut out = [0u64; 5];
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_flop_count_stop(out.as_mut_ptr()) })?;
         Ok(FlopCounts { matmul: out[0], elementwise: out[1], attention: out[2], counted_ops: out[3], attention_ops: out[4] })
     }
@@ -262,6 +279,8 @@ pub mod foreach {
     /// non-zero entries (NaN and infinities count as non-zero).
     pub fn norms(ts: &TensorList, ord: f64) -> Result<Tensor, TorchError> {
         let mut out: Raw = std::ptr::null_mut();
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_foreach_norm(ts.ptr(), ts.len() as i64, ord, &mut out) })?;
         // SAFETY: the shim returns a new heap `at::Tensor*`, which Tensor now owns.
         Ok(unsafe { Tensor::from_ptr(out as *mut _) })
@@ -270,12 +289,16 @@ pub mod foreach {
     /// `a[i] -= b[i]` in place (`torch._foreach_sub_`).
     pub fn sub_(a: &TensorList, b: &TensorList) -> Result<(), TorchError> {
         assert_eq!(a.len(), b.len());
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_foreach_sub_(a.ptr(), b.ptr(), a.len() as i64) })
     }
 
     /// `ts[i] * scalar` as new tensors (`torch._foreach_mul`).
     pub fn mul_scalar(ts: &TensorList, scalar: f64) -> Result<TensorList, TorchError> {
         let mut out: Vec<Raw> = vec![std::ptr::null_mut(); ts.len()];
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_foreach_mul_scalar(ts.ptr(), ts.len() as i64, scalar, out.as_mut_ptr()) })?;
         // SAFETY: each is a new heap `at::Tensor*` the shim hands over.
         Ok(TensorList::new(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p as *mut _) }).collect()))
@@ -306,11 +329,15 @@ pub mod trace {
 
     /// The schedule's warm-up: the tracer is set up and records nothing yet.
     pub fn prepare(o: Options) -> Result<(), TorchError> {
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_trace_prepare(o.cuda, o.shapes, o.memory) })
     }
 
     /// Starts recording on this thread (after [`prepare`]).
     pub fn start(o: Options) -> Result<(), TorchError> {
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_trace_start(o.cuda, o.shapes, o.memory) })
     }
 
@@ -318,13 +345,15 @@ pub mod trace {
     /// trace, as torch.profiler adds `distributedInfo`.
     pub fn metadata(key: &str, value_json: &str) -> Result<(), TorchError> {
         let (key, value) = (c_string(key)?, c_string(value_json)?);
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_trace_metadata(key.as_ptr(), value.as_ptr()) })
     }
 
     /// A recorded trace, to be written (on any thread) with [`Recorded::save`].
     pub struct Recorded(Raw);
 
-    // The result is plain data once the profiler is disabled; it is used by one
+    // SAFETY: the result is plain data once the profiler is disabled; it is used by one
     // thread at a time.
     unsafe impl Send for Recorded {}
 
@@ -332,12 +361,15 @@ pub mod trace {
         /// Chrome trace JSON at `path`, as `export_chrome_trace` writes it.
         pub fn save(&self, path: &std::path::Path) -> Result<(), TorchError> {
             let path = c_string(&path.to_string_lossy())?;
+            // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+            // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
             check(unsafe { ptx_trace_save(self.0, path.as_ptr()) })
         }
     }
 
     impl Drop for Recorded {
         fn drop(&mut self) {
+            // SAFETY: the handle came from `ptx_trace_stop` and is freed once, here.
             unsafe { ptx_trace_free(self.0) }
         }
     }
@@ -354,31 +386,48 @@ pub mod trace {
     }
 
     /// A user-scope span in the trace (`torch.profiler.record_function`), open
-    /// until [`Span::end`] (or drop). End it on the thread that began it.
-    pub struct Span(Raw);
+    /// until [`Span::end`] (or drop). libtorch's record functions must end on the
+    /// thread that began them: a span moved to another thread is not ended there
+    /// (`end` returns an error, drop leaves it open) rather than ended wrongly.
+    pub struct Span {
+        handle: Raw,
+        thread: std::thread::ThreadId,
+    }
 
-    // Owners (inline plugins) move with their thread's work but use a span only on
-    // the thread that began it, as libtorch's record functions require.
+    // SAFETY: the handle is only used on the thread that began the span (`end` and
+    // drop check `thread`), so moving the owner between threads never touches it
+    // elsewhere.
     unsafe impl Send for Span {}
 
     impl Span {
         pub fn begin(name: &str) -> Result<Span, TorchError> {
             let name = c_string(name)?;
             let mut handle: Raw = std::ptr::null_mut();
+            // SAFETY: the shim reads the NUL-terminated `name` and writes the new
+            // record's handle into our local; C++ exceptions come back as a message.
             check(unsafe { ptx_record_begin(name.as_ptr(), &mut handle) })?;
-            Ok(Span(handle))
+            Ok(Span { handle, thread: std::thread::current().id() })
         }
 
+        /// Ends the span; an error on any thread but the one that began it.
         pub fn end(mut self) -> Result<(), TorchError> {
-            let handle = std::mem::replace(&mut self.0, std::ptr::null_mut());
+            if std::thread::current().id() != self.thread {
+                self.handle = std::ptr::null_mut();
+                return Err(TorchError("a trace span must end on the thread that began it".into()));
+            }
+            let handle = std::mem::replace(&mut self.handle, std::ptr::null_mut());
+            // SAFETY: the handle came from `ptx_record_begin`, on this thread (checked
+            // above), and is ended once: `self.handle` is null from here on.
             check(unsafe { ptx_record_end(handle) })
         }
     }
 
     impl Drop for Span {
         fn drop(&mut self) {
-            if !self.0.is_null() {
-                let _ = check(unsafe { ptx_record_end(self.0) });
+            if !self.handle.is_null() && std::thread::current().id() == self.thread {
+                // SAFETY: the handle came from `ptx_record_begin` on this thread and
+                // was not ended (`end` nulls it).
+                let _ = check(unsafe { ptx_record_end(self.handle) });
             }
         }
     }
@@ -386,6 +435,8 @@ pub mod trace {
     /// `torch.cuda.memory._record_memory_history`: on with up to `max_entries`
     /// events, or off. An error without CUDA.
     pub fn cuda_memory_history(enabled: bool, max_entries: i64) -> Result<(), TorchError> {
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_cuda_memory_history(enabled, max_entries) })
     }
 
@@ -393,9 +444,12 @@ pub mod trace {
     /// PyTorch's memory viz). An error without CUDA.
     pub fn cuda_memory_snapshot() -> Result<Vec<u8>, TorchError> {
         let (mut out, mut len): (*mut c_char, i64) = (std::ptr::null_mut(), 0);
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_cuda_memory_snapshot(&mut out, &mut len) })?;
         // SAFETY: `len` malloc'ed bytes, now ours to copy and free.
         let bytes = unsafe { std::slice::from_raw_parts(out as *const u8, len as usize) }.to_vec();
+        // SAFETY: the shim's malloc'ed memory, freed once, after its last use.
         unsafe { ptx_free(out) };
         Ok(bytes)
     }
@@ -406,11 +460,14 @@ pub mod trace {
 /// On leaving, the autocast state before it (enabled flag and dtype) is back.
 pub fn autocast_bf16<T>(cuda: bool, f: impl FnOnce() -> T) -> Result<T, TorchError> {
     let (mut was_enabled, mut was_dtype) = (false, 0);
+    // SAFETY: the shim writes only through out-pointers to our locals; it catches C++
+    // exceptions and returns them as a message.
     check(unsafe { ptx_autocast_enter(cuda, &mut was_enabled, &mut was_dtype) })?;
     // Leaves the region even if `f` panics.
     struct Exit(bool, bool, i32);
     impl Drop for Exit {
         fn drop(&mut self) {
+            // SAFETY: the shim takes plain values and catches C++ exceptions.
             let _ = check(unsafe { ptx_autocast_exit(self.0, self.1, self.2) });
         }
     }
@@ -457,14 +514,20 @@ pub mod cuda {
 
     /// Whether this build has the CUDA parts (libtorch had CUDA at build time).
     pub fn compiled() -> bool {
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         unsafe { ptx_cuda_compiled() }
     }
 
     pub fn device_count() -> i64 {
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         unsafe { ptx_cuda_device_count() }
     }
 
     pub fn empty_cache() -> Result<(), TorchError> {
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_cuda_empty_cache() })
     }
 
@@ -478,13 +541,18 @@ pub mod cuda {
 
     pub fn memory(device: i32) -> Result<Memory, TorchError> {
         let mut m = Memory::default();
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_cuda_memory(device, &mut m.allocated, &mut m.peak, &mut m.reserved) })?;
         Ok(m)
     }
 
     pub fn device_name(device: i32) -> Result<String, TorchError> {
         let mut buffer = [0 as c_char; 256];
+        // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
+        // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
         check(unsafe { ptx_cuda_device_name(device, buffer.as_mut_ptr(), buffer.len() as i64) })?;
+        // SAFETY: the shim wrote a NUL-terminated name into `buffer`, truncated to its length.
         Ok(unsafe { CStr::from_ptr(buffer.as_ptr()) }.to_string_lossy().into_owned())
     }
 }

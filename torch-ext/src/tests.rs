@@ -142,3 +142,14 @@ fn pinning_passes_no_device_and_pins_on_a_gpu() {
     assert!(is_pinned(&pinned).unwrap());
     assert_eq!(Vec::<f32>::try_from(&pinned).unwrap(), [1.0, 2.0]);
 }
+
+#[test]
+fn a_span_ends_only_on_the_thread_that_began_it() {
+    let span = trace::Span::begin("moved").unwrap();
+    let ended = std::thread::spawn(move || span.end()).join().unwrap();
+    assert!(ended.unwrap_err().0.contains("thread that began it"));
+    // Dropped on another thread: left open, not ended there.
+    let span = trace::Span::begin("dropped").unwrap();
+    std::thread::spawn(move || drop(span)).join().unwrap();
+    trace::Span::begin("here").unwrap().end().unwrap();
+}

@@ -247,9 +247,9 @@ impl Loop {
     fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
         if self.autocast {
             let model = &mut self.model;
-            ext::autocast_bf16(self.device.is_cuda(), || model.forward(inputs, train)).expect("autocast")
+            ext::autocast_bf16(self.device.is_cuda(), || model.forward(inputs, train)).expect("autocast").expect("forward")
         } else {
-            self.model.forward(inputs, train)
+            self.model.forward(inputs, train).expect("forward")
         }
     }
 
@@ -262,7 +262,7 @@ impl Loop {
             let mut acc = Tensor::zeros([3], (Kind::Double, self.device));
             for i in 0..batches {
                 let key = BatchKey { step: i, micro: 0, first_sample: 0, count: b };
-                let batch = self.dataset.batch(Split::Val, key).to_device(self.device, false);
+                let batch = self.dataset.batch(Split::Val, key).expect("batch").to_device(self.device, false);
                 let logits = self.forward(&batch.inputs, false);
                 let loss = model::loss(self.task, &logits, &batch.targets).to_kind(Kind::Double);
                 let right = match self.task {
@@ -346,7 +346,7 @@ fn run(args: Args) -> Result<serde_json::Value, Error> {
         }
         let mut step_loss: Option<Tensor> = None;
         for micro in 0..accum {
-            let batch = lp.dataset.batch(Split::Train, BatchKey { step, micro, first_sample: 0, count: b }).to_device(device, false);
+            let batch = lp.dataset.batch(Split::Train, BatchKey { step, micro, first_sample: 0, count: b }).expect("batch").to_device(device, false);
             let logits = lp.forward(&batch.inputs, true);
             let loss = model::loss(task, &logits, &batch.targets);
             // Out of place, as ptrain: the mean over the micro-batches.

@@ -23,6 +23,25 @@ pub struct DebugConfig {
     /// (`updated/<name>`): for checking plugins against a reference.
     #[serde(default)]
     pub dump_tensors_at: Vec<u64>,
+    /// A libtorch error (a failing `f_` op) in this step's forward pass: the run
+    /// fails (exit 1, `summary.json` status `failed`). 0 = never.
+    #[serde(default)]
+    pub fail_at_step: u64,
+    /// An allocation of `alloc_bytes` on the run's device in this step: out of
+    /// memory, as a too-large model or batch would be. 0 = never.
+    #[serde(default)]
+    pub alloc_at_step: u64,
+    #[serde(default = "default_alloc_bytes")]
+    pub alloc_bytes: u64,
+    /// A data worker (or, with `data.num_workers = 0`, the loop itself) panics
+    /// producing this step's batch. 0 = never.
+    #[serde(default)]
+    pub data_panic_at_step: u64,
+}
+
+/// 1 PiB: more than any machine has, and more than a 47-bit address space maps.
+fn default_alloc_bytes() -> u64 {
+    1 << 50
 }
 
 fn default_spike_factor() -> f64 {

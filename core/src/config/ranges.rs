@@ -152,6 +152,10 @@ pub const RULES: &[(&str, Range)] = &[
     ("debug.grad_spike_at[]", int(1)),
     ("debug.grad_spike_factor", positive()),
     ("debug.dump_tensors_at[]", int(1)),
+    ("debug.fail_at_step", int(0)),
+    ("debug.alloc_at_step", int(0)),
+    ("debug.alloc_bytes", int(1)),
+    ("debug.data_panic_at_step", int(0)),
 ];
 
 fn number(value: &toml::Value) -> Option<f64> {

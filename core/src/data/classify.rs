@@ -174,7 +174,7 @@ fn read_jsonl(path: &Path, default_name: Option<&str>, width: &mut Option<usize>
 }
 
 impl Dataset for Classification {
-    fn batch(&self, split: Split, key: BatchKey) -> Batch {
+    fn batch(&self, split: Split, key: BatchKey) -> Result<Batch> {
         let (b, f) = (key.count as usize, self.features);
         let mut features = Vec::with_capacity(b * f);
         let mut labels = Vec::with_capacity(b);
@@ -191,13 +191,13 @@ impl Dataset for Classification {
             labels.push(rows.labels[r]);
             ids.push(d as i64);
         }
-        Batch {
-            inputs: Tensor::from_slice(&features).view([b as i64, f as i64]),
-            targets: Tensor::from_slice(&labels),
-            dataset_ids: Some(Tensor::from_slice(&ids)),
+        Ok(Batch {
+            inputs: Tensor::f_from_slice(&features)?.f_view([b as i64, f as i64])?,
+            targets: Tensor::f_from_slice(&labels)?,
+            dataset_ids: Some(Tensor::f_from_slice(&ids)?),
             samples: b as i64,
             tokens: b as i64,
-        }
+        })
     }
 
     fn dataset_names(&self) -> Vec<String> {

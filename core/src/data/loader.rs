@@ -1,6 +1,10 @@
 //! Background batch production. Worker `w` of `n` produces draws `w, w+n, ...` in
 //! order into its own bounded channel, and the loop reads the channels round-robin,
 //! so the order is exactly the single-threaded order.
+//!
+//! A worker that fails (the dataset's error, or a panic, caught) sends the failure
+//! in place of the batch and stops: the loop gets it as an error at that draw and
+//! ends the run through its normal end.
 
 use std::{
     sync::{mpsc, Arc},
@@ -10,6 +14,10 @@ use std::{
 use tch::Device;
 
 use super::{Batch, BatchKey, Dataset, Split};
+use crate::{
+    error::{Error, Result},
+    panic,
+};
 
 /// Maps the n-th draw (from 0) of this run to its key.
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +44,7 @@ pub struct Loader {
     plan: DrawPlan,
     dataset: Arc<dyn Dataset>,
     pin: Option<Device>,
-    receivers: Vec<mpsc::Receiver<Batch>>,
+    receivers: Vec<mpsc::Receiver<Result<Batch>>>,
     workers: Vec<JoinHandle<()>>,
     next: u64,
 }
@@ -54,11 +62,12 @@ impl Loader {
                 .spawn(move || {
                     let mut draw = w as u64;
                     loop {
-                        let mut batch = dataset.batch(Split::Train, plan.key(draw));
-                        if pin.is_some() {
-                            batch = batch.pinned();
-                        }
-                        if tx.send(batch).is_err() {
+                        let batch = match panic::catching(|| produce(dataset.as_ref(), plan.key(draw), pin)) {
+                            Ok(batch) => batch,
+                            Err(p) => Err(Error::Other(format!("data worker {w} died producing step {}: {p}", plan.key(draw).step))),
+                        };
+                        let failed = batch.is_err();
+                        if tx.send(batch).is_err() || failed {
                             return;
                         }
                         draw += workers as u64;
@@ -72,16 +81,27 @@ impl Loader {
     }
 
     /// The next micro-batch, on the host. Blocks while the workers are behind.
-    pub fn next_batch(&mut self) -> Batch {
+    pub fn next_batch(&mut self) -> Result<Batch> {
         let draw = self.next;
         self.next += 1;
         if self.receivers.is_empty() {
-            let batch = self.dataset.batch(Split::Train, self.plan.key(draw));
-            return if self.pin.is_some() { batch.pinned() } else { batch };
+            return produce(self.dataset.as_ref(), self.plan.key(draw), self.pin);
         }
         let n = self.receivers.len() as u64;
-        self.receivers[(draw % n) as usize].recv().expect("data worker stopped")
+        let worker = draw % n;
+        self.receivers[worker as usize]
+            .recv()
+            .unwrap_or_else(|_| Err(Error::Other(format!("data worker {worker} stopped without a batch for step {}", self.plan.key(draw).step))))
     }
+}
+
+/// One training batch, page-locked for `pin`'s device when given.
+fn produce(dataset: &dyn Dataset, key: BatchKey, pin: Option<Device>) -> Result<Batch> {
+    let batch = dataset.batch(Split::Train, key)?;
+    Ok(match pin {
+        Some(_) => batch.pinned(),
+        None => batch,
+    })
 }
 
 impl Drop for Loader {
@@ -109,7 +129,7 @@ mod tests {
         let dataset = crate::data::from_config(&config).unwrap();
         let collect = |workers| {
             let mut loader = Loader::new(dataset.clone(), plan(), workers, 2, None);
-            (0..7).map(|_| Vec::<i64>::try_from(loader.next_batch().inputs.view([-1])).unwrap()).collect::<Vec<_>>()
+            (0..7).map(|_| Vec::<i64>::try_from(loader.next_batch().unwrap().inputs.view([-1])).unwrap()).collect::<Vec<_>>()
         };
         let inline = collect(0);
         assert_eq!(inline, collect(1));
@@ -122,8 +142,8 @@ mod tests {
         let config = Config::default();
         let dataset = crate::data::from_config(&config).unwrap();
         let key = |first, count| BatchKey { step: 3, micro: 0, first_sample: first, count };
-        let global = dataset.batch(Split::Train, key(0, 8)).inputs;
-        let shard = dataset.batch(Split::Train, key(4, 4)).inputs;
+        let global = dataset.batch(Split::Train, key(0, 8)).unwrap().inputs;
+        let shard = dataset.batch(Split::Train, key(4, 4)).unwrap().inputs;
         assert!(global.narrow(0, 4, 4).equal(&shard));
     }
 }

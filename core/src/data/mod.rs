@@ -85,7 +85,9 @@ pub struct BatchKey {
 
 /// What the model trains on.
 pub trait Dataset: Send + Sync {
-    fn batch(&self, split: Split, key: BatchKey) -> Batch;
+    /// The batch `key` names. An error (a file that became unreadable, a row that
+    /// does not parse) ends the run as failed, with its summary written.
+    fn batch(&self, split: Split, key: BatchKey) -> Result<Batch>;
     /// Names of the datasets in a mix; `dataset_ids` index into it.
     fn dataset_names(&self) -> Vec<String>;
     /// Distinct training samples, to count epochs.

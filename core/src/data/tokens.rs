@@ -1,8 +1,12 @@
 //! Language-model data: random windows over a token stream (bytes of a text file,
-//! a memory-mapped nanoGPT uint16 `.bin`, ptrain's cached tokenized text (uint16 or
-//! uint32), or generated text).
+//! a nanoGPT uint16 `.bin`, ptrain's cached tokenized text (uint16 or uint32), or
+//! generated text). Files are read with positioned reads, not mapped: a file that
+//! shrinks under a running job is an error naming it, not a SIGBUS.
 
-use std::{fs::File, path::Path};
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+};
 
 use memmap2::Mmap;
 use tch::Tensor;
@@ -16,46 +20,64 @@ use crate::{
 
 enum Store {
     Bytes(Vec<u8>),
-    MappedBytes(Mmap),
-    /// Little-endian uint16 tokens.
-    MappedU16(Mmap),
-    /// Little-endian uint32 tokens (vocabularies over 65536 ids).
-    MappedU32(Mmap),
+    /// A token file of `width` bytes per little-endian id, read with positioned
+    /// reads: a file that shrinks or becomes unreadable mid-run is an error naming
+    /// it, where a memory mapping would end the process with SIGBUS.
+    File {
+        file: File,
+        path: PathBuf,
+        width: usize,
+        tokens: usize,
+        max: u32,
+    },
 }
 
 impl Store {
+    /// Opens a token file, scanning it once (mapped, a few GB/s) for its largest id.
+    fn file(path: &Path, what: &'static str, width: usize) -> Result<Store> {
+        let mapped = map(path, what)?;
+        let max = match width {
+            1 => mapped.iter().copied().max().unwrap_or(0) as u32,
+            2 => mapped.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).max().unwrap_or(0) as u32,
+            _ => mapped.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).max().unwrap_or(0),
+        };
+        let tokens = mapped.len() / width;
+        drop(mapped);
+        let file = File::open(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })?;
+        Ok(Store::File { file, path: path.to_owned(), width, tokens, max })
+    }
+
     fn len(&self) -> usize {
         match self {
             Store::Bytes(b) => b.len(),
-            Store::MappedBytes(m) => m.len(),
-            Store::MappedU16(m) => m.len() / 2,
-            Store::MappedU32(m) => m.len() / 4,
+            Store::File { tokens, .. } => *tokens,
         }
     }
 
-    /// The largest token id, scanned once at start-up (a few GB/s).
+    /// The largest token id.
     fn max_token(&self) -> u32 {
         match self {
             Store::Bytes(b) => b.iter().copied().max().unwrap_or(0) as u32,
-            Store::MappedBytes(m) => m.iter().copied().max().unwrap_or(0) as u32,
-            Store::MappedU16(m) => m.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).max().unwrap_or(0) as u32,
-            Store::MappedU32(m) => m.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).max().unwrap_or(0),
+            Store::File { max, .. } => *max,
         }
     }
 
-    fn copy_window(&self, start: usize, out: &mut [i64]) {
+    /// Tokens `[start, start + out.len())`; `buf` is scratch space for the bytes.
+    fn copy_window(&self, start: usize, out: &mut [i64], buf: &mut Vec<u8>) -> Result<()> {
         match self {
             Store::Bytes(b) => out.iter_mut().zip(&b[start..]).for_each(|(o, &x)| *o = x as i64),
-            Store::MappedBytes(m) => out.iter_mut().zip(&m[start..]).for_each(|(o, &x)| *o = x as i64),
-            Store::MappedU16(m) => {
-                let bytes = &m[start * 2..];
-                out.iter_mut().zip(bytes.chunks_exact(2)).for_each(|(o, c)| *o = u16::from_le_bytes([c[0], c[1]]) as i64)
-            }
-            Store::MappedU32(m) => {
-                let bytes = &m[start * 4..];
-                out.iter_mut().zip(bytes.chunks_exact(4)).for_each(|(o, c)| *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+            Store::File { file, path, width, .. } => {
+                use std::os::unix::fs::FileExt;
+                buf.resize(out.len() * width, 0);
+                file.read_exact_at(buf, (start * width) as u64).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+                match width {
+                    1 => out.iter_mut().zip(buf.iter()).for_each(|(o, &x)| *o = x as i64),
+                    2 => out.iter_mut().zip(buf.chunks_exact(2)).for_each(|(o, c)| *o = u16::from_le_bytes([c[0], c[1]]) as i64),
+                    _ => out.iter_mut().zip(buf.chunks_exact(4)).for_each(|(o, c)| *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64),
+                }
             }
         }
+        Ok(())
     }
 }
 
@@ -89,28 +111,25 @@ impl TokenWindows {
     }
 
     pub fn bytes_file(config: &Config, seq_len: i64) -> Result<TokenWindows> {
-        let open = |p: &str, what| map(Path::new(p), what).map(Store::MappedBytes);
+        let open = |p: &str, what| Store::file(Path::new(p), what, 1);
         Self::from_files(config, seq_len, [&config.data.path, &config.data.val_path], open)
     }
 
     /// Token files of `width` bytes per id (ptrain's tokenized cache): `train`, and
     /// `val` or the end of `train` for validation.
     pub fn token_files(config: &Config, seq_len: i64, train: &Path, val: Option<&Path>, width: usize) -> Result<TokenWindows> {
-        let open = |p: &str, what| {
-            let m = map(Path::new(p), what)?;
-            Ok(if width == 4 { Store::MappedU32(m) } else { Store::MappedU16(m) })
-        };
+        let open = |p: &str, what| Store::file(Path::new(p), what, if width == 4 { 4 } else { 2 });
         let name = |p: &Path| p.display().to_string();
         Self::from_files(config, seq_len, [&name(train), &val.map(name).unwrap_or_default()], open)
     }
 
     pub fn u16_file(config: &Config, seq_len: i64) -> Result<TokenWindows> {
         let open = |p: &str, what| {
-            let m = map(Path::new(p), what)?;
-            if m.len() % 2 != 0 {
+            let store = Store::file(Path::new(p), what, 2)?;
+            if !std::fs::metadata(p).map_or(0, |m| m.len()).is_multiple_of(2) {
                 return Err(Error::Data { path: p.into(), message: "odd byte length: not a uint16 token file".into() });
             }
-            Ok(Store::MappedU16(m))
+            Ok(store)
         };
         Self::from_files(config, seq_len, [&config.data.path, &config.data.val_path], open)
     }
@@ -164,27 +183,28 @@ impl TokenWindows {
 }
 
 impl Dataset for TokenWindows {
-    fn batch(&self, split: Split, key: BatchKey) -> Batch {
+    fn batch(&self, split: Split, key: BatchKey) -> Result<Batch> {
         let (store, span) = match split {
             Split::Train => &self.train,
             Split::Val => &self.val,
         };
         let (b, t) = (key.count as usize, self.seq_len);
         let mut buf = vec![0i64; b * (t + 1)];
+        let mut bytes = Vec::new();
         let starts = (span.end - span.start - t - 1) as u64;
         for (i, window) in buf.chunks_exact_mut(t + 1).enumerate() {
             let sample = key.first_sample + i as u64;
             let mut rng = Rng::keyed(self.seed, &[split as u64, key.step, key.micro, sample]);
-            store.copy_window(span.start + rng.below(starts + 1) as usize, window);
+            store.copy_window(span.start + rng.below(starts + 1) as usize, window, &mut bytes)?;
         }
-        let all = Tensor::from_slice(&buf).view([b as i64, t as i64 + 1]);
-        Batch {
-            inputs: all.narrow(1, 0, t as i64).contiguous(),
-            targets: all.narrow(1, 1, t as i64).contiguous(),
+        let all = Tensor::f_from_slice(&buf)?.f_view([b as i64, t as i64 + 1])?;
+        Ok(Batch {
+            inputs: all.f_narrow(1, 0, t as i64)?.f_contiguous()?,
+            targets: all.f_narrow(1, 1, t as i64)?.f_contiguous()?,
             dataset_ids: None,
             samples: b as i64,
             tokens: (b * t) as i64,
-        }
+        })
     }
 
     fn dataset_names(&self) -> Vec<String> {

@@ -243,8 +243,11 @@ impl PluginHost {
     }
 
     /// What is due at `step` (call only when [`PluginHost::is_due`] says so).
+    /// Opens the gate first, so requests from other threads from now on keep it
+    /// lowered for the next step (the loop looks at stop requests after this).
     /// Plugins that asked to leave the schedule leave it first.
     pub fn plan(&mut self, step: u64) -> StepPlan {
+        self.gate.open();
         self.apply_detaches(step);
         self.scheduler.plan(step, &self.gate)
     }

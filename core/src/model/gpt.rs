@@ -1,10 +1,25 @@
 //! A decoder-only transformer (bytes by default: vocabulary 256), laid out as
 //! nanoGPT so parameter names match: `transformer.h.0.attn.c_attn.weight`, ...
 
-use tch::{nn, nn::Module, Kind, Tensor};
+use tch::{nn, Kind, Tensor};
 
 use super::{kv_cache::KvCache, Layer, LayerKind, Model, Task};
 use crate::{config::ModelConfig, error::Result};
+
+// The forward pass uses tch's `f_` functions, so a libtorch error (a bad shape,
+// out of memory) comes back as an error, not a panic.
+
+fn linear(l: &nn::Linear, x: &Tensor) -> Result<Tensor> {
+    Ok(x.f_linear(&l.ws, l.bs.as_ref())?)
+}
+
+fn norm(l: &nn::LayerNorm, x: &Tensor, eps: f64) -> Result<Tensor> {
+    Ok(x.f_layer_norm(l.normalized_shape.as_slice(), l.ws.as_ref(), l.bs.as_ref(), eps, true)?)
+}
+
+fn embed(e: &nn::Embedding, ids: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::f_embedding(&e.ws, ids, -1, false, false)?)
+}
 
 fn init_linear(vs: nn::Path, inp: i64, out: i64, bias: bool, stdev: f64) -> nn::Linear {
     let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
@@ -24,6 +39,7 @@ struct Block {
     mlp_proj: nn::Linear,
     n_head: i64,
     dropout: f64,
+    eps: f64,
     /// `gelu`'s `approximate` argument: "none" or "tanh" (GPT-2's `gelu_new`).
     gelu: &'static str,
 }
@@ -42,16 +58,19 @@ impl Block {
             mlp_proj: init_linear(&vs / "mlp" / "c_proj", 4 * d, d, c.bias, proj_std),
             n_head: c.n_head,
             dropout: c.dropout,
+            eps: c.layer_norm_eps,
             gelu: c.activation.approximate(),
         }
     }
 
+    /// One block; with a cache, the new keys and values join it and the queries
+    /// attend over all it holds.
     fn forward(&self, x: &Tensor, train: bool, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
         let (b, t, d) = x.size3()?;
-        let heads = |z: &Tensor| z.view([b, t, self.n_head, d / self.n_head]).transpose(1, 2);
-        let qkv = self.c_attn.forward(&self.ln_1.forward(x)).split(d, 2);
+        let heads = |z: &Tensor| z.f_view([b, t, self.n_head, d / self.n_head])?.f_transpose(1, 2);
+        let qkv = linear(&self.c_attn, &norm(&self.ln_1, x, self.eps)?)?.f_split(d, 2)?;
         let p = if train { self.dropout } else { 0.0 };
-        let (q, k, v) = (heads(&qkv[0]), heads(&qkv[1]), heads(&qkv[2]));
+        let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
         let y = match cache {
             None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, false)?,
             Some((cache, layer)) => {
@@ -59,10 +78,10 @@ impl Block {
                 Tensor::f_scaled_dot_product_attention(&q, &seen.keys, &seen.values, seen.mask.as_ref(), 0.0, seen.causal, None, false)?
             }
         };
-        let y = y.transpose(1, 2).contiguous().view([b, t, d]);
-        let x = x + self.attn_proj.forward(&y).dropout(self.dropout, train);
-        let h = self.c_fc.forward(&self.ln_2.forward(&x)).gelu(self.gelu);
-        Ok(&x + self.mlp_proj.forward(&h).dropout(self.dropout, train))
+        let y = y.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, d])?;
+        let x = x.f_add(&linear(&self.attn_proj, &y)?.f_dropout(self.dropout, train)?)?;
+        let h = linear(&self.c_fc, &norm(&self.ln_2, &x, self.eps)?)?.f_gelu(self.gelu)?;
+        Ok(x.f_add(&linear(&self.mlp_proj, &h)?.f_dropout(self.dropout, train)?)?)
     }
 }
 
@@ -90,13 +109,13 @@ impl Gpt {
 
 impl Gpt {
     fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
-        let t = inputs.size()[1];
+        let (_, t) = inputs.size2()?;
         let start = cache.as_ref().map_or(0, |c| c.len());
         if let Some(c) = cache.as_deref() {
             c.reserve(t)?;
         }
-        let pos = Tensor::arange_start(start, start + t, (Kind::Int64, inputs.device()));
-        let mut x = (self.wte.forward(inputs) + self.wpe.forward(&pos)).dropout(self.config.dropout, train);
+        let pos = Tensor::f_arange_start(start, start + t, (Kind::Int64, inputs.device()))?;
+        let mut x = embed(&self.wte, inputs)?.f_add(&embed(&self.wpe, &pos)?)?.f_dropout(self.config.dropout, train)?;
         for (i, block) in self.blocks.iter().enumerate() {
             x = block.forward(&x, train, cache.as_deref_mut().map(|c| (c, i)))?;
         }
@@ -104,13 +123,13 @@ impl Gpt {
             c.advance(t);
         }
         // The output head shares the token embedding (weight tying, as GPT-2).
-        Ok(self.ln_f.forward(&x).linear::<Tensor>(&self.wte.ws, None))
+        Ok(norm(&self.ln_f, &x, self.config.layer_norm_eps)?.f_linear::<Tensor>(&self.wte.ws, None)?)
     }
 }
 
 impl Model for Gpt {
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
-        self.run(inputs, train, None).unwrap_or_else(|e| panic!("gpt forward: {e}"))
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor> {
+        self.run(inputs, train, None)
     }
 
     fn new_cache(&self, capacity: i64) -> Option<KvCache> {

@@ -192,8 +192,8 @@ impl Llama {
 }
 
 impl Model for Llama {
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
-        self.run(inputs, train, None).unwrap_or_else(|e| panic!("llama forward: {e}"))
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor> {
+        self.run(inputs, train, None)
     }
 
     fn forward_cached(&mut self, inputs: &Tensor, cache: &mut KvCache) -> Result<Tensor> {

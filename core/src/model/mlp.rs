@@ -1,8 +1,9 @@
 //! A multi-layer perceptron classifier with ReLU activations.
 
-use tch::{nn, nn::Module, Tensor};
+use tch::{nn, Tensor};
 
 use super::{Layer, Model, Task};
+use crate::error::Result;
 
 pub struct Mlp {
     layers: Vec<nn::Linear>,
@@ -18,12 +19,14 @@ impl Mlp {
 }
 
 impl Model for Mlp {
-    fn forward(&mut self, inputs: &Tensor, _train: bool) -> Tensor {
-        let mut x = self.layers[0].forward(inputs);
+    /// With tch's `f_` functions: a libtorch error comes back as an error.
+    fn forward(&mut self, inputs: &Tensor, _train: bool) -> Result<Tensor> {
+        let first = &self.layers[0];
+        let mut x = inputs.f_linear(&first.ws, first.bs.as_ref())?;
         for layer in &self.layers[1..] {
-            x = layer.forward(&x.relu());
+            x = x.f_relu()?.f_linear(&layer.ws, layer.bs.as_ref())?;
         }
-        x
+        Ok(x)
     }
 
     fn task(&self) -> Task {

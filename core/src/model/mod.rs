@@ -65,7 +65,10 @@ impl Layer {
 /// (see `examples/custom-model`).
 pub trait Model: Send {
     /// Logits: `[B, C]` for classification, `[B, T, V]` for language models.
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor;
+    /// An error (use tch's `f_` functions, which return libtorch's errors instead
+    /// of panicking) ends the run as failed: its summary is written, its sinks
+    /// drained, and the newest checkpoint is left as it was.
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor>;
 
     fn task(&self) -> Task;
 

@@ -131,8 +131,8 @@ impl Pretrained {
 struct NoData;
 
 impl crate::data::Dataset for NoData {
-    fn batch(&self, _split: crate::data::Split, _key: crate::data::BatchKey) -> crate::data::Batch {
-        unreachable!("generation draws no batches")
+    fn batch(&self, _split: crate::data::Split, _key: crate::data::BatchKey) -> Result<crate::data::Batch> {
+        Err(Error::Other("generation draws no batches".into()))
     }
     fn dataset_names(&self) -> Vec<String> {
         Vec::new()

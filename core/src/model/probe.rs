@@ -76,12 +76,12 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
     }
     let (inputs, targets) = match batch {
         ProbeBatch::Drawn { split, step } => {
-            let b = dataset.batch(split, BatchKey { step, micro: 0, first_sample: 0, count: config.data.batch_size as u64 });
+            let b = dataset.batch(split, BatchKey { step, micro: 0, first_sample: 0, count: config.data.batch_size as u64 })?;
             (b.inputs, Some(b.targets))
         }
         ProbeBatch::Given { inputs, targets } => (inputs, targets),
     };
-    let logits = tch::no_grad(|| model.forward(&inputs, false));
+    let logits = tch::no_grad(|| model.forward(&inputs, false))?;
     let loss = targets.as_ref().map(|t| tch::no_grad(|| super::loss(model.task(), &logits, t)));
     Ok(Probe { inputs, targets, logits, loss })
 }

@@ -20,7 +20,7 @@ pub struct TorchScript {
     training: bool,
 }
 
-// The module is only used from the training thread that owns the trainer.
+// SAFETY: the module is only used from the training thread that owns the trainer.
 unsafe impl Send for TorchScript {}
 
 impl TorchScript {
@@ -37,8 +37,20 @@ impl TorchScript {
     }
 }
 
+/// A TorchScript error carries the whole interpreter traceback; its first lines
+/// (and the exception's own line, the last non-empty one) say what happened.
+fn first_lines(message: &str) -> String {
+    let lines: Vec<&str> = message.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    match (lines.first(), lines.last()) {
+        (Some(first), Some(last)) if first != last => format!("{first} ... {last}"),
+        (Some(first), _) => first.to_string(),
+        _ => message.to_string(),
+    }
+}
+
 impl Model for TorchScript {
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
+    /// A Python exception inside the module (`raise`) comes back as an error.
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor> {
         if train != self.training {
             if train {
                 self.module.set_train()
@@ -47,7 +59,7 @@ impl Model for TorchScript {
             }
             self.training = train;
         }
-        self.module.forward_ts(&[inputs]).expect("TorchScript forward")
+        self.module.forward_ts(&[inputs]).map_err(|e| Error::Other(format!("TorchScript forward: {}", first_lines(&e.to_string()))))
     }
 
     fn task(&self) -> Task {

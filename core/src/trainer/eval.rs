@@ -22,12 +22,12 @@ impl Run {
         let b = self.env.config.data.batch_size as u64;
         let batches = self.env.config.train.eval_batches.max(1);
         let learner = &mut self.learner;
-        let mut sums = tch::no_grad(|| {
+        let mut sums = tch::no_grad(|| -> Result<Tensor> {
             let mut acc = Tensor::zeros([3], (Kind::Double, device));
             for i in 0..batches {
                 let key = BatchKey { step: i, micro: 0, first_sample: rank * b, count: b };
-                let batch = learner.dataset.batch(Split::Val, key).to_device(device, true);
-                let logits = learner.forward(&batch.inputs, false);
+                let batch = learner.dataset.batch(Split::Val, key)?.to_device(device, true);
+                let logits = learner.forward(&batch.inputs, false)?;
                 let loss = model::loss(learner.task, &logits, &batch.targets).to_kind(Kind::Double);
                 let right = match learner.task {
                     Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
@@ -35,15 +35,14 @@ impl Run {
                 };
                 acc += Tensor::stack(&[loss, right, Tensor::from(batch.targets.size()[0] as f64).to_device(device)], 0);
             }
-            acc
-        });
+            Ok(acc)
+        })?;
         if let Some(d) = &self.dist {
             d.collectives().all_reduce_sum(&mut sums).map_err(Error::Dist)?;
         }
-        let (loss_sum, correct, count) = match Vec::<f64>::try_from(sums.to_device(Device::Cpu)) {
-            Ok(v) => (v[0], v[1], v[2]),
-            Err(_) => (0.0, 0.0, 0.0),
-        };
+        // A failed read is an error, never an eval loss of 0.
+        let [loss_sum, correct, count] = <[f64; 3]>::try_from(Vec::<f64>::try_from(sums.f_to_device(Device::Cpu)?)?)
+            .map_err(|v| Error::Other(format!("evaluation read {} values, not 3", v.len())))?;
         let loss = loss_sum / (batches * world) as f64;
         let accuracy = (learner.task == Task::Classification).then(|| correct / count.max(1.0));
         self.tally.evals.push(EvalPoint { step, loss, accuracy });

@@ -1,6 +1,11 @@
 //! The end of a run, however it ended: an emergency checkpoint when it stopped
 //! early, the last metrics, the plugins' end, the summary, and a final barrier so
 //! no rank leaves before rank 0 has written.
+//!
+//! A failed run (an error or a panic in training) ends here too, with less: no
+//! checkpoint (the state may be half-updated; the newest one on disk stays the
+//! newest), no collectives (the other ranks may not be here), and device reads
+//! that may fail again are caught; the plugins' end and the summary as always.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +23,7 @@ use crate::{
     error::{Error, Result},
     hooks::StepPlan,
     host::RunEndData,
+    panic,
 };
 
 impl Run {
@@ -30,12 +36,19 @@ impl Run {
             Some(Stop::Requested(r)) if !r.failure => ("stopped", 0, Some(r.to_string()), Some(CheckpointReason::End)),
             Some(Stop::Requested(r)) => ("stopped", 1, Some(r.to_string()), Some(CheckpointReason::Interrupted)),
             Some(Stop::NonFinite(r)) => ("nonfinite", 1, Some(r.clone()), Some(CheckpointReason::NonFinite)),
+            Some(Stop::Failed(e)) => ("failed", 1, Some(e.to_string()), None),
         };
+        let error = match &stop {
+            Some(Stop::Failed(e)) => Some(e.clone()),
+            _ => None,
+        };
+        // The other ranks of a failed run may be anywhere: no more collectives.
+        let collective = error.is_none();
         let stopped_by = match &stop {
             Some(Stop::Requested(r)) if !r.plugin.is_empty() => Some(r.plugin.clone()),
             _ => None,
         };
-        if let Some(reason) = &stop_reason {
+        if let (Some(reason), None) = (&stop_reason, &error) {
             self.metrics.progress.println(&format!("stopping after step {last_step}: {reason}"));
         }
         if let Some(reason) = last_save {
@@ -45,15 +58,23 @@ impl Run {
             }
         }
         if stop.is_some() && !self.metrics.emitted.is_empty() {
-            self.emit_metrics(last_step, self.learner.schedule.lr(last_step), StepPlan::NONE);
+            // Only what plugins and evaluation emitted: no core metrics, no collective.
+            self.emit_metrics(last_step, self.learner.schedule.lr(last_step), StepPlan::NONE)?;
         }
         self.host.wait_saves();
         self.learner.loader = None;
         let wall_s = started.elapsed().as_secs_f64();
         // Every distributed stop is agreed (see `StopControl::agree`), so all ranks
         // end at the same step and can meet in one more collective.
-        let (first_loss, final_loss) = self.mean_losses()?;
-        let memory = self.memory_figures()?;
+        let (first_loss, final_loss, memory) = if collective {
+            let (first, last) = self.mean_losses(true)?;
+            (first, last, self.memory_figures(true)?)
+        } else {
+            // What can still be read after a failure; a device that failed may fail again.
+            let losses = panic::catching(|| self.mean_losses(false)).ok().and_then(|r| r.ok()).unwrap_or((None, None));
+            let memory = panic::catching(|| self.memory_figures(false)).ok().and_then(|r| r.ok()).unwrap_or_default();
+            (losses.0, losses.1, memory)
+        };
         self.metrics.progress.finish();
         let final_eval_loss = self.tally.evals.last().map(|e| e.loss);
         let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
@@ -79,6 +100,7 @@ impl Run {
             status: status.into(),
             exit_code,
             stop_reason,
+            error,
             stopped_by,
             steps,
             start_step: env.start_step,
@@ -124,7 +146,7 @@ impl Run {
             queue_drops: self.host.queue_drops(),
             plugins: plugin_summaries,
         };
-        if env.config.debug.dump_params {
+        if env.config.debug.dump_params && collective {
             self.dump_params()?;
         }
         if env.rank == 0 {
@@ -136,7 +158,7 @@ impl Run {
         // its checkpoint and summary. Each rank counts itself and the host reads
         // the count: NCCL's wait only orders streams, the read blocks until the
         // all-reduce is done on every rank.
-        if let Some(d) = &self.dist {
+        if let (Some(d), true) = (&self.dist, collective) {
             let mut done = Tensor::ones([1], (Kind::Float, env.device));
             d.collectives().all_reduce_sum(&mut done).map_err(Error::Dist)?;
             let ranks = done.double_value(&[0]);
@@ -147,13 +169,14 @@ impl Run {
         Ok(Outcome { summary, run_dir: self.env.run_dir.clone(), exit_code })
     }
 
-    /// The first and last training loss, averaged over the ranks.
-    fn mean_losses(&self) -> Result<(Option<f64>, Option<f64>)> {
+    /// The first and last training loss, averaged over the ranks (this rank's
+    /// alone without `collective`).
+    fn mean_losses(&self, collective: bool) -> Result<(Option<f64>, Option<f64>)> {
         let (Some(first), Some(last)) = (&self.tally.first_loss, &self.tally.last_loss) else {
             return Ok((None, None));
         };
         let mut both = Tensor::stack(&[first.to_kind(Kind::Double), last.to_kind(Kind::Double)], 0);
-        if let Some(d) = &self.dist {
+        if let (Some(d), true) = (&self.dist, collective) {
             d.collectives().all_reduce_sum(&mut both).map_err(Error::Dist)?;
             both /= self.env.world as f64;
         }

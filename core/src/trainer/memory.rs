@@ -22,7 +22,8 @@ pub(super) struct MemoryFigures {
 
 impl Run {
     /// A collective in a distributed run: every rank calls it at the same point.
-    pub(super) fn memory_figures(&self) -> Result<MemoryFigures> {
+    /// Without `collective` (a failed run), only this rank's row is filled.
+    pub(super) fn memory_figures(&self, collective: bool) -> Result<MemoryFigures> {
         let optimizer = &self.learner.optimizer;
         let state = optimizer.state_bytes()?;
         let gradient = optimizer.gradient_bytes()? + self.dist.as_ref().map_or(0, |d| d.gradient_buffer_bytes());
@@ -30,7 +31,7 @@ impl Run {
         let world = self.env.world as i64;
         let mut all = Tensor::zeros([world, 3], (Kind::Int64, self.env.device));
         all.get(self.env.rank as i64).copy_(&Tensor::from_slice(&[state as i64, gradient as i64, peak as i64]).to_device(self.env.device));
-        if let Some(d) = &self.dist {
+        if let (Some(d), true) = (&self.dist, collective) {
             d.collectives().all_reduce_sum(&mut all).map_err(Error::Dist)?;
         }
         let rows = Vec::<i64>::try_from(all.to_device(Device::Cpu).flatten(0, -1)).map_err(|e| Error::Other(e.to_string()))?;

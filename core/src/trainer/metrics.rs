@@ -12,6 +12,7 @@ use tch::{Device, Kind, Tensor};
 use super::{clock::unix_now, progress, run::Run};
 use crate::{
     device,
+    error::{Error, Result},
     hooks::StepPlan,
     host::{Event, Reach},
 };
@@ -50,12 +51,12 @@ impl Run {
     /// Sends what is due at `step` to the sinks: the core metrics the due sinks
     /// asked for, plus whatever was emitted since the last batch (which reaches
     /// every sink).
-    pub(super) fn emit_metrics(&mut self, step: u64, lr: f64, plan: StepPlan) {
+    pub(super) fn emit_metrics(&mut self, step: u64, lr: f64, plan: StepPlan) -> Result<()> {
         let mut metrics = std::mem::take(&mut self.metrics.emitted);
         let reach = if metrics.is_empty() { Reach::Due } else { Reach::Declared };
         let wants = plan.needs;
         if wants.intersects(Needs::BASIC_METRICS.union(Needs::DETAILED_METRICS).union(Needs::HISTOGRAMS)) {
-            metrics.extend(self.core_metrics(step, lr, wants));
+            metrics.extend(self.core_metrics(step, lr, wants)?);
             if wants.contains(Needs::HISTOGRAMS) {
                 metrics.extend(self.histograms());
             }
@@ -65,11 +66,13 @@ impl Run {
         let batch = MetricBatch { step, wall_time: now, elapsed_s: now - self.env.unix_start, metrics: RVec::from(metrics) };
         self.host.dispatch(Event::Metrics(batch.into()), reach, &mut Vec::new());
         self.metrics.emitted = Vec::with_capacity(64);
+        Ok(())
     }
 
     /// `train/*` (the loss averaged over ranks in one collective), and with detailed
-    /// metrics `train/grad_norm`, `time/*` and `memory/*`.
-    fn core_metrics(&self, step: u64, lr: f64, wants: Needs) -> Vec<Metric> {
+    /// metrics `train/grad_norm`, `time/*` and `memory/*`. A failed all-reduce is
+    /// an error: this rank's loss passed off as the mean would be a wrong number.
+    fn core_metrics(&self, step: u64, lr: f64, wants: Needs) -> Result<Vec<Metric>> {
         let (since, since_step, phases_before) = self.metrics.last_emit;
         let (tally, world) = (&self.tally, self.env.world as u64);
         let steps = step - since_step;
@@ -78,10 +81,9 @@ impl Run {
         let secs = since.elapsed().as_secs_f64().max(1e-9);
         let mut names = vec!["train/loss"];
         if let Some(d) = &self.dist {
-            let mut t = Tensor::from_slice(&values).to_device(self.env.device);
-            if d.collectives().all_reduce_sum(&mut t).is_ok() {
-                values = Vec::<f64>::try_from(t.to_device(Device::Cpu)).unwrap_or(values).iter().map(|v| v / world as f64).collect();
-            }
+            let mut t = Tensor::f_from_slice(&values)?.f_to_device(self.env.device)?;
+            d.collectives().all_reduce_sum(&mut t).map_err(Error::Dist)?;
+            values = Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?.iter().map(|v| v / world as f64).collect();
         }
         let tokens = tally.step_tokens * world * steps;
         let samples = tally.step_samples * world * steps;
@@ -99,7 +101,7 @@ impl Run {
             values.extend([device::current_memory(self.env.device) as f64, device::peak_memory(self.env.device) as f64]);
             names.extend(["memory/current_bytes", "memory/peak_bytes"]);
         }
-        names.into_iter().zip(values).map(|(n, v)| Metric::scalar(n, v)).collect()
+        Ok(names.into_iter().zip(values).map(|(n, v)| Metric::scalar(n, v)).collect())
     }
 
     /// Histograms of every parameter and gradient, bucketed on the device.

@@ -10,9 +10,11 @@
 //!   across ranks);
 //! - `eval`, `metrics` (the core metrics and their since-last-emit state), `save`
 //!   (checkpoint payloads), `state` (the typed training state, and resuming);
-//! - `finish`, `summary`, `memory`: the end of the run and `summary.json` (with
-//!   each rank's optimizer and gradient memory);
-//! - `debug`: `[debug]` tools for tests (a gradient spike, tensor dumps).
+//! - `finish`, `summary`, `memory`: the end of the run, however it ended, and
+//!   `summary.json` (with each rank's optimizer and gradient memory);
+//! - `failure`: why a failed run failed (an error, a panic, out of memory);
+//! - `debug`: `[debug]` tools for tests (a gradient spike, tensor dumps, injected
+//!   failures).
 //!
 //! ```no_run
 //! use ptrain_core::{config::Config, Trainer};
@@ -24,6 +26,7 @@
 mod clock;
 mod debug;
 mod eval;
+mod failure;
 mod finish;
 mod hooks;
 mod memory;
@@ -44,6 +47,7 @@ use std::{path::PathBuf, sync::Arc};
 
 use tch::nn;
 
+pub use failure::RunError;
 pub use state::{DataPosition, EvalRecord, RngScheme, TrainState};
 pub use summary::{EvalPoint, PhaseSummary, Summary};
 
@@ -58,7 +62,8 @@ pub struct Outcome {
     pub summary: Summary,
     pub run_dir: PathBuf,
     /// 0 completed (or ended early by a plugin's `request_stop`), 130 SIGINT, 143
-    /// SIGTERM, 1 stopped on non-finite losses or by a plugin's failure,
+    /// SIGTERM, 1 failed (an error or a panic in training: `summary.error` says
+    /// which), stopped on non-finite losses or by a plugin's failure,
     /// [`EXIT_PLUGIN_FAILED`] completed with a plugin failure under `run.strict_plugins`.
     pub exit_code: i32,
 }

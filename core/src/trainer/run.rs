@@ -5,11 +5,12 @@ use std::{path::PathBuf, sync::Arc};
 use ptrain_plugin_api::{PhaseTimes, Task};
 use tch::{nn, Device, Tensor};
 
-use super::{metrics::MetricsProcessor, nonfinite::NonFinite, stop::StopControl, summary::EvalPoint};
+use super::{debug::Faults, metrics::MetricsProcessor, nonfinite::NonFinite, stop::StopControl, summary::EvalPoint};
 use crate::{
     config::Config,
     data::{Dataset, Loader},
     dist::DataParallel,
+    error::{Error, Result},
     hooks::Ticker,
     host::{PluginHost, RunData},
     model::Model,
@@ -27,6 +28,8 @@ pub(super) struct Run {
     pub metrics: MetricsProcessor,
     pub nonfinite: NonFinite,
     pub stop: StopControl,
+    /// `[debug]` failures injected into the loop.
+    pub faults: Faults,
     /// Lowers the gate for time-based cadences; stops with the run.
     pub _ticker: Option<Ticker>,
 }
@@ -72,11 +75,13 @@ pub(super) struct Learner {
 impl Learner {
     /// The model's logits, under autocast when the run is in bf16. The loss is
     /// computed from them in float32 (see [`crate::model::loss`]).
-    pub fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
+    pub fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor> {
         let model = &mut self.model;
         match self.autocast {
             None => model.forward(inputs, train),
-            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, || model.forward(inputs, train)).expect("autocast regions open and close"),
+            Some(cuda) => {
+                ptrain_torch_ext::autocast_bf16(cuda, || model.forward(inputs, train)).map_err(|e| Error::Other(format!("autocast: {e}")))?
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ use tch::{nn, Device, Tensor};
 
 use super::{
     clock::{stamp, stamp_at, unix_now},
+    debug::{Faults, PanicAt},
     metrics::MetricsProcessor,
     nonfinite::NonFinite,
     progress::Progress,
@@ -142,7 +143,11 @@ impl Run {
         let seq_len = dataset.seq_len();
         let pin = config.data.pin_memory && device.is_cuda();
         let draws = DrawPlan { first_step: start_step + 1, accum_steps: accum, batch_size: b, rank: rank as u64 };
-        let loader = Loader::new(dataset.clone(), draws, config.data.num_workers, config.data.prefetch, pin.then_some(device));
+        let drawn: Arc<dyn crate::data::Dataset> = match config.debug.data_panic_at_step {
+            0 => dataset.clone(),
+            step => Arc::new(PanicAt { inner: dataset.clone(), step }),
+        };
+        let loader = Loader::new(drawn, draws, config.data.num_workers, config.data.prefetch, pin.then_some(device));
         let run_data = Arc::new(RunData {
             run_dir: run_dir.display().to_string(),
             run_name: config.run.name.clone(),
@@ -210,6 +215,7 @@ impl Run {
         Ok(Run {
             metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress && rank == 0)),
             stop: StopControl::new(signals, services),
+            faults: Faults::new(&env.config.debug, device),
             env,
             learner,
             host,

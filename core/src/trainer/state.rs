@@ -122,13 +122,21 @@ pub fn read(path: &Path) -> Result<Checkpoint> {
 /// Copies the checkpoint's weights and optimizer state into the live ones and
 /// returns its training state. Optimizer state is re-cut when the checkpoint was
 /// sharded differently (another world size, or sharded vs not).
+///
+/// Every way a checkpoint does not fit the run (a missing tensor, a wrong shape or
+/// dtype, optimizer state of another optimizer) is [`Error::Checkpoint`]: one kind
+/// of mistake, one exit code (2, refused before training).
 pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimizer: &mut Optimizer) -> Result<TrainState> {
     let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
+    let unusable = |e: Error| match e {
+        Error::Checkpoint { .. } => e,
+        other => bad(other.to_string()),
+    };
     for (name, live) in params.iter_mut() {
         let saved = checkpoint.model.get(name).ok_or_else(|| bad(format!("no weights for `{name}`")))?;
-        payload::restore(name, live, saved)?;
+        payload::restore(name, live, saved).map_err(unusable)?;
     }
     let sizes = optimizer.param_sizes().to_vec();
-    optimizer.load_state(&CheckpointState::new(checkpoint, &sizes))?;
+    optimizer.load_state(&CheckpointState::new(checkpoint, &sizes)).map_err(unusable)?;
     serde_json::from_value(checkpoint.state.clone()).map_err(|e| bad(format!("{}: {e}", ckpt::STATE_FILE)))
 }

@@ -8,6 +8,7 @@ use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, StepTensors, 
 use tch::Tensor;
 
 use super::{
+    failure::RunError,
     hooks::At,
     run::Run,
     stop::Stop,
@@ -17,10 +18,21 @@ use super::{
 use crate::{
     error::{Error, Result},
     hooks::{CoreTask, StepPlan},
-    model,
+    model, panic,
 };
 
+/// How far the loop got: the last step done and the one running.
+#[derive(Clone, Copy)]
+struct Reached {
+    done: u64,
+    running: u64,
+}
+
 impl Run {
+    /// Trains, and ends the run through [`Run::finish`] however the loop ended: its
+    /// last step, a stop, an error or a panic on the training thread (a data
+    /// worker's death and libtorch errors arrive as one of these). A failure ends
+    /// as `status = "failed"` with exit 1, its summary written and the sinks drained.
     pub fn train(mut self) -> Result<Outcome> {
         // Plugins' start-up (opening files, the flops plugin's peak measurement) is
         // set-up, not training.
@@ -28,32 +40,42 @@ impl Run {
         self.host.run_start(&self.env.run_data);
         self.env.setup_s += plugins_started.elapsed().as_secs_f64();
         let started = Instant::now();
-        let mut stop: Option<Stop> = None;
-        let mut last_done = self.env.start_step;
+        let mut reached = Reached { done: self.env.start_step, running: self.env.start_step };
+        let device = self.env.device;
+        let stop = match panic::catching(|| self.steps(&mut reached)) {
+            Ok(Ok(stop)) => stop,
+            // The error reaches the user as `Outcome.summary.error` (the CLI prints it).
+            Ok(Err(error)) => Some(Stop::Failed(RunError::from_error(&error, reached.running, device))),
+            Err(panic) => Some(Stop::Failed(RunError::from_panic(panic, reached.running, device))),
+        };
+        self.finish(reached.done, stop, started)
+    }
+
+    /// The steps, until the last one or a reason to stop.
+    fn steps(&mut self, reached: &mut Reached) -> Result<Option<Stop>> {
         for step in self.env.start_step + 1..=self.env.total_steps {
+            reached.running = step;
             let plan = if self.host.is_due(step) {
+                // Planning opens the gate first, so a stop asked for from now on
+                // is seen at the next step at the latest.
+                let plan = self.host.plan(step);
                 if let Some(reason) = self.stop.before_step(self.env.world) {
-                    stop = Some(reason);
-                    break;
+                    return Ok(Some(reason));
                 }
-                self.host.plan(step)
+                plan
             } else {
                 StepPlan::NONE
             };
             let lr = self.learner.schedule.lr(step);
             let phases = self.train_step(step, lr, plan)?;
-            last_done = step;
+            reached.done = step;
             if !plan.is_empty() {
                 if let Some(reason) = self.after_step(step, lr, phases, plan)? {
-                    stop = Some(reason);
-                    break;
+                    return Ok(Some(reason));
                 }
             }
         }
-        if stop.is_none() && last_done < self.env.total_steps {
-            stop = self.stop.requested();
-        }
-        self.finish(last_done, stop, started)
+        Ok((reached.done < self.env.total_steps).then(|| self.stop.requested()).flatten())
     }
 
     /// One optimizer step: `accum_steps` micro-batches forward and backward, the
@@ -72,7 +94,7 @@ impl Run {
         self.learner.optimizer.zero_grad()?;
         let mut step_loss: Option<Tensor> = None;
         for micro in 0..accum {
-            let loss = self.forward_backward_step(step, micro, lr, plan, &mut timer);
+            let loss = self.forward_backward_step(step, micro, lr, plan, &mut timer)?;
             step_loss = Some(match step_loss {
                 None => loss,
                 Some(sum) => sum + loss,
@@ -112,12 +134,16 @@ impl Run {
 
     /// One micro-batch: fetch, forward, the `AfterForward` hook when due, backward.
     /// Returns its (detached, accumulation-scaled) loss.
-    fn forward_backward_step(&mut self, step: u64, micro: u64, lr: f64, plan: StepPlan, timer: &mut StepTimer) -> Tensor {
+    fn forward_backward_step(&mut self, step: u64, micro: u64, lr: f64, plan: StepPlan, timer: &mut StepTimer) -> Result<Tensor> {
         let learner = &mut self.learner;
         let accum = self.env.config.optim.accum_steps;
-        let batch = learner.loader.as_mut().expect("loader").next_batch().to_device(self.env.device, true);
+        let loader = learner.loader.as_mut().ok_or_else(|| Error::Other("the data loader has stopped".into()))?;
+        let batch = loader.next_batch()?.to_device(self.env.device, true);
         timer.book(Phase::Data);
-        let logits = learner.forward(&batch.inputs, true);
+        let logits = learner.forward(&batch.inputs, true)?;
+        if self.faults.at(step) {
+            self.faults.inject(step)?;
+        }
         let mut loss = model::loss(learner.task, &logits, &batch.targets);
         if self.nonfinite.injects() && self.nonfinite.injected_at(step) {
             loss *= f64::NAN;
@@ -142,7 +168,7 @@ impl Run {
             None => loss.backward(),
         }
         timer.book(Phase::Backward);
-        loss.detach()
+        Ok(loss.detach())
     }
 
     /// Everything a due step does after the update, in order. Returns a reason to stop.
@@ -167,7 +193,7 @@ impl Run {
         }
         // Metrics first: a checkpoint plugin scores this step's checkpoint by them.
         if plan.has(Hook::Metrics) || !self.metrics.emitted.is_empty() {
-            self.emit_metrics(step, lr, plan);
+            self.emit_metrics(step, lr, plan)?;
         }
         if plan.has(Hook::Checkpoint) && stop.is_none() {
             let reason = if step == self.env.total_steps { CheckpointReason::End } else { CheckpointReason::Scheduled };

@@ -2,6 +2,7 @@
 
 use tch::{Device, Tensor};
 
+use super::failure::RunError;
 use crate::{
     dist::DataParallel,
     error::{Error, Result},
@@ -17,6 +18,8 @@ pub(super) enum Stop {
     Requested(StopRequest),
     /// Non-finite losses, by `train.nan_policy`.
     NonFinite(String),
+    /// An error or a panic in training.
+    Failed(RunError),
 }
 
 /// Stop requests from other threads (signals, plugins), and the agreement of a

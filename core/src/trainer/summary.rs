@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::failure::RunError;
 use crate::host::{Failure, LoadedInfo};
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -27,11 +28,14 @@ pub struct EvalPoint {
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     /// `completed`, `interrupted`, `stopped` (by a plugin: exit 0, or 1 for a
-    /// failure) or `nonfinite`.
+    /// failure), `nonfinite` or `failed` (an error or a panic: see `error`).
     pub status: String,
     pub exit_code: i32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// Why a `failed` run failed, and at which step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
     /// The plugin whose request ended the run (`HostApi::request_stop`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,

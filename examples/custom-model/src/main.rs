@@ -49,12 +49,17 @@ impl ResidualMlp {
 }
 
 impl Model for ResidualMlp {
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
-        let mut x = self.input.forward(inputs);
+    // `forward` returns a `Result`: libtorch errors (a bad shape, out of memory)
+    // from tch's `f_` functions end the run as failed, with its summary written.
+    // `Module::forward` panics on them instead, which the trainer also catches.
+    fn forward(&mut self, inputs: &Tensor, train: bool) -> ptrain_core::Result<Tensor> {
+        let linear = |l: &nn::Linear, x: &Tensor| x.f_linear(&l.ws, l.bs.as_ref());
+        let mut x = linear(&self.input, inputs)?;
         for (norm, up, down) in &self.blocks {
-            x = &x + down.forward(&up.forward(&norm.forward(&x)).relu().dropout(self.dropout, train));
+            let h = linear(up, &norm.forward(&x))?.f_relu()?.f_dropout(self.dropout, train)?;
+            x = x.f_add(&linear(down, &h)?)?;
         }
-        self.head.forward(&x)
+        Ok(linear(&self.head, &x)?)
     }
 
     fn task(&self) -> Task {

@@ -16,6 +16,7 @@ struct Calls {
 }
 
 extern "C" fn log(ctx: *const (), level: LogLevel, _: RStr<'_>, _: RStr<'_>) {
+    // SAFETY: `ctx` is the `Calls` this test's host API was built with, alive for the test.
     let calls = unsafe { &*(ctx as *const Calls) };
     if level == LogLevel::Warn {
         calls.warnings.fetch_add(1, Ordering::SeqCst);
@@ -23,6 +24,7 @@ extern "C" fn log(ctx: *const (), level: LogLevel, _: RStr<'_>, _: RStr<'_>) {
 }
 
 extern "C" fn double(ctx: *const (), tensor: TensorRef) -> RResult<(), RString> {
+    // SAFETY: `ctx` is the `Calls` this test's host API was built with, alive for the test.
     let calls = unsafe { &*(ctx as *const Calls) };
     calls.reduces.fetch_add(1, Ordering::SeqCst);
     tensor.with(|t| {

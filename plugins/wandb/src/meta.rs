@@ -65,6 +65,7 @@ pub fn local_stamp(unix: f64) -> String {
     let t = unix as libc::time_t;
     // SAFETY: localtime_r writes only into `tm`, which we own.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: localtime_r reads `t` and writes only into `tm`, both ours.
     if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
         return format!("{}", unix as u64);
     }
