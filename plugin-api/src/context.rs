@@ -11,8 +11,12 @@ use crate::{metrics::Scalar, schedule::Hook};
 /// duration of the call it was passed to. Null when the tensor was not asked for or
 /// does not exist (for example dataset ids of a language-model batch). With the `tch`
 /// feature, [`TensorRef::with`] borrows it as a `tch::Tensor`.
+///
+/// Neither `Copy` nor `Clone`: a plugin sees handles only inside the `&StepContext` of
+/// its call and can borrow them, not keep them, so safe code cannot read a tensor
+/// after the host freed it (`shallow_clone` gives a tensor of its own to keep).
 #[repr(transparent)]
-#[derive(StableAbi, Debug, Clone, Copy)]
+#[derive(StableAbi, Debug)]
 pub struct TensorRef {
     pub(crate) ptr: *mut (),
 }
@@ -27,18 +31,18 @@ impl TensorRef {
         TensorRef { ptr }
     }
 
-    pub fn as_raw(self) -> *mut () {
+    pub fn as_raw(&self) -> *mut () {
         self.ptr
     }
 
-    pub fn is_null(self) -> bool {
+    pub fn is_null(&self) -> bool {
         self.ptr.is_null()
     }
 }
 
 /// A parameter or gradient with its name in the model (`transformer.h.0.attn.c_attn.weight`).
 #[repr(C)]
-#[derive(StableAbi, Debug, Clone, Copy)]
+#[derive(StableAbi, Debug)]
 pub struct NamedTensor<'a> {
     pub name: RStr<'a>,
     pub tensor: TensorRef,
@@ -55,7 +59,7 @@ impl<'a> NamedTensor<'a> {
 
 /// Tensors of the current batch. Each is null unless the attachment asked for it.
 #[repr(C)]
-#[derive(StableAbi, Debug, Clone, Copy)]
+#[derive(StableAbi, Debug)]
 pub struct StepTensors {
     /// A scalar on the device. At `AfterForward`: this micro-batch's mean loss
     /// (divided by `accum_steps` when accumulating), still in the autograd graph
@@ -138,7 +142,7 @@ pub struct DeviceInfo<'a> {
 
 /// The context of a scheduled hook call (and of [`Hook::Eval`]).
 #[repr(C)]
-#[derive(StableAbi, Debug, Clone, Copy)]
+#[derive(StableAbi, Debug)]
 pub struct StepContext<'a> {
     pub hook: Hook,
     /// The optimizer step, from 1.
@@ -271,4 +275,36 @@ pub struct RunEnd<'a> {
     pub wall_s: f64,
     /// Final core scalars (`train/loss`, `eval/loss`, ...).
     pub scalars: RSlice<'a, Scalar<'a>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::marker::PhantomData;
+
+    use super::*;
+
+    // Whether `T` is Copy / Clone, decided at compile time: the inherent constant
+    // exists only when the bound holds and then wins over the trait's default.
+    struct Probe<T>(PhantomData<T>);
+    trait Fallback {
+        const COPY: bool = false;
+        const CLONE: bool = false;
+    }
+    impl<T> Fallback for Probe<T> {}
+    impl<T: Copy> Probe<T> {
+        const COPY: bool = true;
+    }
+    struct CloneProbe<T>(PhantomData<T>);
+    impl<T> Fallback for CloneProbe<T> {}
+    impl<T: Clone> CloneProbe<T> {
+        const CLONE: bool = true;
+    }
+
+    #[test]
+    fn a_tensor_handle_cannot_be_copied_out_of_its_call() {
+        assert!(!Probe::<TensorRef>::COPY && !CloneProbe::<TensorRef>::CLONE);
+        assert!(!Probe::<StepTensors>::COPY && !CloneProbe::<StepContext<'static>>::CLONE);
+        // The probe itself tells a Copy type apart.
+        assert!(Probe::<u64>::COPY && CloneProbe::<String>::CLONE);
+    }
 }

@@ -8,7 +8,7 @@ use crate::context::TensorRef;
 impl TensorRef {
     /// Calls `f` with the tensor borrowed, or returns `None` for a null handle.
     /// The tensor is never freed here: the host owns it.
-    pub fn with<R>(self, f: impl FnOnce(&tch::Tensor) -> R) -> Option<R> {
+    pub fn with<R>(&self, f: impl FnOnce(&tch::Tensor) -> R) -> Option<R> {
         if self.ptr.is_null() {
             return None;
         }
@@ -19,7 +19,7 @@ impl TensorRef {
     }
 
     /// A new handle to the same storage, owned by the caller (it may outlive the call).
-    pub fn shallow_clone(self) -> Option<tch::Tensor> {
+    pub fn shallow_clone(&self) -> Option<tch::Tensor> {
         self.with(|t| t.shallow_clone())
     }
 

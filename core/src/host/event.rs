@@ -103,15 +103,23 @@ impl Event<'_> {
 
 /// The step context with only the tensors `needs` asked for.
 fn masked<'a>(ctx: &StepContext<'a>, needs: Needs) -> StepContext<'a> {
-    let keep = |flag: Needs, t: TensorRef| if needs.contains(flag) { t } else { TensorRef::NULL };
+    let keep = |flag: Needs, t: &TensorRef| {
+        if needs.contains(flag) {
+            // SAFETY: the handle comes from `ctx`, whose tensors the host keeps alive for
+            // the whole call the masked context is made for.
+            unsafe { TensorRef::from_raw(t.as_raw()) }
+        } else {
+            TensorRef::NULL
+        }
+    };
     let t = &ctx.tensors;
     StepContext {
         tensors: StepTensors {
-            loss: keep(Needs::LOSS, t.loss),
-            logits: keep(Needs::LOGITS, t.logits),
-            labels: keep(Needs::LABELS, t.labels),
-            dataset_ids: keep(Needs::DATASET_IDS, t.dataset_ids),
-            inputs: keep(Needs::INPUTS, t.inputs),
+            loss: keep(Needs::LOSS, &t.loss),
+            logits: keep(Needs::LOGITS, &t.logits),
+            labels: keep(Needs::LABELS, &t.labels),
+            dataset_ids: keep(Needs::DATASET_IDS, &t.dataset_ids),
+            inputs: keep(Needs::INPUTS, &t.inputs),
         },
         params: if needs.contains(Needs::PARAMS) { ctx.params } else { RSlice::EMPTY },
         grads: if needs.contains(Needs::GRADS) { ctx.grads } else { RSlice::EMPTY },
