@@ -54,9 +54,7 @@ impl Pretrained {
             return Pretrained::with_tokenizer(model, vars, config, tokenizer_path.is_file().then_some(tokenizer_path), eos);
         }
         let checkpoint = hf::resolve_checkpoint(source)?;
-        let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
-        let text = std::fs::read_to_string(&config_path).map_err(|e| Error::Io { path: config_path.clone(), source: e })?;
-        let mut config: Config = ConfigBuilder::default().toml(&text, &config_path.display().to_string())?.build_recorded()?;
+        let mut config = hf::recorded_config(&checkpoint)?;
         // The checkpoint holds every weight: build the model bare, then load them.
         let init_from = std::mem::take(&mut config.model.init_from);
         let vars = nn::VarStore::new(device);

@@ -48,6 +48,13 @@ pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
 
 pub const GENERATION_CONFIG: &str = "generation_config.json";
 
+/// The configuration a checkpoint was trained with (its `config.toml`), as recorded.
+pub fn recorded_config(checkpoint: &Path) -> Result<Config> {
+    let path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+    ConfigBuilder::default().toml(&text, &path.display().to_string())?.build_recorded()
+}
+
 fn checkpoint_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Checkpoint { path: path.to_owned(), message: message.into() }
 }
@@ -70,8 +77,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported>
     let checkpoint = resolve_checkpoint(path)?;
     let manifest = ptrain_checkpoint::validate(&checkpoint).map_err(|e| checkpoint_error(&checkpoint, e.to_string()))?;
     let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
-    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::Io { path: config_path.clone(), source: e })?;
-    let config: Config = ConfigBuilder::default().toml(&text, &config_path.display().to_string())?.build_recorded()?;
+    let config = recorded_config(&checkpoint)?;
     let m = &config.model;
     let tokenizer = Path::new(&config.data.tokenizer);
     if with_tokenizer && !config.data.tokenizer.is_empty() && !tokenizer.is_file() {

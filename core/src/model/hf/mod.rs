@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 pub use arch::HfArch;
 pub use config::Gpt2Arch;
-pub use export::{export, resolve_checkpoint, Exported, GENERATION_CONFIG};
+pub use export::{export, recorded_config, resolve_checkpoint, Exported, GENERATION_CONFIG};
 pub use llama_config::LlamaArch;
 pub use load::load_weights;
 
