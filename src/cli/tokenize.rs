@@ -7,6 +7,9 @@ use ptrain_core::data::token_cache::Tokenizing;
 
 /// Tokenize data.path (and data.val_path) with data.tokenizer into the token cache.
 ///
+/// Instruction data (`data.kind = "chat"` or `"prompt_completion"`) is encoded
+/// with its trained-token masks, and the rows cut or left out are counted.
+///
 /// What `ptrain run` does first, without training: a later run with the same
 /// tokenizer and text reuses the cached ids. Useful before a distributed run (every
 /// rank would otherwise tokenize), and to measure tokenization speed.
@@ -26,11 +29,14 @@ pub struct TokenizeArgs {
 
 pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
     let config = ptrain_core::ConfigBuilder::layered(&args.config, &args.set)?.build()?;
+    if config.data.kind.is_instruction() {
+        return instruction(&config, args.json);
+    }
     if !config.tokenizes() {
         return Err(ptrain_core::Error::from(ptrain_core::ConfigError {
             origin: "configuration".into(),
             key: "data.tokenizer".into(),
-            message: "ptrain tokenize needs data.tokenizer and data.kind = \"text\" or \"jsonl\"".into(),
+            message: "ptrain tokenize needs data.tokenizer and data.kind = \"text\", \"jsonl\", \"chat\" or \"prompt_completion\"".into(),
         })
         .into());
     }
@@ -51,6 +57,32 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
         } else {
             outln!("{}: {} tokens in {:.2}s ({rate:.0} tokens/s) -> {}", t.source.display(), t.tokens, t.seconds, t.file.display());
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Instruction data: every file encoded with its trained-token masks into the
+/// cache, and what was cut or left out.
+fn instruction(config: &ptrain_core::Config, json: bool) -> anyhow::Result<ExitCode> {
+    let data = ptrain_core::data::instruct::InstructData::from_config(config, ptrain_core::data::seq_len(config))?;
+    let counts = data.counts;
+    for (name, file, rows) in data.files() {
+        if json {
+            outln!("{}", serde_json::json!({ "source": name, "file": file, "rows": rows }));
+        } else {
+            outln!("{name}: {rows} rows -> {}", file.display());
+        }
+    }
+    if json {
+        outln!("{}", serde_json::json!({ "counts": counts }));
+    } else {
+        outln!(
+            "{} rows: {} truncated, {} dropped as too long, {} dropped with no trained token",
+            counts.rows,
+            counts.truncated,
+            counts.dropped_too_long,
+            counts.dropped_untrained
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

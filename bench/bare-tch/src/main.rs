@@ -261,7 +261,7 @@ impl Loop {
         let sums = tch::no_grad(|| {
             let mut acc = Tensor::zeros([3], (Kind::Double, self.device));
             for i in 0..batches {
-                let key = BatchKey { step: i, micro: 0, first_sample: 0, count: b };
+                let key = BatchKey { step: i, micro: 0, first_sample: 0, count: b, stream: i * b };
                 let batch = self.dataset.batch(Split::Val, key).expect("batch").to_device(self.device, false);
                 let logits = self.forward(&batch.inputs, false);
                 let loss = model::loss(self.task, &logits, &batch.targets).to_kind(Kind::Double);
@@ -346,7 +346,11 @@ fn run(args: Args) -> Result<serde_json::Value, Error> {
         }
         let mut step_loss: Option<Tensor> = None;
         for micro in 0..accum {
-            let batch = lp.dataset.batch(Split::Train, BatchKey { step, micro, first_sample: 0, count: b }).expect("batch").to_device(device, false);
+            let batch = lp
+                .dataset
+                .batch(Split::Train, BatchKey { step, micro, first_sample: 0, count: b, stream: 0 })
+                .expect("batch")
+                .to_device(device, false);
             let logits = lp.forward(&batch.inputs, true);
             let loss = model::loss(task, &logits, &batch.targets);
             // Out of place, as ptrain: the mean over the micro-batches.

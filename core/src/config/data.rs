@@ -24,6 +24,13 @@ pub struct DataConfig {
     pub eos_token: String,
     /// Where tokenized data is cached (empty: `tokens-cache/` beside the run directory).
     pub tokens_cache: String,
+    /// `chat` / `prompt_completion`: which tokens the loss is computed on.
+    pub train_on: TrainOn,
+    /// `chat` / `prompt_completion`: what happens to a row longer than the sequence.
+    pub overflow: Overflow,
+    /// `chat` / `prompt_completion`: rows concatenated into full sequences, each
+    /// attending only to itself, instead of one padded row per sequence.
+    pub packing: bool,
     /// Last: an array of tables must follow plain values in TOML output.
     pub datasets: Vec<DatasetSpec>,
 }
@@ -40,6 +47,46 @@ pub enum DataKind {
     /// Classification rows: `{"dataset": "a", "features": [..], "label": 3}`; with
     /// `tokenizer`, text rows `{"text": "..."}` for a language model.
     Jsonl,
+    /// Conversations `{"messages": [{"role", "content"}]}` (or ShareGPT's
+    /// `conversations` with `from`/`value`), rendered with the model's chat template.
+    Chat,
+    /// `{"prompt": .., "completion": ..}`: strings, or message lists rendered with
+    /// the chat template.
+    PromptCompletion,
+}
+
+impl DataKind {
+    /// Instruction data: rows tokenized with their trained-token masks.
+    pub fn is_instruction(self) -> bool {
+        matches!(self, DataKind::Chat | DataKind::PromptCompletion)
+    }
+}
+
+/// Which tokens of instruction data are trained (the rest are label -100). The
+/// end-of-turn token closing a trained assistant turn, and the EOS after a
+/// completion, are trained.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainOn {
+    /// `assistant` for chat data, `completion` for prompt/completion data.
+    Auto,
+    /// Every assistant turn.
+    Assistant,
+    /// Only the last assistant turn of each conversation.
+    LastAssistant,
+    /// The completion of a prompt/completion row.
+    Completion,
+    /// Every token.
+    All,
+}
+
+/// A row longer than the sequence: cut to fit, or left out. Either way a row whose
+/// trained tokens are all cut off is left out; both are counted.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Overflow {
+    Truncate,
+    Drop,
 }
 
 /// One dataset of a weighted mix.

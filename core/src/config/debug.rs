@@ -37,6 +37,11 @@ pub struct DebugConfig {
     /// producing this step's batch. 0 = never.
     #[serde(default)]
     pub data_panic_at_step: u64,
+    /// Packed rows attend to every earlier position of their sequence, the rows
+    /// before them included (positions still restart at each row): the cross-talk
+    /// `data.packing` exists to prevent, for showing that the tests detect it.
+    #[serde(default)]
+    pub packing_cross_talk: bool,
 }
 
 /// 1 PiB: more than any machine has, and more than a 47-bit address space maps.

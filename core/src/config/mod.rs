@@ -24,7 +24,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-pub use data::{DataConfig, DataKind, DatasetSpec};
+pub use data::{DataConfig, DataKind, DatasetSpec, Overflow, TrainOn};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use model::{Activation, LlamaArgs, ModelConfig, ModelKind, RopeScaling, TaskKind};
@@ -267,6 +267,7 @@ impl Config {
             ));
         }
         self.validate_pretrained()?;
+        self.validate_instruction()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });
@@ -287,7 +288,7 @@ impl Config {
         if let Some(p) = named(&self.data.val_path) {
             files.push(("data.val_path", p));
         }
-        if self.data.kind == DataKind::Jsonl {
+        if self.data.kind == DataKind::Jsonl || self.data.kind.is_instruction() {
             files.extend(self.data.datasets.iter().filter_map(|d| named(&d.path)).map(|p| ("data.datasets.path", p)));
         }
         if self.model.kind == ModelKind::Torchscript {

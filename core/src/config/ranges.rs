@@ -102,6 +102,7 @@ pub const RULES: &[(&str, Range)] = &[
     ("run.threads", int(1).or_zero("libtorch's default")),
     ("run.shutdown_timeout_s", positive()),
     ("train.steps", int(1)),
+    ("train.epochs", non_negative()),
     ("train.eval_every", int(1).or_zero("only at the end")),
     ("train.eval_batches", int(1)),
     ("train.empty_cache_every", int(1).or_zero("never")),

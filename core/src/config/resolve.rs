@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use super::{Config, DataKind, ModelKind, TaskKind};
+use super::{Config, DataKind, ModelKind, TaskKind, TrainOn};
 use crate::{
     error::{ConfigError, Error},
     model::hf::{
@@ -56,7 +56,10 @@ impl Config {
             self.model = table.try_into().map_err(|e: toml::de::Error| bad("model", e.message().to_string()))?;
             // The tokenizer saved with the model, unless the data says otherwise.
             let beside = hf.dir.join("tokenizer.json");
-            if self.data.tokenizer.is_empty() && matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) && beside.is_file() {
+            if self.data.tokenizer.is_empty()
+                && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_instruction())
+                && beside.is_file()
+            {
                 tracing::info!("data.tokenizer = {} (beside model.init_from)", beside.display());
                 self.data.tokenizer = beside.display().to_string();
             }
@@ -77,9 +80,48 @@ impl Config {
         Ok(())
     }
 
-    /// Whether `data.tokenizer` applies: text or JSONL data with a tokenizer.
+    /// Whether `data.tokenizer` applies: text or JSONL data with a tokenizer, or
+    /// instruction data.
     pub fn tokenizes(&self) -> bool {
-        !self.data.tokenizer.is_empty() && matches!(self.data.kind, DataKind::Text | DataKind::Jsonl)
+        !self.data.tokenizer.is_empty() && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_instruction())
+    }
+
+    /// The combinations instruction data (`chat`, `prompt_completion`) allows.
+    pub(super) fn validate_instruction(&self) -> Result<(), Error> {
+        let data = &self.data;
+        if !data.kind.is_instruction() {
+            for (key, set) in [("data.packing", data.packing), ("data.train_on", data.train_on != TrainOn::Auto)] {
+                if set {
+                    return Err(bad(key, "applies to instruction data (data.kind = \"chat\" or \"prompt_completion\")"));
+                }
+            }
+            return Ok(());
+        }
+        if data.tokenizer.is_empty() {
+            return Err(bad(
+                "data.tokenizer",
+                "instruction data needs a tokenizer.json (with the tokenizer_config.json that holds the chat template beside it); \
+                 it defaults to the one beside model.init_from",
+            ));
+        }
+        if !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
+            return Err(bad("data.kind", "instruction data trains a language model: model.kind = \"gpt\" or \"llama\""));
+        }
+        let allowed: &[TrainOn] = match data.kind {
+            DataKind::Chat => &[TrainOn::Auto, TrainOn::Assistant, TrainOn::LastAssistant, TrainOn::All],
+            _ => &[TrainOn::Auto, TrainOn::Completion, TrainOn::All],
+        };
+        if !allowed.contains(&data.train_on) {
+            let names: Vec<String> = allowed.iter().map(|t| format!("{t:?}")).collect();
+            return Err(bad(
+                "data.train_on",
+                format!("{:?} does not apply to data.kind = {:?}; use one of {}", data.train_on, data.kind, names.join(", ")).to_lowercase(),
+            ));
+        }
+        if data.path.is_empty() && data.datasets.is_empty() {
+            return Err(bad("data.path", "instruction data reads data.path or [[data.datasets]] files"));
+        }
+        Ok(())
     }
 
     pub(super) fn validate_llama(&self) -> Result<(), Error> {
@@ -101,7 +143,7 @@ impl Config {
             return Ok(());
         }
         if !self.tokenizes() {
-            return Err(bad("data.tokenizer", "tokenizes data.kind = \"text\" or \"jsonl\""));
+            return Err(bad("data.tokenizer", "tokenizes data.kind = \"text\", \"jsonl\", \"chat\" or \"prompt_completion\""));
         }
         let language_model =
             matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) || (m.kind == ModelKind::Torchscript && m.task == TaskKind::LanguageModel);
@@ -111,11 +153,14 @@ impl Config {
                 "tokenized text is for language models (model.kind = \"gpt\" or \"llama\", or torchscript with task = \"language_model\")",
             ));
         }
-        if !self.data.datasets.is_empty() {
-            return Err(bad("data.datasets", "tokenized text reads data.path (and data.val_path); mixes are for classification rows"));
+        if !self.data.datasets.is_empty() && !self.data.kind.is_instruction() {
+            return Err(bad(
+                "data.datasets",
+                "tokenized text reads data.path (and data.val_path); mixes are for classification rows and instruction data",
+            ));
         }
-        if !self.data.eos_token.is_empty() && self.data.kind != DataKind::Jsonl {
-            return Err(bad("data.eos_token", "separates JSONL rows: it needs data.kind = \"jsonl\""));
+        if !self.data.eos_token.is_empty() && !matches!(self.data.kind, DataKind::Jsonl | DataKind::PromptCompletion) {
+            return Err(bad("data.eos_token", "separates JSONL rows or ends completions: it needs data.kind = \"jsonl\" or \"prompt_completion\""));
         }
         Ok(())
     }

@@ -5,6 +5,9 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     pub steps: u64,
+    /// Passes over the training data, instead of `steps` when above 0: the steps
+    /// are `ceil(epochs * samples / global batch)`.
+    pub epochs: f64,
     pub precision: Precision,
     pub eval_every: u64,
     pub eval_batches: u64,

@@ -60,6 +60,7 @@ impl ChatTemplate {
             };
             (text, config_path.clone())
         };
+        let text = without_generation_tags(&text);
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |message: String| -> std::result::Result<String, JinjaError> {
@@ -72,6 +73,11 @@ impl ChatTemplate {
         Ok(Some(ChatTemplate { env, source, bos_token: token_text(config.get("bos_token")), eos_token: token_text(config.get("eos_token")) }))
     }
 
+    /// Where the template came from, for messages.
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
     /// The conversation as text, ending with the assistant's turn opened when
     /// `add_generation_prompt`.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
@@ -81,5 +87,53 @@ impl ChatTemplate {
         template
             .render(context! { messages => messages, add_generation_prompt => add_generation_prompt, bos_token => self.bos_token.as_str(), eos_token => self.eos_token.as_str() })
             .map_err(|e| Error::Data { path: self.source.clone(), message: format!("the chat template failed to render: {e}") })
+    }
+}
+
+/// `{% generation %}` / `{% endgeneration %}` (transformers' marks for
+/// `return_assistant_tokens_mask`, which TRL's `assistant_only_loss` reads) are not
+/// Jinja: each becomes a block that always renders, keeping its whitespace control
+/// (`{%- generation -%}`). ptrain finds the trained tokens by rendering prefixes
+/// instead (see `data::instruct::encode`), so templates with and without the marks
+/// train the same tokens.
+fn without_generation_tags(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find("{%") {
+        out.push_str(&rest[..open]);
+        let Some(close) = rest[open..].find("%}").map(|c| open + c + 2) else {
+            out.push_str(&rest[open..]);
+            return out;
+        };
+        let tag = &rest[open..close];
+        let inner = tag[2..tag.len() - 2].trim_start_matches('-').trim_end_matches('-').trim();
+        let (left, right) = (if tag.starts_with("{%-") { "-" } else { "" }, if tag.ends_with("-%}") { "-" } else { "" });
+        match inner {
+            "generation" => out.push_str(&format!("{{%{left} if true {right}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{left} endif {right}%}}")),
+            _ => out.push_str(tag),
+        }
+        rest = &rest[close..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The `eos_token` of the `tokenizer_config.json` in `dir` (empty when none).
+pub fn eos_token(dir: &Path) -> String {
+    let path = dir.join("tokenizer_config.json");
+    let config: Option<serde_json::Map<String, Value>> = std::fs::read_to_string(path).ok().and_then(|t| serde_json::from_str(&t).ok());
+    token_text(config.as_ref().and_then(|c| c.get("eos_token")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_generation_tags;
+
+    #[test]
+    fn generation_marks_become_blocks_that_always_render() {
+        let t = "{%- if x %}a{% generation %}b{%- endgeneration -%}{% endif %}";
+        assert_eq!(without_generation_tags(t), "{%- if x %}a{% if true %}b{%- endif -%}{% endif %}");
+        assert_eq!(without_generation_tags("no tags {{ x }}"), "no tags {{ x }}");
     }
 }

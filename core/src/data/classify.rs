@@ -195,6 +195,8 @@ impl Dataset for Classification {
             inputs: Tensor::f_from_slice(&features)?.f_view([b as i64, f as i64])?,
             targets: Tensor::f_from_slice(&labels)?,
             dataset_ids: Some(Tensor::f_from_slice(&ids)?),
+            segments: None,
+            trained_tokens: None,
             samples: b as i64,
             tokens: b as i64,
         })

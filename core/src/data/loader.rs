@@ -27,16 +27,15 @@ pub struct DrawPlan {
     pub accum_steps: u64,
     pub batch_size: u64,
     pub rank: u64,
+    pub world: u64,
 }
 
 impl DrawPlan {
     fn key(&self, draw: u64) -> BatchKey {
-        BatchKey {
-            step: self.first_step + draw / self.accum_steps,
-            micro: draw % self.accum_steps,
-            first_sample: self.rank * self.batch_size,
-            count: self.batch_size,
-        }
+        let (step, micro) = (self.first_step + draw / self.accum_steps, draw % self.accum_steps);
+        let first_sample = self.rank * self.batch_size;
+        let stream = ((step - 1) * self.accum_steps + micro) * self.world * self.batch_size + first_sample;
+        BatchKey { step, micro, first_sample, count: self.batch_size, stream }
     }
 }
 
@@ -120,7 +119,7 @@ mod tests {
     use crate::config::Config;
 
     fn plan() -> DrawPlan {
-        DrawPlan { first_step: 1, accum_steps: 2, batch_size: 4, rank: 0 }
+        DrawPlan { first_step: 1, accum_steps: 2, batch_size: 4, rank: 0, world: 1 }
     }
 
     #[test]
@@ -141,7 +140,7 @@ mod tests {
     fn a_rank_shard_is_a_slice_of_the_global_batch() {
         let config = Config::default();
         let dataset = crate::data::from_config(&config).unwrap();
-        let key = |first, count| BatchKey { step: 3, micro: 0, first_sample: first, count };
+        let key = |first, count| BatchKey { step: 3, micro: 0, first_sample: first, count, stream: first };
         let global = dataset.batch(Split::Train, key(0, 8)).unwrap().inputs;
         let shard = dataset.batch(Split::Train, key(4, 4)).unwrap().inputs;
         assert!(global.narrow(0, 4, 4).equal(&shard));

@@ -9,6 +9,7 @@
 
 pub mod chat_template;
 mod classify;
+pub mod instruct;
 pub mod loader;
 pub mod token_cache;
 pub mod tokenize;
@@ -32,12 +33,36 @@ use crate::{
 pub struct Batch {
     /// `[B, T]` int64 tokens or `[B, F]` float features.
     pub inputs: Tensor,
-    /// `[B, T]` next tokens or `[B]` class ids.
+    /// `[B, T]` next tokens (-100: not trained) or `[B]` class ids.
     pub targets: Tensor,
-    /// `[B]` int64 dataset index, for classification mixes.
+    /// `[B]` int64 dataset index, for classification mixes; `[B, T]` per token for
+    /// instruction data (a packed sequence holds rows of several sources).
     pub dataset_ids: Option<Tensor>,
+    /// Packed sequences: where each row lies (`None`: one sequence per sample).
+    pub segments: Option<Segments>,
+    /// Instruction data: the targets that are not -100, counted on the host. The
+    /// loss of a step is then the sum over its trained tokens divided by their
+    /// number in the whole step (all micro-batches, all ranks). `None`: every
+    /// target counts, and a micro-batch's loss is its mean.
+    pub trained_tokens: Option<i64>,
     pub samples: i64,
     pub tokens: i64,
+}
+
+/// Where the rows of packed sequences lie: positions restart at 0 at each row, and
+/// a token attends only to the earlier tokens of its own row.
+#[derive(Debug)]
+pub struct Segments {
+    /// `[B, T]` int64 position of each token within its row.
+    pub positions: Tensor,
+    /// `[B, T]` int64 row number within its sequence, from 1; 0 is padding.
+    pub ids: Tensor,
+}
+
+impl Segments {
+    fn map(self, f: impl Fn(Tensor) -> Tensor) -> Segments {
+        Segments { positions: f(self.positions), ids: f(self.ids) }
+    }
 }
 
 impl Batch {
@@ -54,7 +79,13 @@ impl Batch {
                 t
             }
         };
-        Batch { inputs: pin(self.inputs), targets: pin(self.targets), dataset_ids: self.dataset_ids.map(pin), ..self }
+        Batch {
+            inputs: pin(self.inputs),
+            targets: pin(self.targets),
+            dataset_ids: self.dataset_ids.map(pin),
+            segments: self.segments.map(|s| s.map(pin)),
+            ..self
+        }
     }
 
     /// Moves the batch to `device` (a no-op on the CPU).
@@ -63,7 +94,13 @@ impl Batch {
             return self;
         }
         let move_ = |t: Tensor| t.to_device_(device, t.kind(), non_blocking, false);
-        Batch { inputs: move_(self.inputs), targets: move_(self.targets), dataset_ids: self.dataset_ids.map(move_), ..self }
+        Batch {
+            inputs: move_(self.inputs),
+            targets: move_(self.targets),
+            dataset_ids: self.dataset_ids.map(move_),
+            segments: self.segments.map(|s| s.map(move_)),
+            ..self
+        }
     }
 }
 
@@ -81,6 +118,11 @@ pub struct BatchKey {
     pub micro: u64,
     pub first_sample: u64,
     pub count: u64,
+    /// The place of this batch's first sample in the run's stream of samples, all
+    /// ranks together: `((step - 1) * accum_steps + micro) * ranks * batch_size +
+    /// first_sample`. Data read in epochs (instruction data) draws by it, so a
+    /// step holds the same samples however it is split into micro-batches and ranks.
+    pub stream: u64,
 }
 
 /// What the model trains on.
@@ -101,19 +143,29 @@ pub trait Dataset: Send + Sync {
     fn num_classes(&self) -> i64 {
         0
     }
+    /// Instruction data: the rows read, cut and left out.
+    fn row_counts(&self) -> Option<instruct::RowCounts> {
+        None
+    }
+}
+
+/// Positions of a language model's sequences: `data.max_seq_len`, or the model's.
+pub fn seq_len(config: &Config) -> i64 {
+    match config.data.max_seq_len {
+        n if n > 0 => n.min(config.model.block_size),
+        _ => config.model.block_size,
+    }
 }
 
 /// Builds the dataset the configuration describes.
 pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
     let data = &config.data;
-    let seq_len = match data.max_seq_len {
-        n if n > 0 => n.min(config.model.block_size),
-        _ => config.model.block_size,
-    };
+    let seq_len = seq_len(config);
     let classify = config.model.kind == crate::config::ModelKind::Mlp
         || (config.model.kind == crate::config::ModelKind::Torchscript && config.model.task == crate::config::TaskKind::Classification);
     let tokenized = !data.tokenizer.is_empty() && matches!(data.kind, DataKind::Text | DataKind::Jsonl);
     Ok(match (data.kind, classify) {
+        (DataKind::Chat | DataKind::PromptCompletion, _) => Arc::new(instruct::InstructData::from_config(config, seq_len)?),
         _ if tokenized => Arc::new(token_cache::windows(config, seq_len)?),
         (DataKind::Synthetic, false) => Arc::new(TokenWindows::synthetic(config, seq_len)),
         (DataKind::Synthetic, true) => Arc::new(Classification::synthetic(config)),

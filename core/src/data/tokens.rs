@@ -202,6 +202,8 @@ impl Dataset for TokenWindows {
             inputs: all.f_narrow(1, 0, t as i64)?.f_contiguous()?,
             targets: all.f_narrow(1, 1, t as i64)?.f_contiguous()?,
             dataset_ids: None,
+            segments: None,
+            trained_tokens: None,
             samples: b as i64,
             tokens: (b * t) as i64,
         })

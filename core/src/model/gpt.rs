@@ -4,7 +4,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::{kv_cache::KvCache, Layer, LayerKind, Model, Task};
-use crate::{config::ModelConfig, error::Result};
+use crate::{config::ModelConfig, data::Segments, error::Result};
 
 // The forward pass uses tch's `f_` functions, so a libtorch error (a bad shape,
 // out of memory) comes back as an error, not a panic.
@@ -64,16 +64,17 @@ impl Block {
     }
 
     /// One block; with a cache, the new keys and values join it and the queries
-    /// attend over all it holds.
-    fn forward(&self, x: &Tensor, train: bool, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
+    /// attend over all it holds; with a mask (packed rows), only where it allows.
+    fn forward(&self, x: &Tensor, train: bool, cache: Option<(&mut KvCache, usize)>, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t, d) = x.size3()?;
         let heads = |z: &Tensor| z.f_view([b, t, self.n_head, d / self.n_head])?.f_transpose(1, 2);
         let qkv = linear(&self.c_attn, &norm(&self.ln_1, x, self.eps)?)?.f_split(d, 2)?;
         let p = if train { self.dropout } else { 0.0 };
         let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
-        let y = match cache {
-            None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, false)?,
-            Some((cache, layer)) => {
+        let y = match (cache, mask) {
+            (None, None) => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, false)?,
+            (None, Some(mask)) => Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(mask), p, false, None, false)?,
+            (Some((cache, layer)), _) => {
                 let seen = cache.append(layer, &k, &v)?;
                 Tensor::f_scaled_dot_product_attention(&q, &seen.keys, &seen.values, seen.mask.as_ref(), 0.0, seen.causal, None, false)?
             }
@@ -108,16 +109,20 @@ impl Gpt {
 }
 
 impl Gpt {
-    fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+    fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
         let (_, t) = inputs.size2()?;
         let start = cache.as_ref().map_or(0, |c| c.len());
         if let Some(c) = cache.as_deref() {
             c.reserve(t)?;
         }
-        let pos = Tensor::f_arange_start(start, start + t, (Kind::Int64, inputs.device()))?;
+        let pos = match packed {
+            Some(s) => s.positions.shallow_clone(),
+            None => Tensor::f_arange_start(start, start + t, (Kind::Int64, inputs.device()))?,
+        };
+        let mask = packed.map(|s| super::packed_attention_mask(&s.ids)).transpose()?;
         let mut x = embed(&self.wte, inputs)?.f_add(&embed(&self.wpe, &pos)?)?.f_dropout(self.config.dropout, train)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            x = block.forward(&x, train, cache.as_deref_mut().map(|c| (c, i)))?;
+            x = block.forward(&x, train, cache.as_deref_mut().map(|c| (c, i)), mask.as_ref())?;
         }
         if let Some(c) = cache {
             c.advance(t);
@@ -129,7 +134,11 @@ impl Gpt {
 
 impl Model for Gpt {
     fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor> {
-        self.run(inputs, train, None)
+        self.run(inputs, train, None, None)
+    }
+
+    fn forward_packed(&mut self, inputs: &Tensor, segments: &Segments, train: bool) -> Result<Tensor> {
+        self.run(inputs, train, None, Some(segments))
     }
 
     fn new_cache(&self, capacity: i64) -> Option<KvCache> {
@@ -137,7 +146,7 @@ impl Model for Gpt {
     }
 
     fn forward_cached(&mut self, inputs: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
-        self.run(inputs, false, Some(cache))
+        self.run(inputs, false, Some(cache), None)
     }
 
     fn task(&self) -> Task {

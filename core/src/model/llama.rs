@@ -13,6 +13,7 @@ use super::{
 };
 use crate::{
     config::{LlamaArgs, ModelConfig},
+    data::Segments,
     error::Result,
 };
 
@@ -112,7 +113,14 @@ impl DecoderLayer {
 
     /// One layer over `x` `[B, T, D]` with those positions' cos and sin; with a cache,
     /// the new keys and values join it and the queries attend over all it holds.
-    fn forward(&self, x: &Tensor, (cos, sin): (&Tensor, &Tensor), train: bool, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
+        train: bool,
+        cache: Option<(&mut KvCache, usize)>,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (b, t, _) = x.size3()?;
         let h = self.input_norm.forward(x)?;
         let q = self.heads(apply(&self.q_proj, &h)?, self.dims.heads, self.q_norm.as_ref())?;
@@ -120,9 +128,10 @@ impl DecoderLayer {
         let v = self.heads(apply(&self.v_proj, &h)?, self.dims.kv_heads, None)?;
         let (q, k) = (rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?);
         let p = if train { self.dims.dropout } else { 0.0 };
-        let y = match cache {
-            None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, true)?,
-            Some((cache, layer)) => {
+        let y = match (cache, mask) {
+            (None, None) => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, true)?,
+            (None, Some(mask)) => Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(mask), p, false, None, true)?,
+            (Some((cache, layer)), _) => {
                 let seen = cache.append(layer, &k, &v)?;
                 Tensor::f_scaled_dot_product_attention(&q, &seen.keys, &seen.values, seen.mask.as_ref(), 0.0, seen.causal, None, true)?
             }
@@ -163,7 +172,7 @@ impl Llama {
         }
     }
 
-    fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+    fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
         let t = inputs.size().last().copied().unwrap_or(0);
         let start = cache.as_ref().map_or(0, |c| c.len());
         if start + t > self.rope.positions() {
@@ -179,9 +188,13 @@ impl Llama {
         let mut x = Tensor::f_embedding(&self.embed_tokens.ws, inputs, -1, false, false)?;
         // In the embedding's type, as `transformers` casts them: float32 for float32
         // weights, also under autocast (q and k then rotate in float32).
-        let (cos, sin) = self.rope.window(start, t, x.kind())?;
+        let (cos, sin) = match packed {
+            Some(s) => self.rope.at(&s.positions, x.kind())?,
+            None => self.rope.window(start, t, x.kind())?,
+        };
+        let mask = packed.map(|s| super::packed_attention_mask(&s.ids)).transpose()?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(&x, (&cos, &sin), train, cache.as_deref_mut().map(|c| (c, i)))?;
+            x = layer.forward(&x, (&cos, &sin), train, cache.as_deref_mut().map(|c| (c, i)), mask.as_ref())?;
         }
         if let Some(c) = cache {
             c.advance(t);
@@ -193,11 +206,15 @@ impl Llama {
 
 impl Model for Llama {
     fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor> {
-        self.run(inputs, train, None)
+        self.run(inputs, train, None, None)
+    }
+
+    fn forward_packed(&mut self, inputs: &Tensor, segments: &Segments, train: bool) -> Result<Tensor> {
+        self.run(inputs, train, None, Some(segments))
     }
 
     fn forward_cached(&mut self, inputs: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
-        self.run(inputs, false, Some(cache))
+        self.run(inputs, false, Some(cache), None)
     }
 
     fn new_cache(&self, capacity: i64) -> Option<KvCache> {

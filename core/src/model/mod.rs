@@ -23,7 +23,7 @@ pub use torchscript::TorchScript;
 
 use crate::{
     config::{Config, ModelKind, TaskKind},
-    data::Dataset,
+    data::{Dataset, Segments},
     error::{Error, Result},
 };
 
@@ -91,6 +91,13 @@ pub trait Model: Send {
         true
     }
 
+    /// Logits of packed sequences: `segments` gives each token's position within its
+    /// row and its row, and a token attends only to the earlier tokens of its own
+    /// row, so each row gets exactly the logits it gets alone (`data.packing`).
+    fn forward_packed(&mut self, _inputs: &Tensor, _segments: &Segments, _train: bool) -> Result<Tensor> {
+        Err(Error::Other(format!("model.kind {:?} cannot train on packed sequences (data.packing = true)", self.kind())))
+    }
+
     /// A key/value cache for incremental decoding of at most `capacity` positions
     /// (`ptrain generate`); `None` for models that cannot decode incrementally.
     fn new_cache(&self, _capacity: i64) -> Option<KvCache> {
@@ -123,6 +130,26 @@ pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
             logits.view([-1, vocab]).cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, -100, 0.0)
         }
     }
+}
+
+/// The summed cross-entropy of a language model's `logits` `[B, T, V]` over the
+/// targets that are not -100, in float32 (see [`loss`]). Instruction data divides
+/// it by the trained tokens of the whole step.
+pub fn loss_sum(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let vocab = *logits.size().last().expect("logits have a vocabulary dimension");
+    let logits = logits.f_view([-1, vocab])?;
+    let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) { logits.f_to_kind(Kind::Float)? } else { logits };
+    Ok(logits.f_cross_entropy_loss::<Tensor>(&targets.f_view([-1])?, None, Reduction::Sum, -100, 0.0)?)
+}
+
+/// The attention mask of packed sequences, `[B, 1, T, T]` boolean: a query attends
+/// to a key at or before it in the same row (`ids` `[B, T]`, as
+/// [`Segments::ids`]). Padding is a row of its own, so no query attends to nothing.
+pub fn packed_attention_mask(ids: &Tensor) -> Result<Tensor> {
+    let t = ids.size().last().copied().unwrap_or(0);
+    let same = ids.f_unsqueeze(2)?.f_eq_tensor(&ids.f_unsqueeze(1)?)?;
+    let causal = Tensor::f_ones([t, t], (Kind::Bool, ids.device()))?.f_tril(0)?;
+    Ok(same.f_logical_and(&causal)?.f_unsqueeze(1)?)
 }
 
 /// Builds the configured model with its parameters under `vs`.

@@ -76,7 +76,7 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
     }
     let (inputs, targets) = match batch {
         ProbeBatch::Drawn { split, step } => {
-            let b = dataset.batch(split, BatchKey { step, micro: 0, first_sample: 0, count: config.data.batch_size as u64 })?;
+            let b = dataset.batch(split, BatchKey { step, micro: 0, first_sample: 0, count: config.data.batch_size as u64, stream: 0 })?;
             (b.inputs, Some(b.targets))
         }
         ProbeBatch::Given { inputs, targets } => (inputs, targets),

@@ -60,6 +60,17 @@ impl Rope {
     }
 }
 
+impl Rope {
+    /// cos and sin of each of `positions` `[B, T]` (packed rows restart at 0), in
+    /// `kind`, shaped `[B, 1, T, head_dim]` to broadcast over the heads.
+    pub fn at(&self, positions: &Tensor, kind: Kind) -> Result<(Tensor, Tensor), tch::TchError> {
+        let (b, t) = positions.size2()?;
+        let flat = positions.f_reshape([-1])?;
+        let take = |table: &Tensor| table.f_index_select(0, &flat)?.f_view([b, 1, t, -1])?.f_to_kind(kind);
+        Ok((take(&self.cos)?, take(&self.sin)?))
+    }
+}
+
 /// `x * cos + rotate_half(x) * sin` for `x` of shape `[B, heads, T, head_dim]`.
 pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, tch::TchError> {
     let half = x.size()[3] / 2;

@@ -122,9 +122,12 @@ impl Run {
         out
     }
 
-    /// Writes `<run-dir>/tensors-step<N>.rank<r>.safetensors`: `before` and the
-    /// parameters after the update (`updated/<name>`).
-    pub(super) fn dump_tensors(&self, step: u64, mut tensors: Vec<(String, Tensor)>) -> Result<()> {
+    /// Writes `<run-dir>/tensors-step<N>.rank<r>.safetensors`: `before`, each
+    /// micro-batch's tensors and per-token losses (`batch<m>/inputs`, `targets`,
+    /// `positions`, `segments`, `token_loss`) and the parameters after the update
+    /// (`updated/<name>`).
+    pub(super) fn dump_tensors(&mut self, step: u64, mut tensors: Vec<(String, Tensor)>) -> Result<()> {
+        tensors.append(&mut self.staged.dumped);
         for (name, p) in &self.learner.params {
             tensors.push((format!("updated/{name}"), host_copy(&p.detach())));
         }

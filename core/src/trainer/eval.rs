@@ -22,12 +22,20 @@ impl Run {
         let b = self.env.config.data.batch_size as u64;
         let batches = self.env.config.train.eval_batches.max(1);
         let learner = &mut self.learner;
+        // Instruction data: the loss summed over trained tokens, and their count.
+        let mut per_token = false;
         let mut sums = tch::no_grad(|| -> Result<Tensor> {
             let mut acc = Tensor::zeros([3], (Kind::Double, device));
             for i in 0..batches {
-                let key = BatchKey { step: i, micro: 0, first_sample: rank * b, count: b };
+                let key = BatchKey { step: i, micro: 0, first_sample: rank * b, count: b, stream: i * world * b + rank * b };
                 let batch = learner.dataset.batch(Split::Val, key)?.to_device(device, true);
-                let logits = learner.forward(&batch.inputs, false)?;
+                let logits = learner.forward(&batch, false)?;
+                if let Some(trained) = batch.trained_tokens {
+                    per_token = true;
+                    let loss = model::loss_sum(&logits, &batch.targets)?.to_kind(Kind::Double);
+                    acc += Tensor::stack(&[loss, Tensor::zeros([], (Kind::Double, device)), Tensor::from(trained as f64).to_device(device)], 0);
+                    continue;
+                }
                 let loss = model::loss(learner.task, &logits, &batch.targets).to_kind(Kind::Double);
                 let right = match learner.task {
                     Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
@@ -43,7 +51,7 @@ impl Run {
         // A failed read is an error, never an eval loss of 0.
         let [loss_sum, correct, count] = <[f64; 3]>::try_from(Vec::<f64>::try_from(sums.f_to_device(Device::Cpu)?)?)
             .map_err(|v| Error::Other(format!("evaluation read {} values, not 3", v.len())))?;
-        let loss = loss_sum / (batches * world) as f64;
+        let loss = if per_token { loss_sum / count.max(1.0) } else { loss_sum / (batches * world) as f64 };
         let accuracy = (learner.task == Task::Classification).then(|| correct / count.max(1.0));
         self.tally.evals.push(EvalPoint { step, loss, accuracy });
         let accuracy_text = accuracy.map(|a| format!(", accuracy {a:.3}")).unwrap_or_default();

@@ -96,7 +96,17 @@ impl Run {
         let samples = steps * tally.step_samples * env.world as u64;
         let tokens = steps * tally.step_tokens * env.world as u64;
         let p = &tally.phases_total;
+        let data_rows = self.learner.dataset.row_counts();
+        let trained_tokens = match &self.staged.trained_all_ranks {
+            _ if data_rows.is_none() => None,
+            Some(all) => Some(all.f_to_device(tch::Device::Cpu).and_then(|t| t.f_double_value(&[])).map_or(0, |v| v as u64)),
+            None => Some(tally.trained_tokens),
+        };
         let summary = Summary {
+            epochs: tally.samples_seen as f64 / self.learner.dataset.train_len().max(1) as f64,
+            trained_tokens,
+            trained_tokens_per_s: trained_tokens.map(|t| t as f64 / wall_s.max(1e-9)),
+            data_rows,
             status: status.into(),
             exit_code,
             stop_reason,

@@ -23,6 +23,7 @@
 //! # Ok::<(), ptrain_core::Error>(())
 //! ```
 
+mod batches;
 mod clock;
 mod debug;
 mod eval;

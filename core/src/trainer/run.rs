@@ -5,10 +5,10 @@ use std::{path::PathBuf, sync::Arc};
 use ptrain_plugin_api::{PhaseTimes, Task};
 use tch::{nn, Device, Tensor};
 
-use super::{debug::Faults, metrics::MetricsProcessor, nonfinite::NonFinite, stop::StopControl, summary::EvalPoint};
+use super::{batches::Staged, debug::Faults, metrics::MetricsProcessor, nonfinite::NonFinite, stop::StopControl, summary::EvalPoint};
 use crate::{
     config::Config,
-    data::{Dataset, Loader},
+    data::{Batch, Dataset, Loader},
     dist::DataParallel,
     error::{Error, Result},
     hooks::Ticker,
@@ -30,6 +30,8 @@ pub(super) struct Run {
     pub stop: StopControl,
     /// `[debug]` failures injected into the loop.
     pub faults: Faults,
+    /// Micro-batches fetched ahead within a step.
+    pub staged: Staged,
     /// Lowers the gate for time-based cadences; stops with the run.
     pub _ticker: Option<Ticker>,
 }
@@ -75,13 +77,16 @@ pub(super) struct Learner {
 impl Learner {
     /// The model's logits, under autocast when the run is in bf16. The loss is
     /// computed from them in float32 (see [`crate::model::loss`]).
-    pub fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor> {
+    /// The logits of a batch: packed sequences through `forward_packed`.
+    pub fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
         let model = &mut self.model;
+        let mut run = || match &batch.segments {
+            None => model.forward(&batch.inputs, train),
+            Some(segments) => model.forward_packed(&batch.inputs, segments, train),
+        };
         match self.autocast {
-            None => model.forward(inputs, train),
-            Some(cuda) => {
-                ptrain_torch_ext::autocast_bf16(cuda, || model.forward(inputs, train)).map_err(|e| Error::Other(format!("autocast: {e}")))?
-            }
+            None => run(),
+            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
         }
     }
 }
@@ -95,6 +100,8 @@ pub(super) struct Tally {
     /// Over every rank, since the start of training (resumed runs included).
     pub samples_seen: u64,
     pub tokens_seen: u64,
+    /// Instruction data: trained tokens (targets that are not -100) on this rank.
+    pub trained_tokens: u64,
     pub phases_total: PhaseTimes,
     /// Time spent in inline plugins' step hooks, kept out of the phases.
     pub hooks_total_s: f64,

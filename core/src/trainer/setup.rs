@@ -100,7 +100,15 @@ impl Run {
             None => Optimizer::new(&config.optim, &params)?,
         };
 
-        let total_steps = config.train.steps;
+        let total_steps = match config.train.epochs {
+            e if e > 0.0 => {
+                let global = config.data.batch_size as u64 * config.optim.accum_steps * world as u64;
+                let steps = (e * dataset.train_len() as f64 / global as f64).ceil().max(1.0) as u64;
+                tracing::info!("train.epochs = {e}: {steps} steps of {global} samples over {} training samples", dataset.train_len());
+                steps
+            }
+            _ => config.train.steps,
+        };
         let restored = match &checkpoint {
             Some(ckpt) => state::restore(ckpt, &mut params, &mut optimizer)?,
             None => TrainState::new(0, config.run.seed, world),
@@ -142,7 +150,7 @@ impl Run {
         let accum = config.optim.accum_steps;
         let seq_len = dataset.seq_len();
         let pin = config.data.pin_memory && device.is_cuda();
-        let draws = DrawPlan { first_step: start_step + 1, accum_steps: accum, batch_size: b, rank: rank as u64 };
+        let draws = DrawPlan { first_step: start_step + 1, accum_steps: accum, batch_size: b, rank: rank as u64, world: world as u64 };
         let drawn: Arc<dyn crate::data::Dataset> = match config.debug.data_panic_at_step {
             0 => dataset.clone(),
             step => Arc::new(PanicAt { inner: dataset.clone(), step }),
@@ -216,6 +224,7 @@ impl Run {
             metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress && rank == 0)),
             stop: StopControl::new(signals, services),
             faults: Faults::new(&env.config.debug, device),
+            staged: Default::default(),
             env,
             learner,
             host,

@@ -8,6 +8,7 @@ use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, StepTensors, 
 use tch::Tensor;
 
 use super::{
+    batches::LossScale,
     failure::RunError,
     hooks::At,
     run::Run,
@@ -18,7 +19,7 @@ use super::{
 use crate::{
     error::{Error, Result},
     hooks::{CoreTask, StepPlan},
-    model, panic,
+    panic,
 };
 
 /// How far the loop got: the last step done and the one running.
@@ -92,9 +93,10 @@ impl Run {
             timer.book(Phase::Hooks);
         }
         self.learner.optimizer.zero_grad()?;
+        let scale = self.stage_batches(&mut timer)?;
         let mut step_loss: Option<Tensor> = None;
         for micro in 0..accum {
-            let loss = self.forward_backward_step(step, micro, lr, plan, &mut timer)?;
+            let loss = self.forward_backward_step(step, micro, lr, plan, &scale, &mut timer)?;
             step_loss = Some(match step_loss {
                 None => loss,
                 Some(sum) => sum + loss,
@@ -132,24 +134,22 @@ impl Run {
         Ok(phases)
     }
 
-    /// One micro-batch: fetch, forward, the `AfterForward` hook when due, backward.
-    /// Returns its (detached, accumulation-scaled) loss.
-    fn forward_backward_step(&mut self, step: u64, micro: u64, lr: f64, plan: StepPlan, timer: &mut StepTimer) -> Result<Tensor> {
-        let learner = &mut self.learner;
-        let accum = self.env.config.optim.accum_steps;
-        let loader = learner.loader.as_mut().ok_or_else(|| Error::Other("the data loader has stopped".into()))?;
-        let batch = loader.next_batch()?.to_device(self.env.device, true);
+    /// One micro-batch: forward, the `AfterForward` hook when due, backward.
+    /// Returns its (detached, scaled) loss: the step's loss is the sum of these.
+    fn forward_backward_step(&mut self, step: u64, micro: u64, lr: f64, plan: StepPlan, scale: &LossScale, timer: &mut StepTimer) -> Result<Tensor> {
+        let batch = self.next_staged()?;
         timer.book(Phase::Data);
-        let logits = learner.forward(&batch.inputs, true)?;
+        let learner = &mut self.learner;
+        let logits = learner.forward(&batch, true)?;
         if self.faults.at(step) {
             self.faults.inject(step)?;
         }
-        let mut loss = model::loss(learner.task, &logits, &batch.targets);
+        let mut loss = scale.apply(learner.task, &logits, &batch.targets)?;
         if self.nonfinite.injects() && self.nonfinite.injected_at(step) {
             loss *= f64::NAN;
         }
-        if accum > 1 {
-            loss /= accum as f64;
+        if self.dumps_tensors_at(step) {
+            self.keep_batch_for_dump(micro, &batch, &logits)?;
         }
         timer.book(Phase::Forward);
         if plan.has(Hook::AfterForward) {

@@ -45,6 +45,16 @@ pub struct Summary {
     pub total_steps: u64,
     pub samples: u64,
     pub tokens: u64,
+    /// Passes over the training samples, since the start of training.
+    pub epochs: f64,
+    /// Instruction data: the tokens the loss was computed on (all ranks), their
+    /// rate, and the rows read, cut and left out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trained_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trained_tokens_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_rows: Option<crate::data::instruct::RowCounts>,
     pub wall_s: f64,
     pub setup_s: f64,
     pub steps_per_s: f64,
