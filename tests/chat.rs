@@ -268,3 +268,39 @@ fn epochs_set_the_steps_and_long_rows_are_cut_or_dropped_and_counted() {
         "every row truncate cuts, drop leaves out: {truncated} {dropped}"
     );
 }
+
+#[test]
+fn dataset_metrics_reports_the_loss_per_source_of_a_mix() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), 40);
+    let rows: Vec<String> = std::fs::read_to_string(model.join("chat.jsonl")).unwrap().lines().map(String::from).collect();
+    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    std::fs::write(&a, rows[..20].join("\n")).unwrap();
+    std::fs::write(&b, rows[20..].join("\n")).unwrap();
+    let config = dir.path().join("mix.toml");
+    let toml = format!(
+        "[data]\nkind = \"chat\"\npath = \"\"\npacking = true\nbatch_size = 4\ntokens_cache = \"{}\"\n\
+         [[data.datasets]]\nname = \"a\"\npath = \"{}\"\n[[data.datasets]]\nname = \"b\"\npath = \"{}\"\nweight = 2.0\n",
+        s(&dir.path().join("cache")),
+        s(&a),
+        s(&b)
+    );
+    std::fs::write(&config, toml).unwrap();
+    let run_dir = dir.path().join("run");
+    let sets = ["run.threads=1", "model.kind=llama", &format!("model.init_from={}", s(&model)), "train.steps=4", "train.eval_batches=1"];
+    let mut cmd = ptrain();
+    cmd.args(["run", "--quiet", "--device", "cpu", "--plugins", "dataset-metrics,jsonl", "--config"]).arg(&config).arg("--run-dir").arg(&run_dir);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    run_expect(&mut cmd, 0);
+    let metrics = read_jsonl(&run_dir.join("metrics.jsonl"));
+    let row = metrics.iter().rev().find(|r| r.get("dataset/a/tokens").is_some()).expect("a per-source report");
+    let tokens: f64 = ["a", "b"].iter().map(|d| row[format!("dataset/{d}/tokens")].as_f64().unwrap()).sum();
+    assert_eq!(tokens as u64, summary(&run_dir)["trained_tokens"].as_u64().unwrap(), "every trained token counted once: {row}");
+    for d in ["a", "b"] {
+        let loss = row[format!("dataset/{d}/loss")].as_f64().unwrap();
+        assert!(loss > 1.0 && loss < 10.0, "{d}: {row}");
+        assert!(row[format!("dataset/{d}/accuracy")].as_f64().unwrap() <= 1.0, "{row}");
+    }
+}

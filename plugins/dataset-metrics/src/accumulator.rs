@@ -138,6 +138,27 @@ impl Accumulator {
         Ok(())
     }
 
+    /// Adds a language model's batch: `logits [B, T, V]`, `labels [B, T]` (-100:
+    /// not trained), `ids [B, T]` each token's dataset (a packed sequence holds
+    /// rows of several). The rows become (loss, correct, 1) per trained token, 0
+    /// for the rest: the sums are per-token means' numerators and token counts.
+    pub fn add_tokens(&mut self, logits: &Tensor, labels: &Tensor, ids: &Tensor) -> Result<(), tch::TchError> {
+        let _guard = tch::no_grad_guard();
+        let vocab = logits.size().last().copied().unwrap_or(1);
+        let device = logits.device();
+        if self.sums.is_none() {
+            self.sums = Some(Tensor::f_zeros([3, self.datasets], (Kind::Double, device))?);
+        }
+        let labels = labels.f_reshape([-1])?;
+        let log_probs = logits.f_reshape([-1, vocab])?.f_log_softmax(-1, Kind::Float)?;
+        let loss = log_probs.f_nll_loss(&labels, None::<Tensor>, Reduction::None, -100)?.f_to_kind(Kind::Double)?;
+        let trained = labels.f_ne(-100)?.f_to_kind(Kind::Double)?;
+        let correct = log_probs.f_argmax(-1, false)?.f_eq_tensor(&labels)?.f_to_kind(Kind::Double)?.f_mul(&trained)?;
+        let rows = Tensor::f_stack(&[loss, correct, trained], 0)?;
+        let _ = self.sums.as_mut().expect("sums").f_index_add_(1, &ids.f_reshape([-1])?, &rows)?;
+        Ok(())
+    }
+
     /// The device tensor of sums, `[3, datasets]`, if anything was added; for an
     /// all-reduce in place before [`Accumulator::take`].
     pub fn sums(&mut self) -> Result<Option<&Tensor>, tch::TchError> {
@@ -227,6 +248,22 @@ mod tests {
         let (l, y, d) = batch(second, &[2, 0, 0], &[1, 1, 0]);
         acc.add(&l, &y, &d).unwrap();
         assert_close(&acc.take().unwrap().unwrap(), &reference(second, &[2, 0, 0], &[1, 1, 0], 2));
+    }
+
+    #[test]
+    fn language_model_tokens_are_summed_per_dataset_skipping_untrained_ones() {
+        // Two sequences of three positions over a vocabulary of three, per-token
+        // dataset ids as packed rows of two sources carry them; -100 is not trained.
+        let logits: &[[f32; 3]] = &[[2.0, 0.5, -1.0], [0.1, 0.2, 0.3], [-3.0, 4.0, 0.0], [1.0, 1.5, 1.2], [0.0, 0.0, 5.0], [9.0, -9.0, 0.0]];
+        let (labels, ids) = ([0i64, -100, 1, 1, 2, -100], [0i64, 0, 1, 1, 1, 0]);
+        let (l, _, _) = batch(logits, &labels, &ids);
+        let mut acc = Accumulator::new(2);
+        let shaped = |v: &[i64]| Tensor::from_slice(v).view([2, 3]);
+        acc.add_tokens(&l.view([2, 3, 3]), &shaped(&labels), &shaped(&ids)).unwrap();
+        let trained: Vec<usize> = (0..6).filter(|&i| labels[i] != -100).collect();
+        let pick = |v: &[i64]| trained.iter().map(|&i| v[i]).collect::<Vec<_>>();
+        let rows: Vec<[f32; 3]> = trained.iter().map(|&i| logits[i]).collect();
+        assert_close(&acc.take().unwrap().unwrap(), &reference(&rows, &pick(&labels), &pick(&ids), 2));
     }
 
     #[test]

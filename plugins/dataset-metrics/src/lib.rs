@@ -1,4 +1,5 @@
-//! `dataset-metrics`: loss, accuracy and sample count per named dataset of a mix.
+//! `dataset-metrics`: loss, accuracy and sample count per named dataset of a mix;
+//! for instruction data, loss per trained token and token count per source.
 //!
 //! Every step (attachment `accumulate`, after the forward pass) the batch's
 //! per-sample losses and hits are added on the device to a `[3, datasets]` tensor
@@ -65,10 +66,13 @@ impl DatasetMetrics {
         let added = t.logits.with(|logits| {
             t.labels.with(|labels| {
                 t.dataset_ids.with(|ids| {
-                    if logits.dim() != 2 {
-                        return Ok(false);
+                    let acc = self.acc.as_mut().expect("active");
+                    match (logits.dim(), labels.dim(), ids.dim()) {
+                        (2, 1, 1) => acc.add(logits, labels, ids)?,
+                        // Instruction data: per-token dataset ids.
+                        (3, 2, 2) => acc.add_tokens(logits, labels, ids)?,
+                        _ => return Ok(false),
                     }
-                    self.acc.as_mut().expect("active").add(logits, labels, ids)?;
                     Ok::<_, tch::TchError>(true)
                 })
             })
@@ -76,7 +80,7 @@ impl DatasetMetrics {
         match added.flatten().flatten() {
             Some(Ok(true)) => Ok(()),
             Some(Ok(false)) => {
-                self.stop("logits are not [batch, classes]");
+                self.stop("logits are neither [batch, classes] nor [batch, positions, vocabulary] with per-token dataset ids");
                 Ok(())
             }
             Some(Err(e)) => Err(e.into()),
@@ -122,13 +126,19 @@ impl Plugin for DatasetMetrics {
         self.names = run
             .datasets
             .iter()
-            .map(|d| Names { loss: format!("dataset/{d}/loss"), accuracy: format!("dataset/{d}/accuracy"), samples: format!("dataset/{d}/samples") })
+            .map(|d| Names {
+                loss: format!("dataset/{d}/loss"),
+                accuracy: format!("dataset/{d}/accuracy"),
+                // A language model's loss is per trained token: it counts tokens.
+                samples: if run.model.task == Task::Classification { format!("dataset/{d}/samples") } else { format!("dataset/{d}/tokens") },
+            })
             .collect();
-        self.accuracy = run.model.task == Task::Classification;
+        // Classes, or for a language model the trained tokens predicted by arg-max.
+        self.accuracy = true;
         self.rank = run.rank;
         self.active = true;
         if self.names.is_empty() {
-            self.stop("the data has no named datasets (language-model data carries no dataset ids)");
+            self.stop("the data has no named datasets ([[data.datasets]] of classification rows or instruction data)");
         } else {
             self.acc = Some(Accumulator::new(self.names.len()));
         }
