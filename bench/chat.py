@@ -1,0 +1,118 @@
+"""The Python side of bench/chat.sh: the model, tokenizer and chat rows, and TRL's
+SFTTrainer (padded and packed) on them.
+
+  chat.py make DIR ROWS            a byte-level BPE tokenizer (4,000 ids, ChatML specials, a ChatML
+                                   template with {% generation %} marks), a random Qwen2 (4 layers,
+                                   width 256, 8 heads, 2 KV heads, intermediate 704, tied) and ROWS
+                                   conversations of mixed lengths (1-3 turns, answers of 1-200 words)
+  chat.py trl DIR DATA STEPS BATCH MAXLEN THREADS [--packing]
+                                   SFTTrainer(assistant_only_loss) for STEPS steps: steps/s, trained
+                                   tokens/s, the last loss and the peak RSS, as JSON
+"""
+import json
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "support"))
+import chat as tests_chat  # noqa: E402  the test helper's words and template
+
+WORDS = tests_chat.WORDS
+
+
+def out(obj):
+    obj["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(obj))
+
+
+def sentence(rng, lo, hi):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def make(d, rows):
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    os.makedirs(d, exist_ok=True)
+    rng = random.Random(0)
+    corpus = os.path.join(d, "corpus.txt")
+    with open(corpus, "w") as f:
+        for _ in range(20000):
+            f.write(sentence(rng, 3, 40) + "\n")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=4000, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([corpus], trainer)
+    tok.save(f"{d}/tokenizer.json")
+    with open(f"{d}/tokenizer_config.json", "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                   "model_max_length": 1024, "chat_template": tests_chat.CHATML}, f)
+    config = transformers.Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+                                      tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"),
+                                      pad_token_id=None)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(d)
+    with open(f"{d}/chat.jsonl", "w") as f:
+        for _ in range(int(rows)):
+            messages = []
+            if rng.random() < 0.3:
+                messages.append({"role": "system", "content": sentence(rng, 2, 10)})
+            for _ in range(rng.randint(1, 3)):
+                messages.append({"role": "user", "content": sentence(rng, 2, 30)})
+                messages.append({"role": "assistant", "content": sentence(rng, 1, rng.choice([10, 40, 200]))})
+            f.write(json.dumps({"messages": messages}) + "\n")
+    out({"vocab": tok.get_vocab_size()})
+
+
+def trl(d, data, steps, batch, max_len, threads, *flags):
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    torch.set_num_threads(int(threads))
+    packing = "--packing" in flags
+    tok = AutoTokenizer.from_pretrained(d)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype="float32", attn_implementation="sdpa")
+    args = SFTConfig(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=True, max_length=int(max_len), packing=packing,
+                     assistant_only_loss=True, per_device_train_batch_size=int(batch), max_steps=int(steps), logging_steps=1,
+                     learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+                     save_strategy="no", dataloader_num_workers=0, seed=0)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset("json", data_files=data, split="train"), processing_class=tok)
+
+    trained = [0]
+    compute_loss = trainer.compute_loss
+
+    def counting(model, inputs, *a, **kw):
+        trained[0] += int((inputs["labels"][..., 1:] != -100).sum())
+        return compute_loss(model, inputs, *a, **kw)
+
+    trainer.compute_loss = counting
+    times = {}
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **kw):
+            times["start"] = time.perf_counter()
+
+        def on_train_end(self, *a, **kw):
+            times["end"] = time.perf_counter()
+
+    trainer.add_callback(Clock())
+    trainer.train()
+    elapsed = times["end"] - times["start"]
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    out({"steps_per_s": int(steps) / elapsed, "trained_tokens_per_s": trained[0] / elapsed, "trained_tokens": trained[0],
+         "last_loss": losses[-1], "wall_s": elapsed})
+
+
+COMMANDS = {"make": make, "trl": trl}
+
+if __name__ == "__main__":
+    COMMANDS[sys.argv[1]](*sys.argv[2:])
