@@ -8,6 +8,8 @@ SFTTrainer (padded and packed) on them.
   chat.py trl DIR DATA STEPS BATCH MAXLEN THREADS [--packing]
                                    SFTTrainer(assistant_only_loss) for STEPS steps: steps/s, trained
                                    tokens/s, the last loss and the peak RSS, as JSON
+  chat.py attention THREADS          packed attention (4 x 512, 8 heads of 32) forward and backward: one
+                                     SDPA call with a block-diagonal mask vs one causal call per row
 """
 import json
 import os
@@ -112,7 +114,58 @@ def trl(d, data, steps, batch, max_len, threads, *flags):
          "last_loss": losses[-1], "wall_s": elapsed})
 
 
-COMMANDS = {"make": make, "trl": trl}
+def attention(threads, seq=512, batch=4, heads=8, dim=32, reps=20):
+    """Packed attention two ways, forward and backward, on the same rows: one SDPA call with
+    a block-diagonal causal mask [B, 1, T, T] (what ptrain does), or one causal SDPA call
+    per row (what a variable-length kernel does in one launch; libtorch's CPU build has none)."""
+    import torch
+
+    torch.set_num_threads(int(threads))
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    lens = []
+    for _ in range(batch):
+        row, left = [], seq
+        while left > 16:
+            n = min(left, rng.choice([20, 60, 150, 300]))
+            row.append(n)
+            left -= n
+        lens.append(row)
+    q, k, v = (torch.randn(batch, heads, seq, dim, requires_grad=True) for _ in range(3))
+    seg = torch.zeros(batch, seq, dtype=torch.long)
+    for b, row in enumerate(lens):
+        at = 0
+        for i, n in enumerate(row):
+            seg[b, at:at + n] = i + 1
+            at += n
+    mask = (seg[:, :, None] == seg[:, None, :]) & torch.ones(seq, seq, dtype=torch.bool).tril()
+    mask = mask[:, None]
+
+    def masked():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+
+    def per_row():
+        outs = []
+        for b, row in enumerate(lens):
+            at = 0
+            for n in row:
+                sl = slice(at, at + n)
+                outs.append(torch.nn.functional.scaled_dot_product_attention(q[b:b + 1, :, sl], k[b:b + 1, :, sl], v[b:b + 1, :, sl], is_causal=True).sum())
+                at += n
+        torch.stack(outs).sum().backward()
+
+    result = {}
+    for name, fn in [("mask", masked), ("per_row", per_row)]:
+        fn()
+        start = time.perf_counter()
+        for _ in range(int(reps)):
+            fn()
+        result[f"{name}_ms"] = (time.perf_counter() - start) / int(reps) * 1e3
+    result["rows"] = sum(len(r) for r in lens)
+    out(result)
+
+
+COMMANDS = {"make": make, "trl": trl, "attention": attention}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -55,3 +55,6 @@ echo
 echo "| batches | steps/s ptrain / TRL | trained tokens/s ptrain / TRL | ptrain vs TRL | loss after $steps steps ptrain / TRL | peak RSS MiB ptrain / TRL |"
 echo "| --- | --- | --- | --- | --- | --- |"
 printf '%s\n' "${rows[@]}"
+att=$("$py" bench/chat.py attention "$threads" 2>/dev/null | tail -n 1)
+echo
+echo "Packed attention, 4 x 512 positions, 8 heads of 32, forward and backward ($(echo "$att" | json 'd["rows"]') rows): one SDPA call with a block-diagonal causal mask $(echo "$att" | json 'round(d["mask_ms"], 1)') ms; one causal call per row $(echo "$att" | json 'round(d["per_row_ms"], 1)') ms."
