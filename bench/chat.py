@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "support"))
 import chat as tests_chat  # noqa: E402  the test helper's words and template
 
-WORDS = tests_chat.WORDS
+sentence = tests_chat.sentence
 
 
 def out(obj):
@@ -30,37 +30,10 @@ def out(obj):
     print(json.dumps(obj))
 
 
-def sentence(rng, lo, hi):
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
-
-
 def make(d, rows):
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    os.makedirs(d, exist_ok=True)
     rng = random.Random(0)
-    corpus = os.path.join(d, "corpus.txt")
-    with open(corpus, "w") as f:
-        for _ in range(20000):
-            f.write(sentence(rng, 3, 40) + "\n")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=4000, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train([corpus], trainer)
-    tok.save(f"{d}/tokenizer.json")
-    with open(f"{d}/tokenizer_config.json", "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                   "model_max_length": 1024, "chat_template": tests_chat.CHATML}, f)
-    config = transformers.Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
-                                      tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"),
-                                      pad_token_id=None)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(d)
+    tests_chat.make_model(d, rng, 4000, 1024, False, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                          num_attention_heads=8, num_key_value_heads=2)
     with open(f"{d}/chat.jsonl", "w") as f:
         for _ in range(int(rows)):
             messages = []
@@ -70,7 +43,7 @@ def make(d, rows):
                 messages.append({"role": "user", "content": sentence(rng, 2, 30)})
                 messages.append({"role": "assistant", "content": sentence(rng, 1, rng.choice([10, 40, 200]))})
             f.write(json.dumps({"messages": messages}) + "\n")
-    out({"vocab": tok.get_vocab_size()})
+    out({"rows": int(rows)})
 
 
 def trl(d, data, steps, batch, max_len, threads, *flags):

@@ -65,38 +65,47 @@ def conversation(rng):
     return messages
 
 
-def make(d, rows, seed):
+def make_model(d, rng, vocab, positions, perturb, **shape):
+    """A ChatML byte-level BPE tokenizer of `vocab` ids trained on random sentences, and a
+    random Qwen2 of `shape` (tied head) over its vocabulary, saved in `d`."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     os.makedirs(d, exist_ok=True)
-    rng = random.Random(int(seed))
-    convs = [conversation(rng) for _ in range(int(rows))]
     corpus = os.path.join(d, "corpus.txt")
     with open(corpus, "w") as f:
-        for _ in range(2000):
+        for _ in range(10 * vocab):
             f.write(sentence(rng, 3, 30) + "\n")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train([corpus], trainer)
     tok.save(f"{d}/tokenizer.json")
     with open(f"{d}/tokenizer_config.json", "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                   "model_max_length": 256, "chat_template": CHATML}, f)
-    config = transformers.Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"),
-                                      pad_token_id=None)
+                   "model_max_length": positions, "chat_template": CHATML}, f)
+    config = transformers.Qwen2Config(vocab_size=tok.get_vocab_size(), max_position_embeddings=positions, tie_word_embeddings=True,
+                                      bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"), pad_token_id=None, **shape)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    if perturb:
+        # Fresh biases are 0 and norm weights 1: perturb everything so that a misplaced
+        # tensor cannot go unnoticed.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(d)
+    return tok
+
+
+def make(d, rows, seed):
+    rng = random.Random(int(seed))
+    convs = [conversation(rng) for _ in range(int(rows))]
+    tok = make_model(d, rng, 300, 256, True, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2)
     with open(f"{d}/chat.jsonl", "w") as f:
         for c in convs:
             f.write(json.dumps({"messages": c}) + "\n")
