@@ -268,6 +268,7 @@ impl Config {
         }
         self.validate_pretrained()?;
         self.validate_instruction()?;
+        self.validate_loss_chunk()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });

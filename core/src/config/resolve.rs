@@ -86,6 +86,14 @@ impl Config {
         !self.data.tokenizer.is_empty() && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_instruction())
     }
 
+    /// `train.loss_chunk` needs a model that hands out its hidden states.
+    pub(super) fn validate_loss_chunk(&self) -> Result<(), Error> {
+        if self.train.loss_chunk > 0 && !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
+            return Err(bad("train.loss_chunk", "chunks a language model's output projection: model.kind = \"gpt\" or \"llama\""));
+        }
+        Ok(())
+    }
+
     /// The combinations instruction data (`chat`, `prompt_completion`) allows.
     pub(super) fn validate_instruction(&self) -> Result<(), Error> {
         let data = &self.data;

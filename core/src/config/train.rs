@@ -8,6 +8,10 @@ pub struct TrainConfig {
     /// Passes over the training data, instead of `steps` when above 0: the steps
     /// are `ceil(epochs * samples / global batch)`.
     pub epochs: f64,
+    /// Language models: the output projection and the loss computed this many
+    /// positions at a time, so the whole `[positions, vocabulary]` logits never
+    /// exist (0 = off).
+    pub loss_chunk: i64,
     pub precision: Precision,
     pub eval_every: u64,
     pub eval_batches: u64,

@@ -109,7 +109,13 @@ impl Gpt {
 }
 
 impl Gpt {
-    fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
+    fn run(&self, inputs: &Tensor, train: bool, cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
+        // The output head shares the token embedding (weight tying, as GPT-2).
+        Ok(self.hidden(inputs, train, cache, packed)?.f_linear::<Tensor>(&self.wte.ws, None)?)
+    }
+
+    /// The final-normed hidden states, before the output projection.
+    fn hidden(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
         let (_, t) = inputs.size2()?;
         let start = cache.as_ref().map_or(0, |c| c.len());
         if let Some(c) = cache.as_deref() {
@@ -127,8 +133,7 @@ impl Gpt {
         if let Some(c) = cache {
             c.advance(t);
         }
-        // The output head shares the token embedding (weight tying, as GPT-2).
-        Ok(norm(&self.ln_f, &x, self.config.layer_norm_eps)?.f_linear::<Tensor>(&self.wte.ws, None)?)
+        norm(&self.ln_f, &x, self.config.layer_norm_eps)
     }
 }
 
@@ -139,6 +144,10 @@ impl Model for Gpt {
 
     fn forward_packed(&mut self, inputs: &Tensor, segments: &Segments, train: bool) -> Result<Tensor> {
         self.run(inputs, train, None, Some(segments))
+    }
+
+    fn forward_hidden(&mut self, inputs: &Tensor, segments: Option<&Segments>, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(Some((self.hidden(inputs, train, None, segments)?, self.wte.ws.shallow_clone())))
     }
 
     fn new_cache(&self, capacity: i64) -> Option<KvCache> {

@@ -172,7 +172,17 @@ impl Llama {
         }
     }
 
-    fn run(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
+    fn run(&self, inputs: &Tensor, train: bool, cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
+        Ok(self.hidden(inputs, train, cache, packed)?.f_linear::<Tensor>(self.head(), None)?)
+    }
+
+    /// The output projection: `lm_head`, or the token embedding when tied.
+    fn head(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens.ws)
+    }
+
+    /// The final-normed hidden states, before the output projection.
+    fn hidden(&self, inputs: &Tensor, train: bool, mut cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
         let t = inputs.size().last().copied().unwrap_or(0);
         let start = cache.as_ref().map_or(0, |c| c.len());
         if start + t > self.rope.positions() {
@@ -199,8 +209,7 @@ impl Llama {
         if let Some(c) = cache {
             c.advance(t);
         }
-        let x = self.norm.forward(&x)?;
-        Ok(x.f_linear::<Tensor>(self.lm_head.as_ref().unwrap_or(&self.embed_tokens.ws), None)?)
+        self.norm.forward(&x)
     }
 }
 
@@ -215,6 +224,10 @@ impl Model for Llama {
 
     fn forward_cached(&mut self, inputs: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         self.run(inputs, false, Some(cache), None)
+    }
+
+    fn forward_hidden(&mut self, inputs: &Tensor, segments: Option<&Segments>, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(Some((self.hidden(inputs, train, None, segments)?, self.head().shallow_clone())))
     }
 
     fn new_cache(&self, capacity: i64) -> Option<KvCache> {

@@ -1,6 +1,7 @@
 //! Models. The public [`Model`] trait lets library users bring their own; `gpt`,
 //! `mlp` and `torchscript` are built from the configuration.
 
+pub mod chunked_loss;
 pub mod generate;
 mod gpt;
 pub mod hf;
@@ -96,6 +97,15 @@ pub trait Model: Send {
     /// row, so each row gets exactly the logits it gets alone (`data.packing`).
     fn forward_packed(&mut self, _inputs: &Tensor, _segments: &Segments, _train: bool) -> Result<Tensor> {
         Err(Error::Other(format!("model.kind {:?} cannot train on packed sequences (data.packing = true)", self.kind())))
+    }
+
+    /// A language model's hidden states before its output projection `[B, T, D]`
+    /// (packed sequences with `segments`), and the projection's weight `[V, D]`, so
+    /// the loss can be computed a chunk of positions at a time
+    /// (`train.loss_chunk`). `None`: the model has no such split, and the loss is
+    /// computed from [`Model::forward`]'s logits.
+    fn forward_hidden(&mut self, _inputs: &Tensor, _segments: Option<&Segments>, _train: bool) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
     }
 
     /// A key/value cache for incremental decoding of at most `capacity` positions

@@ -15,13 +15,13 @@ use ptrain_plugin_api::Task;
 use tch::{Kind, Tensor};
 
 use super::{
-    run::Run,
+    run::{Learner, Run},
     timing::{Phase, StepTimer},
 };
 use crate::{
     data::Batch,
     error::{Error, Result},
-    model,
+    model::{self, chunked_loss},
 };
 
 /// How a micro-batch's loss becomes its share of the step's loss.
@@ -49,6 +49,38 @@ impl LossScale {
             LossScale::PerTokenHost(factor) => model::loss_sum(logits, targets)?.f_mul_scalar(*factor)?,
             LossScale::PerToken(factor) => model::loss_sum(logits, targets)?.f_mul(factor)?,
         })
+    }
+}
+
+impl LossScale {
+    /// The loss of the hidden states' logits, computed `chunk` positions at a time
+    /// ([`chunked_loss::summed`]), scaled as [`LossScale::apply`] scales.
+    pub fn apply_chunked(&self, hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) -> Result<Tensor> {
+        let sum = chunked_loss::summed(hidden, weight, targets, chunk)?;
+        Ok(match self {
+            LossScale::Mean { accum } => {
+                let count = targets.f_ne(-100)?.f_sum(Kind::Float)?.f_clamp_min(1.0)?;
+                sum.f_div(&count)?.f_div_scalar(*accum as f64)?
+            }
+            LossScale::PerTokenHost(factor) => sum.f_mul_scalar(*factor)?,
+            LossScale::PerToken(factor) => sum.f_mul(factor)?,
+        })
+    }
+}
+
+impl Learner {
+    /// The micro-batch's logits (unless chunked) and its scaled loss. With
+    /// `loss_chunk > 0` and a model that hands out its hidden states, the loss is
+    /// computed a chunk of positions at a time and there are no logits.
+    pub(super) fn forward_loss(&mut self, batch: &Batch, scale: &LossScale, loss_chunk: i64) -> Result<(Option<Tensor>, Tensor)> {
+        if loss_chunk > 0 {
+            if let Some((hidden, weight)) = self.forward_hidden(batch, true)? {
+                return Ok((None, scale.apply_chunked(&hidden, &weight, &batch.targets, loss_chunk)?));
+            }
+        }
+        let logits = self.forward(batch, true)?;
+        let loss = scale.apply(self.task, &logits, &batch.targets)?;
+        Ok((Some(logits), loss))
     }
 }
 
@@ -108,7 +140,7 @@ impl Run {
     }
 
     /// Host copies of a micro-batch's tensors and per-token losses, for the dump.
-    pub(super) fn keep_batch_for_dump(&mut self, micro: u64, batch: &Batch, logits: &Tensor) -> Result<()> {
+    pub(super) fn keep_batch_for_dump(&mut self, micro: u64, batch: &Batch, logits: Option<&Tensor>) -> Result<()> {
         let name = |what: &str| format!("batch{micro}/{what}");
         let host = |t: &Tensor| t.f_to_device(tch::Device::Cpu).map(|c| c.copy());
         let dumped = &mut self.staged.dumped;
@@ -118,7 +150,7 @@ impl Run {
             dumped.push((name("positions"), host(&s.positions)?));
             dumped.push((name("segments"), host(&s.ids)?));
         }
-        if logits.dim() == 3 {
+        if let Some(logits) = logits.filter(|l| l.dim() == 3) {
             let vocab = logits.size()[2];
             let per_token = logits.f_to_kind(Kind::Float)?.f_view([-1, vocab])?.f_cross_entropy_loss::<Tensor>(
                 &batch.targets.f_view([-1])?,

@@ -13,7 +13,7 @@ use crate::{
     data::{BatchKey, Split},
     error::{Error, Result},
     host::{Event, Reach},
-    model,
+    model::{self, chunked_loss},
 };
 
 impl Run {
@@ -21,6 +21,7 @@ impl Run {
         let (rank, world, device) = (self.env.rank as u64, self.env.world as u64, self.env.device);
         let b = self.env.config.data.batch_size as u64;
         let batches = self.env.config.train.eval_batches.max(1);
+        let chunk = self.env.config.train.loss_chunk;
         let learner = &mut self.learner;
         // Instruction data: the loss summed over trained tokens, and their count.
         let mut per_token = false;
@@ -29,17 +30,32 @@ impl Run {
             for i in 0..batches {
                 let key = BatchKey { step: i, micro: 0, first_sample: rank * b, count: b, stream: i * world * b + rank * b };
                 let batch = learner.dataset.batch(Split::Val, key)?.to_device(device, true);
-                let logits = learner.forward(&batch, false)?;
+                // train.loss_chunk: the summed loss a chunk of positions at a time.
+                let chunked = match chunk {
+                    0 => None,
+                    _ => learner.forward_hidden(&batch, false)?.map(|(h, w)| chunked_loss::summed(&h, &w, &batch.targets, chunk)).transpose()?,
+                };
+                let zero = || Tensor::zeros([], (Kind::Double, device));
                 if let Some(trained) = batch.trained_tokens {
                     per_token = true;
-                    let loss = model::loss_sum(&logits, &batch.targets)?.to_kind(Kind::Double);
-                    acc += Tensor::stack(&[loss, Tensor::zeros([], (Kind::Double, device)), Tensor::from(trained as f64).to_device(device)], 0);
+                    let loss = match chunked {
+                        Some(sum) => sum,
+                        None => model::loss_sum(&learner.forward(&batch, false)?, &batch.targets)?,
+                    };
+                    acc += Tensor::stack(&[loss.to_kind(Kind::Double), zero(), Tensor::from(trained as f64).to_device(device)], 0);
                     continue;
                 }
-                let loss = model::loss(learner.task, &logits, &batch.targets).to_kind(Kind::Double);
-                let right = match learner.task {
-                    Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
-                    Task::LanguageModel => Tensor::zeros([], (Kind::Double, device)),
+                let (loss, right) = match chunked {
+                    Some(sum) => (sum.to_kind(Kind::Double) / batch.targets.ne(-100).sum(Kind::Double).clamp_min(1.0), zero()),
+                    None => {
+                        let logits = learner.forward(&batch, false)?;
+                        let loss = model::loss(learner.task, &logits, &batch.targets).to_kind(Kind::Double);
+                        let right = match learner.task {
+                            Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
+                            Task::LanguageModel => zero(),
+                        };
+                        (loss, right)
+                    }
                 };
                 acc += Tensor::stack(&[loss, right, Tensor::from(batch.targets.size()[0] as f64).to_device(device)], 0);
             }

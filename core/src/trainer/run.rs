@@ -77,6 +77,17 @@ pub(super) struct Learner {
 impl Learner {
     /// The model's logits, under autocast when the run is in bf16. The loss is
     /// computed from them in float32 (see [`crate::model::loss`]).
+    /// A language model's hidden states and output projection (see
+    /// [`Model::forward_hidden`]), under autocast like [`Learner::forward`].
+    pub fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+        let model = &mut self.model;
+        let mut run = || model.forward_hidden(&batch.inputs, batch.segments.as_ref(), train);
+        match self.autocast {
+            None => run(),
+            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
+        }
+    }
+
     /// The logits of a batch: packed sequences through `forward_packed`.
     pub fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
         let model = &mut self.model;

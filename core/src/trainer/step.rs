@@ -139,23 +139,22 @@ impl Run {
     fn forward_backward_step(&mut self, step: u64, micro: u64, lr: f64, plan: StepPlan, scale: &LossScale, timer: &mut StepTimer) -> Result<Tensor> {
         let batch = self.next_staged()?;
         timer.book(Phase::Data);
-        let learner = &mut self.learner;
-        let logits = learner.forward(&batch, true)?;
+        let (logits, mut loss) = self.learner.forward_loss(&batch, scale, self.env.config.train.loss_chunk)?;
         if self.faults.at(step) {
             self.faults.inject(step)?;
         }
-        let mut loss = scale.apply(learner.task, &logits, &batch.targets)?;
         if self.nonfinite.injects() && self.nonfinite.injected_at(step) {
             loss *= f64::NAN;
         }
         if self.dumps_tensors_at(step) {
-            self.keep_batch_for_dump(micro, &batch, &logits)?;
+            self.keep_batch_for_dump(micro, &batch, logits.as_ref())?;
         }
         timer.book(Phase::Forward);
         if plan.has(Hook::AfterForward) {
             let tensors = StepTensors {
                 loss: TensorRef::of(&loss),
-                logits: TensorRef::of(&logits),
+                // None with train.loss_chunk: the whole logits never exist.
+                logits: logits.as_ref().map_or(TensorRef::NULL, TensorRef::of),
                 labels: TensorRef::of(&batch.targets),
                 dataset_ids: batch.dataset_ids.as_ref().map_or(TensorRef::NULL, TensorRef::of),
                 inputs: TensorRef::of(&batch.inputs),

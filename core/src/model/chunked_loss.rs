@@ -1,0 +1,98 @@
+//! The output projection and the cross-entropy, `chunk` positions at a time, so that
+//! only one chunk's logits ever exist (`train.loss_chunk`): a batch of 8 x 1024
+//! positions over Qwen2's 151,936 ids is 5 GB of float32 logits, and as much again
+//! for their gradient.
+//!
+//! As Liger's fused linear cross-entropy and torchtune's `LinearCrossEntropyLoss`,
+//! the gradient of each chunk is computed in the forward pass: for the summed loss,
+//! d/dlogits = softmax(logits) - onehot(target) on trained positions, so the
+//! hidden states get `g @ W` and the projection `g^T @ h`. The loss returned has
+//! the summed loss as its value and those gradients through a surrogate
+//! (`h . grad_h + W . grad_W`, minus its own value), so backward
+//! needs nothing more. Logits, softmax and the gradients are float32 whatever the
+//! hidden states' type (bf16 under autocast); the projection runs in that type.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::Result;
+
+/// The cross-entropy summed over the positions whose target is not -100, of the
+/// logits `hidden [.., D] @ weight [V, D]^T`, computed `chunk` positions at a time.
+pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) -> Result<Tensor> {
+    let width = *hidden.size().last().expect("hidden states have a width");
+    let mut h = hidden.f_reshape([-1, width])?;
+    let mut y = targets.f_reshape([-1])?;
+    if h.device() == Device::Cpu {
+        // Untrained positions skip the projection. (On a GPU, finding them is a
+        // host/device synchronisation: there they are computed and masked.)
+        let trained = y.f_ne(-100)?.f_nonzero()?.f_squeeze_dim(1)?;
+        h = h.f_index_select(0, &trained)?;
+        y = y.f_index_select(0, &trained)?;
+    }
+    let n = h.size()[0];
+    let (grad_h, grad_w, loss) = tch::no_grad(|| -> Result<(Tensor, Tensor, Tensor)> {
+        let w = weight.f_detach()?.f_to_kind(h.kind())?;
+        let w32 = weight.f_detach()?.f_to_kind(Kind::Float)?;
+        let grad_h = Tensor::f_zeros([n, width], (h.kind(), h.device()))?;
+        let mut grad_w = Tensor::f_zeros(weight.size(), (Kind::Float, h.device()))?;
+        let mut loss = Tensor::f_zeros([], (Kind::Float, h.device()))?;
+        let mut start = 0;
+        while start < n {
+            let len = chunk.min(n - start);
+            let hc = h.f_narrow(0, start, len)?.f_detach()?;
+            let yc = y.f_narrow(0, start, len)?;
+            let mut logits = hc.f_matmul(&w.f_tr()?)?.f_to_kind(Kind::Float)?;
+            let valid = yc.f_ne(-100)?;
+            let index = yc.f_clamp_min(0)?.f_unsqueeze(1)?;
+            let lse = logits.f_logsumexp([-1], false)?;
+            let picked = logits.f_gather(1, &index, false)?.f_squeeze_dim(1)?;
+            loss = loss.f_add(&lse.f_sub(&picked)?.f_mul(&valid)?.f_sum(Kind::Float)?)?;
+            // softmax - onehot on trained positions, in the logits' own buffer.
+            let _ = logits.f_sub_(&lse.f_unsqueeze(1)?)?.f_exp_()?;
+            let _ = logits.f_scatter_add_(1, &index, &Tensor::f_full([len, 1], -1.0, (Kind::Float, h.device()))?)?;
+            let _ = logits.f_mul_(&valid.f_unsqueeze(1)?)?;
+            grad_h.f_narrow(0, start, len)?.f_copy_(&logits.f_matmul(&w32)?)?;
+            // grad_W += g^T h, in place: no [V, D] temporary per chunk.
+            let _ = grad_w.f_addmm_(&logits.f_tr()?, &hc.f_to_kind(Kind::Float)?)?;
+            start += len;
+        }
+        Ok((grad_h, grad_w, loss))
+    })?;
+    // Dot products: no [V, D] temporary in the forward pass.
+    let flat = |t: &Tensor| t.f_reshape([-1]);
+    let surrogate = flat(&h)?
+        .f_dot(&flat(&grad_h)?)?
+        .f_to_kind(Kind::Float)?
+        .f_add(&flat(weight)?.f_dot(&flat(&grad_w.f_to_kind(weight.kind())?)?)?.f_to_kind(Kind::Float)?)?;
+    Ok(surrogate.f_sub(&surrogate.f_detach()?)?.f_add(&loss)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::Reduction;
+
+    use super::*;
+
+    #[test]
+    fn loss_and_gradients_equal_the_whole_logits_computation() {
+        tch::manual_seed(3);
+        let (n, d, v) = (37, 16, 50);
+        let weight = Tensor::randn([v, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let hidden = Tensor::randn([n, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let targets = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
+        let _ = targets.narrow(0, 5, 7).fill_(-100);
+
+        let whole = hidden.matmul(&weight.tr()).cross_entropy_loss::<Tensor>(&targets, None, Reduction::Sum, -100, 0.0);
+        whole.backward();
+        let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
+        let _ = hidden.grad().zero_();
+        let _ = weight.grad().zero_();
+
+        let chunked = summed(&hidden, &weight, &targets, 8).unwrap();
+        chunked.backward();
+        let rel = |a: &Tensor, b: &Tensor| ((a - b).abs().max().double_value(&[])) / b.abs().max().double_value(&[]).max(1e-12);
+        assert!(rel(&chunked, &whole) < 1e-6, "loss {chunked} vs {whole}");
+        assert!(rel(&hidden.grad(), &gh) < 1e-6, "hidden gradient");
+        assert!(rel(&weight.grad(), &gw) < 1e-6, "weight gradient");
+    }
+}

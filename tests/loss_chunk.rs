@@ -1,0 +1,81 @@
+//! `train.loss_chunk`: the output projection and the cross-entropy computed a chunk of
+//! positions at a time give the loss and gradients of the whole logits (within 1e-6
+//! relative, fp32), for text windows and for instruction data, for `gpt` and `llama`.
+
+mod common;
+
+use std::path::Path;
+
+use common::{
+    hf::{hf, s},
+    *,
+};
+
+/// The largest relative difference between two dumps' gradients, and the tensors compared.
+fn grad_diff(a: &Path, b: &Path) -> (f64, usize) {
+    let out = python().args(["tests/support/chat.py", "compare-grads"]).arg(a).arg(b).output().expect("spawn python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    (v["max_rel"].as_f64().unwrap(), v["tensors"].as_u64().unwrap() as usize)
+}
+
+fn same_with_and_without_chunks(dir: &Path, name: &str, args: &[String]) {
+    let run = |chunk: &str| {
+        let run_dir = dir.join(format!("{name}-{chunk}"));
+        let mut cmd = ptrain();
+        cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "2", "--run-dir"]).arg(&run_dir).args(args);
+        cmd.args(["--set", &format!("train.loss_chunk={chunk}"), "--set", "debug.dump_tensors_at=[1]", "--set", "run.threads=1"]);
+        run_expect(&mut cmd, 0);
+        run_dir
+    };
+    let (whole, chunked) = (run("0"), run("7"));
+    let (a, b) = (summary(&whole), summary(&chunked));
+    for key in ["first_loss", "final_loss", "final_eval_loss"] {
+        let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-6 * x.abs(), "{name}: {key} {x} (whole) vs {y} (chunks of 7)");
+    }
+    let dump = |d: &Path| d.join("tensors-step1.rank0.safetensors");
+    let (rel, tensors) = grad_diff(&dump(&whole), &dump(&chunked));
+    assert!(tensors > 5 && rel <= 1e-6, "{name}: gradients differ by {rel} relative over {tensors} tensors");
+}
+
+#[test]
+fn chunked_loss_equals_the_whole_logits_for_text_and_instruction_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let sets = |pairs: &[&str]| pairs.iter().flat_map(|p| ["--set".to_string(), p.to_string()]).collect::<Vec<_>>();
+    // gpt on byte windows: the mean over every position.
+    same_with_and_without_chunks(
+        dir.path(),
+        "gpt",
+        &sets(&["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=32", "data.batch_size=3", "optim.accum_steps=2"]),
+    );
+    // qwen2 on chat rows, packed: the sum over trained tokens over their count.
+    let model = dir.path().join("model");
+    let out = python().args(["tests/support/chat.py", "make"]).arg(&model).args(["30", "2"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let init = format!("model.init_from={}", s(&model));
+    let data = format!("data.path={}", s(&model.join("chat.jsonl")));
+    let cache = format!("data.tokens_cache={}", s(&dir.path().join("cache")));
+    same_with_and_without_chunks(
+        dir.path(),
+        "qwen2-chat",
+        &sets(&["model.kind=llama", &init, "data.kind=chat", &data, &cache, "data.packing=true", "data.batch_size=2", "train.eval_batches=1"]),
+    );
+    // llama (untied head) on token windows.
+    let llama = dir.path().join("llama");
+    hf(&[&"make-llama", &"llama", &llama]);
+    let tokens = dir.path().join("tokens.bin");
+    hf(&[&"make-tokens", &tokens, &"5000"]);
+    let (init, data) = (format!("model.init_from={}", s(&llama)), format!("data.path={}", s(&tokens)));
+    same_with_and_without_chunks(
+        dir.path(),
+        "llama",
+        &sets(&[&init, "data.kind=tokens", &data, "data.max_seq_len=32", "data.batch_size=2", "train.eval_batches=1"]),
+    );
+}
+
+#[test]
+fn loss_chunk_needs_a_model_with_an_output_projection() {
+    let out = run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--set", "model.kind=mlp", "--set", "train.loss_chunk=64"]), 2);
+    assert!(stderr(&out).contains("train.loss_chunk"), "{}", stderr(&out));
+}
