@@ -85,7 +85,7 @@ impl DatasetMetrics {
             }
             Some(Err(e)) => Err(e.into()),
             None => {
-                self.stop("this data carries no dataset ids");
+                self.stop("the step carries no dataset ids, or no logits (train.loss_chunk never makes the whole logits)");
                 Ok(())
             }
         }
