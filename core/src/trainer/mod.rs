@@ -35,6 +35,7 @@ mod nonfinite;
 pub(crate) mod payload;
 mod progress;
 mod run;
+pub mod run_dir;
 mod save;
 mod setup;
 mod state;
@@ -48,6 +49,7 @@ use std::{path::PathBuf, sync::Arc};
 use tch::nn;
 
 pub use failure::RunError;
+pub(crate) use progress::eprint_line;
 pub use state::{DataPosition, EvalRecord, RngScheme, TrainState};
 pub use summary::{EvalPoint, PhaseSummary, Summary};
 
@@ -85,6 +87,7 @@ pub struct Trainer {
     model: Option<ModelFactory>,
     dataset: Option<Arc<dyn Dataset>>,
     resume: Option<Resume>,
+    overwrite: bool,
     handle_signals: bool,
     progress: bool,
     dist: Option<Box<dyn DataParallel>>,
@@ -92,7 +95,7 @@ pub struct Trainer {
 
 impl Trainer {
     pub fn new(config: Config) -> Trainer {
-        Trainer { config, model: None, dataset: None, resume: None, handle_signals: false, progress: true, dist: None }
+        Trainer { config, model: None, dataset: None, resume: None, overwrite: false, handle_signals: false, progress: true, dist: None }
     }
 
     /// Trains your own model instead of `[model]`'s.
@@ -109,6 +112,14 @@ impl Trainer {
 
     pub fn resume(mut self, resume: Option<Resume>) -> Trainer {
         self.resume = resume;
+        self
+    }
+
+    /// Starts over in a run directory that holds an earlier run's checkpoints,
+    /// moving what it holds aside (see [`run_dir::guard`]); without it such a run
+    /// is refused unless it resumes.
+    pub fn overwrite(mut self, on: bool) -> Trainer {
+        self.overwrite = on;
         self
     }
 

@@ -1,13 +1,27 @@
 //! Progress at the `log_every` cadence: an indicatif bar on a terminal, plain log
 //! lines otherwise. Nothing here runs on steps that are not due.
 
-use std::io::IsTerminal;
+use std::{io::IsTerminal, sync::Mutex};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 pub struct Progress {
     bar: Option<ProgressBar>,
     total: u64,
+    /// Rank 0 shows progress; the other ranks only take part in the mean loss.
+    enabled: bool,
+}
+
+/// The bar being drawn, for lines printed from other threads (signals).
+static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// Prints `message` on a line of its own on stderr: above the progress bar when one
+/// is drawn, rather than glued to its end.
+pub fn eprint_line(message: &str) {
+    match BAR.lock().ok().and_then(|bar| bar.clone()) {
+        Some(bar) => bar.println(message),
+        None => eprintln!("{message}"),
+    }
 }
 
 pub struct Line {
@@ -26,10 +40,16 @@ impl Progress {
             bar.set_position(start);
             bar
         });
-        Progress { bar, total }
+        if let (Some(bar), Ok(mut shown)) = (&bar, BAR.lock()) {
+            *shown = Some(bar.clone());
+        }
+        Progress { bar, total, enabled }
     }
 
     pub fn update(&self, line: &Line) {
+        if !self.enabled {
+            return;
+        }
         let text = format!("loss {:.4}  lr {:.2e}  {:.0} tok/s  eta {}", line.loss, line.lr, line.tokens_per_s, format_secs(line.eta_s));
         match &self.bar {
             Some(bar) => {
@@ -50,6 +70,9 @@ impl Progress {
 
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
+            if let Ok(mut shown) = BAR.lock() {
+                *shown = None;
+            }
             bar.finish_and_clear();
         }
     }

@@ -200,7 +200,7 @@ impl Run {
             self.save(step, reason)?;
         }
         if plan.core(CoreTask::Progress) {
-            self.show_progress(step, lr);
+            self.show_progress(step, lr)?;
         }
         Ok(stop)
     }
