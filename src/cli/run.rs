@@ -92,19 +92,21 @@ impl RunArgs {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let mut files = args.config.clone();
-    let own = args.run_dir.as_ref().map(|d| d.join("config.toml")).filter(|p| args.auto_resume && files.is_empty() && p.is_file());
-    if let Some(own) = own {
-        tracing::info!("--auto-resume without --config: the run's own {}", own.display());
-        files.push(own);
-    }
+    let own = args.run_dir.as_ref().map(|d| d.join("config.toml")).filter(|p| args.auto_resume && args.config.is_empty() && p.is_file());
     // The checkpoint the weights will come from, if any: model.init_from is then not needed.
     let from = match (&args.resume, args.auto_resume, &args.run_dir) {
         (Some(path), _, _) => ptrain_core::checkpoint::resolve(path).0,
         (None, true, Some(dir)) => ptrain_core::checkpoint::resolve(dir).0,
         _ => None,
     };
-    let builder = ConfigBuilder::layered(&files, &args.set)?.weights_from(from.as_deref().map(ptrain_core::config::run_dir_of));
+    let builder = match own {
+        Some(own) => {
+            tracing::info!("--auto-resume without --config: the run's own {}", own.display());
+            args.set.iter().try_fold(ConfigBuilder::default().toml(&recorded_without_debug(&own)?, &own.display().to_string())?, |b, s| b.set(s))?
+        }
+        None => ConfigBuilder::layered(&args.config, &args.set)?,
+    };
+    let builder = builder.weights_from(from.as_deref().map(ptrain_core::config::run_dir_of));
     let config = builder.build_with(|c| args.apply(c))?;
     let resume = match (&args.resume, args.auto_resume) {
         (Some(path), _) => Some(Resume::Path(path.clone())),
@@ -151,6 +153,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::from(outcome.exit_code as u8))
+}
+
+/// A run's recorded `config.toml` (absolute paths) less its `[debug]` table: the
+/// failures a test injected are not injected again into the run that resumes it.
+fn recorded_without_debug(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|source| ptrain_core::Error::Io { path: path.to_owned(), source })?;
+    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {e}", path.display()))?;
+    table.remove("debug");
+    Ok(table.to_string())
 }
 
 /// After Ctrl-C: the checkpoint saved, and the command that resumes, each on a line.

@@ -23,9 +23,9 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 /// Rewrites the relative paths of a file's layer against `base` (the file's folder).
-/// `model.init_from` that is not there and looks like a hub id (`gpt2`,
-/// `openai-community/gpt2`) is left as written, so that its error can say how to
-/// download it.
+/// `model.init_from` that is nowhere (beside the file or in the working directory)
+/// and looks like a hub id (`gpt2`, `openai-community/gpt2`) is left as written,
+/// so that its error can say how to download it.
 pub(super) fn resolve_in_file(layer: &mut toml::Table, base: &Path) {
     let base = absolute(base);
     let rebase = |key: &str, value: &mut toml::Value| {
@@ -34,7 +34,8 @@ pub(super) fn resolve_in_file(layer: &mut toml::Table, base: &Path) {
             return;
         }
         let joined = base.join(text);
-        if key == "init_from" && !joined.exists() && crate::model::hf::looks_like_hub_name(text) {
+        let hub_id = crate::model::hf::looks_like_hub_name(text) && !Path::new(text).exists();
+        if key == "init_from" && !joined.exists() && hub_id {
             return;
         }
         *value = toml::Value::String(joined.display().to_string());

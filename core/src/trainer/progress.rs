@@ -8,8 +8,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 pub struct Progress {
     bar: Option<ProgressBar>,
     total: u64,
-    /// Rank 0 shows progress; the other ranks only take part in the mean loss.
-    enabled: bool,
+    /// Rank 0 shows progress (a bar, or log lines: `--quiet` raises the log level
+    /// above them); the other ranks only take part in the mean loss.
+    shown: bool,
 }
 
 /// The bar being drawn, for lines printed from other threads (signals).
@@ -33,7 +34,9 @@ pub struct Line {
 }
 
 impl Progress {
-    pub fn new(start: u64, total: u64, enabled: bool) -> Progress {
+    /// `bar`: a bar on a terminal (not with `--quiet`); `shown`: this rank shows progress.
+    pub fn new(start: u64, total: u64, bar: bool, shown: bool) -> Progress {
+        let enabled = bar && shown;
         let bar = (enabled && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
             bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
@@ -43,11 +46,11 @@ impl Progress {
         if let (Some(bar), Ok(mut shown)) = (&bar, BAR.lock()) {
             *shown = Some(bar.clone());
         }
-        Progress { bar, total, enabled }
+        Progress { bar, total, shown }
     }
 
     pub fn update(&self, line: &Line) {
-        if !self.enabled {
+        if !self.shown {
             return;
         }
         let text = format!("loss {:.4}  lr {:.2e}  {:.0} tok/s  eta {}", line.loss, line.lr, line.tokens_per_s, format_secs(line.eta_s));

@@ -76,6 +76,8 @@ impl Run {
         if let (Some(ckpt), None) = (&checkpoint, &model_factory) {
             state::check_model(ckpt, &config)?;
         }
+        // A misspelt [plugins.<name>] table is refused before tokenizing or loading weights.
+        crate::host::loader::check_tables(&config.run.plugins, &config.plugins)?;
 
         if config.run.threads > 0 {
             tch::set_num_threads(config.run.threads as i32);
@@ -228,7 +230,7 @@ impl Run {
             run_data,
         };
         Ok(Run {
-            metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress && rank == 0)),
+            metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress, rank == 0)),
             stop: StopControl::new(signals, services),
             faults: Faults::new(&env.config.debug, device),
             env,
