@@ -132,3 +132,28 @@ fn resuming_with_another_model_size_names_the_key_that_differs() {
         assert!(err.contains(&format!("{key}: checkpoint {was}, configuration {now}")), "{err}");
     }
 }
+
+#[test]
+fn ctrl_c_prints_the_checkpoint_and_the_command_that_resumes_each_on_its_own_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let mut args = tiny_gpt(100_000);
+    args.extend(["--plugins", "checkpoint,jsonl", "--set", "plugins.jsonl.every=1"].map(String::from));
+    let child = run_in(&args, &run_dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let metrics = run_dir.join("metrics.jsonl");
+    while std::fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 3 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stderr(&out).lines().any(|l| l.starts_with("received signal 2: ")), "{}", stderr(&out));
+    let last = summary(&run_dir)["last_step"].as_u64().unwrap();
+    let text = stdout(&out);
+    let checkpoint = run_dir.join(format!("checkpoints/step-{last:08}"));
+    assert!(text.lines().any(|l| l == format!("checkpoint: {}", checkpoint.display())), "{text}");
+    let resume = text.lines().find_map(|l| l.strip_prefix("resume: ptrain ")).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(resume, format!("run --run-dir {} --auto-resume", run_dir.display()));
+    run_expect(ptrain().args(resume.split(' ')).args(["--quiet", "--steps", &(last + 2).to_string()]), 0);
+    assert_eq!((summary(&run_dir)["start_step"].as_u64(), summary(&run_dir)["last_step"].as_u64()), (Some(last), Some(last + 2)));
+}

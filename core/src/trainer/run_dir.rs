@@ -83,6 +83,29 @@ impl RunLock {
     pub fn acquire(dir: &Path) -> Result<RunLock> {
         let created_dir = !dir.exists();
         std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_owned(), source })?;
+        Self::lock(dir, created_dir)
+    }
+
+    /// A new directory `base`, or `base-2`, `base-3`, ... when that exists (two runs
+    /// started in the same second both named `runs/<name>-<time>`), created here
+    /// and locked: for run directories named by default.
+    pub fn acquire_new(base: &Path) -> Result<(PathBuf, RunLock)> {
+        if let Some(parent) = base.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|source| Error::Io { path: parent.to_owned(), source })?;
+        }
+        let name = base.file_name().map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned());
+        for n in 1..1000 {
+            let dir = if n == 1 { base.to_owned() } else { base.with_file_name(format!("{name}-{n}")) };
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok((dir.clone(), Self::lock(&dir, true)?)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(source) => return Err(Error::Io { path: dir, source }),
+            }
+        }
+        Err(Error::RunDir { path: base.to_owned(), message: "999 run directories of this name and second exist: set --run-dir".into() })
+    }
+
+    fn lock(dir: &Path, created_dir: bool) -> Result<RunLock> {
         let path = dir.join(LOCK_FILE);
         let me = Holder::me();
         for _ in 0..3 {
@@ -208,6 +231,15 @@ mod tests {
         assert!(again.to_string().contains(&format!("pid {}", std::process::id())), "{again}");
         drop(lock);
         assert!(!run.exists(), "an empty directory the lock created goes with it");
+    }
+
+    #[test]
+    fn default_names_taken_in_the_same_second_get_a_suffix() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("runs/default-20260101-000000");
+        let (first, _a) = RunLock::acquire_new(&base).unwrap();
+        let (second, _b) = RunLock::acquire_new(&base).unwrap();
+        assert_eq!((first, second), (base.clone(), dir.path().join("runs/default-20260101-000000-2")));
     }
 
     #[test]

@@ -69,8 +69,13 @@ impl Run {
         let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.rank(), d.world_size()));
         let shard = ShardSpec::agree(config.dist.shard, dist.as_deref())?;
         let run_dir = run_dir(&config, shard.as_ref().map(|s| s.launch_secs));
-        // Rank 0 holds the lock for the launch: the other ranks write under it.
-        let lock = if rank == 0 { Some(RunLock::acquire(&run_dir)?) } else { None };
+        // Rank 0 holds the lock for the launch: the other ranks write under it. A
+        // single run named by default takes a name no other run has.
+        let (run_dir, lock) = match (rank, world, config.run.run_dir.is_empty()) {
+            (0, 1, true) => RunLock::acquire_new(&run_dir).map(|(dir, lock)| (dir, Some(lock)))?,
+            (0, _, _) => (run_dir.clone(), Some(RunLock::acquire(&run_dir)?)),
+            _ => (run_dir, None),
+        };
         super::run_dir::guard(&run_dir, resume.as_ref(), overwrite, rank == 0)?;
         let checkpoint = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?.map(|p| state::read(&p)).transpose()?;
         if let (Some(ckpt), None) = (&checkpoint, &model_factory) {
