@@ -31,8 +31,14 @@ fn train_loss_is_the_mean_of_the_step_losses_since_the_last_log() {
     let (each, pairs) = (dir.path().join("each"), dir.path().join("pairs"));
     run_expect(ptrain().args(logged(6, 1, &each)), 0);
     run_expect(ptrain().args(logged(6, 2, &pairs)), 0);
+    let s = summary(&each);
     let (each, pairs) = (losses(&each), losses(&pairs));
     assert_eq!(each.len(), 6);
+    // Logged every step, the mean is that step's loss: the first and the last are
+    // the summary's, which are read from the steps themselves.
+    for (logged, key) in [(each[0].1, "first_loss"), (each[5].1, "final_loss")] {
+        assert!((logged - s[key].as_f64().unwrap()).abs() <= 1e-6, "{key}: {logged} vs {s}");
+    }
     assert_eq!(pairs.iter().map(|p| p.0).collect::<Vec<_>>(), [2, 4, 6]);
     for (i, (step, mean)) in pairs.iter().enumerate() {
         let expected = (each[2 * i].1 + each[2 * i + 1].1) / 2.0;

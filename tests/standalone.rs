@@ -83,8 +83,11 @@ fn export_takes_the_best_checkpoint_or_a_step_of_a_run() {
         ["--plugins", "checkpoint", "--set", "plugins.checkpoint.every=2", "--set", "train.eval_every=2", "--set", "plugins.checkpoint.keep_last=1"]
             .map(String::from),
     );
+    // The best by the highest evaluation loss: an early step, not the latest.
+    args.extend(["--set", "plugins.checkpoint.mode=max"].map(String::from));
     run_expect(ptrain().args(args).arg("--run-dir").arg(&run_dir), 0);
     let best = summary(&run_dir)["plugins"]["checkpoint"]["best"]["step"].as_u64().expect("a best checkpoint");
+    assert_ne!(best, 6, "{}", summary(&run_dir));
     let out = dir.path().join("best");
     let done = run_expect(ptrain().args(["export", "--no-tokenizer", "--checkpoint", "best", "--run-dir"]).arg(&run_dir).arg("--out").arg(&out), 0);
     assert!(stdout(&done).contains(&format!("exported step {best} ")), "{}", stdout(&done));
