@@ -1,6 +1,8 @@
 //! The trainer: set-up, the loop, and what happens at its end. One file per job,
 //! in the order a run meets them:
 //!
+//! - `run_dir`: the run directory's lock, and the guard against starting over in
+//!   a directory that holds checkpoints (`--overwrite` moves them aside);
 //! - `setup`: resume, device, data, model, optimizer, plugins and their schedule;
 //! - `run`: what a run holds, grouped by owner (`RunEnv`, `Learner`, `Tally`, ...);
 //! - `step`: the loop (`train`), one optimizer step (`train_step`), one micro-batch
