@@ -132,9 +132,10 @@ fn a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank() {
     assert_ranks_identical(dir.path());
 }
 
-/// `ptrain launch --nproc 2` on an endless job logging every step, with
-/// rank 0's stderr read line by line; returns once `rank` has logged step 3.
-fn launch_training(dir: &Path, rank: u32, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
+/// `ptrain launch --nproc 2` on an endless job logging every step, with the
+/// ranks' stderr read line by line; returns once rank 0 (the one rank that shows
+/// progress) has logged step 3, which it reaches only with every rank in the loop.
+fn launch_training(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
     let mut launcher = single()
         .args(["launch", "--nproc", "2", "--"])
         .args(job(1_000_000, 8, dir))
@@ -146,8 +147,7 @@ fn launch_training(dir: &Path, rank: u32, extra: &[&str]) -> (Child, mpsc::Recei
         .spawn()
         .unwrap();
     let rx = lines(&mut launcher);
-    let tag = format!("[rank{rank}]");
-    assert!(wait_for_line(&rx, |l| l.starts_with(&tag) && l.contains("step 3/")), "the job did not start training");
+    assert!(wait_for_line(&rx, |l| l.starts_with("[rank0]") && l.contains("step 3/")), "the job did not start training");
     (launcher, rx)
 }
 
@@ -249,7 +249,7 @@ fn child_with_rank(pid: u32, rank: u32) -> Option<u32> {
 #[test]
 fn ptrain_launch_fails_when_a_rank_dies_and_leaves_no_rank_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let (launcher, rx) = launch_training(dir.path(), 0, &[]);
+    let (launcher, rx) = launch_training(dir.path(), &[]);
     let pid = launcher.id();
     let (rank0, rank1) = (child_with_rank(pid, 0).expect("rank 0 process"), child_with_rank(pid, 1).expect("rank 1 process"));
     signal(rank1, "KILL");
@@ -281,7 +281,7 @@ fn a_bad_environment_is_refused_with_exit_2_before_anything_runs() {
 #[test]
 fn ptrain_launch_forwards_sigint_to_every_rank_and_exits_130() {
     let dir = tempfile::tempdir().unwrap();
-    let (launcher, rx) = launch_training(dir.path(), 1, &[]);
+    let (launcher, rx) = launch_training(dir.path(), &[]);
     let pid = launcher.id();
     let ranks = [child_with_rank(pid, 0).expect("rank 0 process"), child_with_rank(pid, 1).expect("rank 1 process")];
     signal(pid, "INT");
@@ -297,7 +297,7 @@ fn ptrain_launch_forwards_sigint_to_every_rank_and_exits_130() {
 #[test]
 fn a_signal_to_one_rank_stops_every_rank_after_the_same_step() {
     let dir = tempfile::tempdir().unwrap();
-    let (launcher, rx) = launch_training(dir.path(), 1, &["--plugins", "checkpoint", "--set", "train.nonfinite_check_every=5"]);
+    let (launcher, rx) = launch_training(dir.path(), &["--plugins", "checkpoint", "--set", "train.nonfinite_check_every=5"]);
     let rank1 = child_with_rank(launcher.id(), 1).expect("rank 1 process");
     signal(rank1, "INT");
     let status = wait_within(launcher, Duration::from_secs(TIMEOUT_S + 30)).expect("the job did not stop");

@@ -172,7 +172,10 @@ fn every_unusable_checkpoint_given_to_resume_exits_2() {
     let run = dir.path().join("run");
     run_expect(&mut gpt(2, &run, &[]), 0);
     let ckpt = run.join("checkpoints/step-00000002");
-    for (change, says) in [("model.n_embd=64", "shape"), ("model.n_layer=5", "no weights")] {
+    // The saved configuration is compared first, naming the key (issue 30, item 8).
+    for (change, says) in
+        [("model.n_embd=64", "model.n_embd: checkpoint 32, configuration 64"), ("model.n_layer=5", "model.n_layer: checkpoint 2, configuration 5")]
+    {
         let out =
             run_expect(ptrain().args(tiny_gpt(4)).args(["--set", change, "--resume"]).arg(&ckpt).arg("--run-dir").arg(dir.path().join(change)), 2);
         let err = stderr(&out);

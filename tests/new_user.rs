@@ -53,6 +53,12 @@ fn export_refuses_a_run_whose_tokenizer_is_gone_unless_told_to_go_without() {
     args.extend(["--set".into(), format!("data.path={}", text.display()), "--set".into(), format!("data.tokenizer={}", tok.display())]);
     run_expect(ptrain().args(args).arg("--run-dir").arg(&run_dir), 0);
     std::fs::rename(&tok_dir, dir.path().join("moved")).unwrap();
+    // The run kept a copy (issue 30, item 7): the export takes it.
+    let out = dir.path().join("from-copy");
+    run_expect(ptrain().args(["export", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 0);
+    assert_eq!(std::fs::read(out.join("tokenizer.json")).unwrap(), std::fs::read(dir.path().join("moved/tokenizer.json")).unwrap());
+    // Without the copy the tokenizer is gone.
+    std::fs::remove_dir_all(run_dir.join("tokenizer")).unwrap();
 
     let out = dir.path().join("exported");
     let refused = run_expect(ptrain().args(["export", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 2);
@@ -61,4 +67,40 @@ fn export_refuses_a_run_whose_tokenizer_is_gone_unless_told_to_go_without() {
     assert!(!out.join("model.safetensors").exists(), "nothing written before the refusal");
     run_expect(ptrain().args(["export", "--no-tokenizer", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 0);
     assert!(out.join("model.safetensors").is_file() && !out.join("tokenizer.json").exists());
+}
+
+#[test]
+fn a_misspelt_plugin_table_is_refused_before_any_weight_is_read_and_by_ptrain_config() {
+    let refused = run_expect(ptrain().args(["config", "--set", "plugins.chekpoint.every=2"]), 2);
+    assert!(stderr(&refused).contains("did you mean `checkpoint`?"), "{}", stderr(&refused));
+    run_expect(ptrain().args(["config", "--set", "plugins.checkpoint.every=2"]), 0);
+
+    // Weights that cannot be read: only reading them would fail.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("gpt2");
+    hf(&[&"make-model", &model]);
+    std::fs::write(model.join("model.safetensors"), b"not safetensors").unwrap();
+    let init = format!("model.init_from={}", model.display());
+    let out = run_expect(
+        ptrain()
+            .args([
+                "run",
+                "--quiet",
+                "--steps",
+                "1",
+                "--device",
+                "cpu",
+                "--set",
+                &init,
+                "--set",
+                "data.tokenizer=bytes",
+                "--set",
+                "plugins.chekpoint.every=2",
+            ])
+            .arg("--run-dir")
+            .arg(dir.path().join("r")),
+        2,
+    );
+    let err = stderr(&out);
+    assert!(err.contains("[plugins.chekpoint]") && !err.contains("model.safetensors"), "{err}");
 }

@@ -2,7 +2,7 @@
 
 use std::{fs::File, io::Write, path::Path};
 
-use crate::{Error, Result, LATEST_FILE};
+use crate::{Error, Result, BEST_FILE, LATEST_FILE};
 
 pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(Error::io(dir))
@@ -10,18 +10,43 @@ pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
 
 /// Points `latest` at `name`: written to a temporary file, fsync'ed, renamed.
 pub fn commit_latest(checkpoints: &Path, name: &str) -> Result<()> {
-    let tmp = checkpoints.join(format!(".{LATEST_FILE}.tmp-{}", std::process::id()));
+    commit_pointer(checkpoints, LATEST_FILE, name)
+}
+
+/// Points `best` at `name` (the checkpoint plugin's best by its metric), or
+/// removes it when there is none.
+pub fn commit_best(checkpoints: &Path, name: Option<&str>) -> Result<()> {
+    match name {
+        Some(name) => commit_pointer(checkpoints, BEST_FILE, name),
+        None => match std::fs::remove_file(checkpoints.join(BEST_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io { path: checkpoints.join(BEST_FILE), source: e }),
+            _ => Ok(()),
+        },
+    }
+}
+
+/// The checkpoint `best` names, if any.
+pub fn read_best(checkpoints: &Path) -> Option<String> {
+    read_pointer(checkpoints, BEST_FILE)
+}
+
+fn commit_pointer(checkpoints: &Path, pointer_file: &str, name: &str) -> Result<()> {
+    let tmp = checkpoints.join(format!(".{pointer_file}.tmp-{}", std::process::id()));
     let mut file = File::create(&tmp).map_err(Error::io(&tmp))?;
     file.write_all(format!("{name}\n").as_bytes()).map_err(Error::io(&tmp))?;
     file.sync_all().map_err(Error::io(&tmp))?;
-    let latest = checkpoints.join(LATEST_FILE);
-    std::fs::rename(&tmp, &latest).map_err(Error::io(&latest))?;
+    let pointer = checkpoints.join(pointer_file);
+    std::fs::rename(&tmp, &pointer).map_err(Error::io(&pointer))?;
     fsync_dir(checkpoints)
 }
 
 /// The checkpoint `latest` names, if any.
 pub fn read_latest(checkpoints: &Path) -> Option<String> {
-    let name = std::fs::read_to_string(checkpoints.join(LATEST_FILE)).ok()?;
+    read_pointer(checkpoints, LATEST_FILE)
+}
+
+fn read_pointer(checkpoints: &Path, file: &str) -> Option<String> {
+    let name = std::fs::read_to_string(checkpoints.join(file)).ok()?;
     let name = name.trim();
     crate::parse_dir_name(name).map(|_| name.to_string())
 }

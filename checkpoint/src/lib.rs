@@ -10,8 +10,13 @@
 //!     config.toml            the resolved configuration
 //!     plugins/<name>.bin     each plugin's own state
 //!     manifest.json          sizes and CRC-32 of every file above, written last
-//!   latest                   name of the newest committed checkpoint, written last
+//!   latest                   name of the newest checkpoint, written last
+//!   best                     name of the best by the checkpoint plugin's metric, if scored
 //! ```
+//!
+//! "The latest checkpoint" has one meaning everywhere (`latest`, `ptrain checkpoints
+//! list` and `verify`, `--auto-resume`, `ptrain export`): the valid checkpoint of
+//! the highest step ([`find_resumable`]).
 //!
 //! A checkpoint is written into a temporary directory, every file and the directory
 //! are fsync'ed, and it is renamed into place: a crash at any moment leaves either
@@ -26,7 +31,7 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
-pub use commit::{commit_latest, delete, read_latest};
+pub use commit::{commit_best, commit_latest, delete, read_best, read_latest};
 pub use read::{checkpoints_in, find_resumable, list, read, resolve, validate, Checkpoint, Tensor};
 pub use shard::{part_name, write_part, write_sharded, ShardEntry, ShardLayout, ShardSet};
 pub use write::write;
@@ -38,6 +43,7 @@ pub const CONFIG_FILE: &str = "config.toml";
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const PLUGINS_DIR: &str = "plugins";
 pub const LATEST_FILE: &str = "latest";
+pub const BEST_FILE: &str = "best";
 pub const FORMAT_VERSION: u32 = 1;
 /// Sharded checkpoints: the optimizer state is in one part per rank.
 pub const SHARDED_FORMAT_VERSION: u32 = 2;

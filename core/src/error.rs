@@ -59,6 +59,11 @@ pub enum Error {
     #[error("checkpoint {}: {message}", path.display())]
     Checkpoint { path: PathBuf, message: String },
 
+    /// The run directory cannot be used: another run holds it, or it holds an
+    /// earlier run's checkpoints.
+    #[error("run directory {}: {message}", path.display())]
+    RunDir { path: PathBuf, message: String },
+
     #[error("{0}")]
     Other(String),
 }
@@ -74,6 +79,7 @@ impl Error {
                 | Error::Plugin { .. }
                 | Error::Device { .. }
                 | Error::Checkpoint { .. }
+                | Error::RunDir { .. }
         )
     }
 }

@@ -6,7 +6,9 @@ use clap::Subcommand;
 
 #[derive(Debug, Subcommand)]
 pub enum CheckpointsCommand {
-    /// Checkpoints of a run directory, newest last, with their validity.
+    /// Checkpoints of a run directory, newest last, with their validity; `latest` marks
+    /// the newest valid one (what --auto-resume, verify and export take), `best` the
+    /// best by the checkpoint plugin's metric.
     List { run_dir: PathBuf },
     /// Which checkpoint --auto-resume would use; exit 1 if none is valid.
     Verify { run_dir: PathBuf },
@@ -16,14 +18,16 @@ pub fn run(cmd: CheckpointsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         CheckpointsCommand::List { run_dir } => {
             let dir = ptrain_core::checkpoint::checkpoints_in(&run_dir);
-            let latest = ptrain_core::checkpoint::read_latest(&dir);
+            let (latest, _) = ptrain_core::checkpoint::find_resumable(&dir);
+            let best = ptrain_core::checkpoint::read_best(&dir).map(|n| dir.join(n));
             for (step, path) in ptrain_core::checkpoint::list(&dir) {
                 let status = match ptrain_core::checkpoint::validate(&path) {
                     Ok(m) => format!("valid ({})", m.reason),
                     Err(e) => format!("INVALID: {e}"),
                 };
-                let mark = if latest.as_deref() == path.file_name().and_then(|n| n.to_str()) { " <- latest" } else { "" };
-                outln!("step {step:>8}  {}  {status}{mark}", path.display());
+                let mark = if latest.as_ref() == Some(&path) { " <- latest" } else { "" };
+                let best_mark = if best.as_ref() == Some(&path) { " <- best" } else { "" };
+                outln!("step {step:>8}  {}  {status}{mark}{best_mark}", path.display());
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -23,7 +23,10 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     if args.default {
         out!("{}", ptrain_core::config::DEFAULT_TOML);
     } else {
-        out!("{}", ConfigBuilder::layered(&args.config, &args.set)?.build()?.to_toml());
+        let config = ConfigBuilder::layered(&args.config, &args.set)?.build()?;
+        // As `ptrain run` would: every [plugins.<name>] table names a plugin there is.
+        ptrain_core::host::loader::check_tables(&config.run.plugins, &config.plugins)?;
+        out!("{}", config.to_toml());
     }
     Ok(ExitCode::SUCCESS)
 }

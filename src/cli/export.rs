@@ -23,9 +23,14 @@ enum Format {
 /// generation_config.json.
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// A checkpoint directory, or a run directory (its newest valid checkpoint).
-    #[arg(long, value_name = "PATH")]
+    /// A checkpoint directory, or a run directory (its newest valid checkpoint); with
+    /// --run-dir, `best` (the best by the checkpoint plugin's metric,
+    /// plugins.checkpoint.metric: eval/loss by default), `latest`, or a step.
+    #[arg(long, value_name = "PATH|best|latest|STEP")]
     checkpoint: PathBuf,
+    /// The run directory --checkpoint best|latest|STEP picks from.
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "hf")]
     format: Format,
@@ -40,10 +45,41 @@ pub struct ExportArgs {
 
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let Format::Hf = args.format;
-    let done = ptrain_core::model::hf::export(&args.checkpoint, &args.out, !args.no_tokenizer)?;
+    let checkpoint = pick(&args.checkpoint, args.run_dir.as_deref())?;
+    let done = ptrain_core::model::hf::export(&checkpoint, &args.out, !args.no_tokenizer)?;
     let mut files = vec!["config.json".to_string(), format!("model.safetensors ({} tensors)", done.tensors)];
     files.extend(done.tokenizer_files.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()));
     outln!("exported step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));
     outln!("load it with transformers.AutoModelForCausalLM.from_pretrained({:?})", done.out.display().to_string());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The checkpoint `--checkpoint` names: a path, or with `--run-dir` `best`,
+/// `latest` or a step of that run.
+fn pick(checkpoint: &std::path::Path, run_dir: Option<&std::path::Path>) -> Result<PathBuf, ptrain_core::Error> {
+    use ptrain_core::checkpoint as ckpt;
+    let name = checkpoint.to_str().unwrap_or_default();
+    let by_name = matches!(name, "best" | "latest") || name.parse::<u64>().is_ok();
+    let Some(run) = run_dir.filter(|_| by_name) else {
+        if by_name && !checkpoint.exists() {
+            let message = format!("--checkpoint {name} picks from a run: add --run-dir DIR");
+            return Err(ptrain_core::ConfigError { origin: "--checkpoint".into(), key: String::new(), message }.into());
+        }
+        return Ok(checkpoint.to_owned());
+    };
+    let dir = ckpt::checkpoints_in(run);
+    let chosen = match name {
+        "latest" => return Ok(run.to_owned()),
+        "best" => ckpt::read_best(&dir).map(|n| dir.join(n)).ok_or_else(|| ptrain_core::Error::Checkpoint {
+            path: dir.clone(),
+            message: "no best checkpoint recorded: the checkpoint plugin scores a checkpoint by its metric (plugins.checkpoint.metric, \
+                      eval/loss by default) measured at the checkpoint's own step; give --checkpoint latest or a step"
+                .into(),
+        })?,
+        step => dir.join(ckpt::dir_name(step.parse().unwrap_or_default())),
+    };
+    if !chosen.is_dir() {
+        return Err(ptrain_core::Error::MissingFile { what: "checkpoint", path: chosen });
+    }
+    Ok(chosen)
 }

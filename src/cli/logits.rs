@@ -55,7 +55,12 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<ExitCode> {
         Some(checkpoint) if args.config.is_empty() => vec![checkpoint.join("config.toml")],
         _ => args.config.clone(),
     };
-    let config = ptrain_core::ConfigBuilder::layered(&files, &args.set)?.build()?;
+    let run = recorded.as_deref().map(ptrain_core::config::run_dir_of);
+    let mut config = ptrain_core::ConfigBuilder::layered(&files, &args.set)?.weights_from(run).build()?;
+    if recorded.is_some() {
+        // The checkpoint has every weight: model.init_from's are not read (it may be gone).
+        config.model.init_from.clear();
+    }
     let batch = match (&args.inputs, args.split) {
         (Some(path), _) => ProbeBatch::from_file(path)?,
         (None, SplitArg::Train) => ProbeBatch::Drawn { split: Split::Train, step: args.step.unwrap_or(1) },

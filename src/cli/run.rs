@@ -12,7 +12,8 @@ const EXIT_CODES: &str = "Exit codes:
            \"failed\" and the error; the sinks are drained, the newest checkpoint is kept), or stopped
            (non-finite losses, a save error with on_save_error = \"stop\", a plugin's request_failure_stop)
   2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin
-           options, a checkpoint given to --resume that cannot be used
+           options, a checkpoint given to --resume that cannot be used (of another model: the differing key is named),
+           a run directory another run holds, or one holding checkpoints without --auto-resume/--resume/--overwrite
   3        the run completed, but a plugin failed and --strict-plugins (run.strict_plugins) is set
   130/143  interrupted by SIGINT/SIGTERM after saving an emergency checkpoint";
 
@@ -21,12 +22,15 @@ const EXIT_CODES: &str = "Exit codes:
 pub struct RunArgs {
     /// TOML file layered over the embedded default (`ptrain config --default` shows it).
     /// Repeat to layer several, in order: a later file's keys win, tables merge key by key.
+    /// Relative paths in a file are relative to that file's folder. With --auto-resume
+    /// and no --config: the run directory's own config.toml.
     #[arg(short, long, value_name = "FILE")]
     config: Vec<PathBuf>,
     /// Plugins to load, by name or .so path (replaces `run.plugins`).
     #[arg(short, long, value_delimiter = ',', value_name = "A,B")]
     plugins: Option<Vec<String>>,
-    /// Override one key, e.g. `--set optim.lr=3e-4` or `--set plugins.flops.every=500`.
+    /// Override one key, e.g. `--set optim.lr=3e-4` or `--set plugins.flops.every=500`
+    /// (a relative path is relative to the working directory).
     #[arg(short, long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
     /// Optimizer steps (`train.steps`).
@@ -47,6 +51,11 @@ pub struct RunArgs {
     /// Resume from the newest valid checkpoint in --run-dir, if there is one.
     #[arg(long)]
     auto_resume: bool,
+    /// Start over in a --run-dir that holds an earlier run's checkpoints: what it holds
+    /// is moved aside to <run-dir>.old-<UTC time> first (without this, or a resume flag,
+    /// such a run is refused).
+    #[arg(long, conflicts_with_all = ["resume", "auto_resume"])]
+    overwrite: bool,
     /// Print only warnings, errors and the final summary line: no progress bar,
     /// progress lines or evaluation lines (`PTRAIN_LOG` overrides the log level).
     #[arg(long)]
@@ -83,7 +92,22 @@ impl RunArgs {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let config = ConfigBuilder::layered(&args.config, &args.set)?.build_with(|c| args.apply(c))?;
+    let own = args.run_dir.as_ref().map(|d| d.join("config.toml")).filter(|p| args.auto_resume && args.config.is_empty() && p.is_file());
+    // The checkpoint the weights will come from, if any: model.init_from is then not needed.
+    let from = match (&args.resume, args.auto_resume, &args.run_dir) {
+        (Some(path), _, _) => ptrain_core::checkpoint::resolve(path).0,
+        (None, true, Some(dir)) => ptrain_core::checkpoint::resolve(dir).0,
+        _ => None,
+    };
+    let builder = match own {
+        Some(own) => {
+            tracing::info!("--auto-resume without --config: the run's own {}", own.display());
+            args.set.iter().try_fold(ConfigBuilder::default().toml(&recorded_without_debug(&own)?, &own.display().to_string())?, |b, s| b.set(s))?
+        }
+        None => ConfigBuilder::layered(&args.config, &args.set)?,
+    };
+    let builder = builder.weights_from(from.as_deref().map(ptrain_core::config::run_dir_of));
+    let config = builder.build_with(|c| args.apply(c))?;
     let resume = match (&args.resume, args.auto_resume) {
         (Some(path), _) => Some(Resume::Path(path.clone())),
         (None, true) => Some(Resume::Auto),
@@ -92,7 +116,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // One rank of several (torchrun, Slurm, `ptrain launch`): join the process group.
     let dist = ptrain_dist::from_env(&config)?;
     let rank = dist.as_ref().map_or(0, |d| d.rank());
-    let mut trainer = Trainer::new(config).resume(resume).handle_signals(true).progress(!args.quiet);
+    let mut trainer = Trainer::new(config).resume(resume).overwrite(args.overwrite).handle_signals(true).progress(!args.quiet);
     if let Some(dist) = dist {
         trainer = trainer.data_parallel(dist);
     }
@@ -124,8 +148,30 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if rank == 0 {
         reportln!("summary: {}", outcome.run_dir.join("summary.json").display());
+        if s.status == "interrupted" {
+            resume_lines(s, &outcome.run_dir);
+        }
     }
     Ok(ExitCode::from(outcome.exit_code as u8))
+}
+
+/// A run's recorded `config.toml` (absolute paths) less its `[debug]` table: the
+/// failures a test injected are not injected again into the run that resumes it.
+fn recorded_without_debug(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|source| ptrain_core::Error::Io { path: path.to_owned(), source })?;
+    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {e}", path.display()))?;
+    table.remove("debug");
+    Ok(table.to_string())
+}
+
+/// After Ctrl-C: the checkpoint saved, and the command that resumes, each on a line.
+fn resume_lines(s: &ptrain_core::Summary, run_dir: &std::path::Path) {
+    let saved = s.plugins.get("checkpoint").and_then(|c| Some(std::path::Path::new(c.get("dir")?.as_str()?).join(c.get("latest")?.as_str()?)));
+    match saved {
+        Some(path) => reportln!("checkpoint: {}", path.display()),
+        None => reportln!("checkpoint: none (load the checkpoint plugin, --plugins checkpoint, to resume interrupted runs)"),
+    }
+    reportln!("resume: ptrain run --run-dir {} --auto-resume", run_dir.display());
 }
 
 /// What went wrong along the way that a user must know though the run went on:

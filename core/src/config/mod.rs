@@ -10,10 +10,12 @@ mod dist;
 mod model;
 mod optim;
 mod origins;
+mod paths;
 mod plugins;
 mod ranges;
 mod resolve;
 mod run;
+mod standalone;
 mod suggest;
 mod train;
 
@@ -32,12 +34,16 @@ pub use optim::{OptimConfig, OptimName, Schedule};
 pub use origins::KeyOrigins;
 pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
+pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR};
 pub use train::{NanPolicy, Precision, TrainConfig};
 
 use crate::error::{ConfigError, Error};
 
 /// The commented default configuration, embedded in the binary.
 pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
+
+/// `data.tokenizer = "bytes"`: the data is raw bytes (ids 0-255), said explicitly.
+pub const BYTES_TOKENIZER: &str = "bytes";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -73,11 +79,13 @@ pub struct ConfigBuilder {
     /// Dotted paths of the keys a layer set (rather than the default), with the
     /// layer that set them last: `model.init_from` may fill only the others.
     explicit: BTreeMap<String, String>,
+    /// The run whose checkpoint the weights come from (see [`ConfigBuilder::weights_from`]).
+    weights_from: Option<PathBuf>,
 }
 
 impl Default for ConfigBuilder {
     fn default() -> Self {
-        ConfigBuilder { table: default_table(), explicit: BTreeMap::new() }
+        ConfigBuilder { table: default_table(), explicit: BTreeMap::new(), weights_from: None }
     }
 }
 
@@ -101,16 +109,24 @@ impl ConfigBuilder {
             std::io::ErrorKind::NotFound => Error::MissingFile { what: "config file", path: path.to_owned() },
             _ => Error::Io { path: path.to_owned(), source: e },
         })?;
-        self.toml(&text, &path.display().to_string())
+        let origin = path.display().to_string();
+        let mut layer = parse_layer(&text, &origin)?;
+        paths::resolve_in_file(&mut layer, path.parent().unwrap_or(Path::new("")));
+        self.layer(layer, &origin)
+    }
+
+    /// The weights come from a checkpoint of `run_dir` (resuming, `ptrain logits
+    /// --checkpoint`): a `model.init_from` directory that is gone is not needed (the
+    /// configuration has its architecture keys), and a `data.tokenizer` that is gone
+    /// is replaced by the copy the run kept (see [`keep_sources`]).
+    pub fn weights_from(mut self, run_dir: Option<PathBuf>) -> Self {
+        self.weights_from = run_dir;
+        self
     }
 
     /// Layers TOML text over the configuration so far; `origin` names it in errors.
     pub fn toml(self, text: &str, origin: &str) -> Result<Self, Error> {
-        let layer: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
-            origin: origin.to_string(),
-            key: String::new(),
-            message: e.to_string().trim().replace('\n', " "),
-        })?;
+        let layer = parse_layer(text, origin)?;
         self.layer(layer, origin)
     }
 
@@ -160,7 +176,14 @@ impl ConfigBuilder {
         let mut config = deserialize(&self.table)?;
         config.origins = KeyOrigins::new(self.explicit.clone());
         last(&mut config);
+        let gone = match &self.weights_from {
+            Some(run) => config.not_needed_with_checkpoint(run),
+            None => None,
+        };
         config.resolve_pretrained(&self.explicit)?;
+        if let Some(init_from) = gone {
+            config.model.init_from = init_from;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -170,6 +193,14 @@ impl ConfigBuilder {
     pub fn build_recorded(self) -> Result<Config, Error> {
         Ok(deserialize(&self.table)?)
     }
+}
+
+fn parse_layer(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
+    text.parse().map_err(|e: toml::de::Error| ConfigError {
+        origin: origin.to_string(),
+        key: String::new(),
+        message: e.to_string().trim().replace('\n', " "),
+    })
 }
 
 /// Records the dotted path of every value in `layer` (tables are walked into).
@@ -295,7 +326,7 @@ impl Config {
         if self.model.kind == ModelKind::Torchscript {
             files.push(("model.path", PathBuf::from(&self.model.path)));
         }
-        if let Some(p) = named(&self.data.tokenizer) {
+        if let Some(p) = named(&self.data.tokenizer).filter(|_| self.data.tokenizer != BYTES_TOKENIZER) {
             files.push(("data.tokenizer", p));
         }
         files

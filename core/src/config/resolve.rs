@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use super::{Config, DataKind, ModelKind, TaskKind, TrainOn};
+use super::{Config, DataKind, ModelKind, TaskKind, TrainOn, BYTES_TOKENIZER};
 use crate::{
     error::{ConfigError, Error},
     model::hf::{
@@ -63,6 +63,20 @@ impl Config {
                 tracing::info!("data.tokenizer = {} (beside model.init_from)", beside.display());
                 self.data.tokenizer = beside.display().to_string();
             }
+            // Raw bytes into a model of another vocabulary train the wrong thing quietly.
+            let text = matches!(self.data.kind, DataKind::Text | DataKind::Jsonl);
+            if self.data.tokenizer.is_empty() && text && self.model.vocab_size != 256 {
+                return Err(bad(
+                    "data.tokenizer",
+                    format!(
+                        "is not set, and {} has no tokenizer.json beside it: without a tokenizer the data is read as raw bytes (256 ids), \
+                         while the model has {} (vocab_size). Set data.tokenizer to the model's tokenizer.json, or \
+                         data.tokenizer = \"bytes\" to train on raw bytes all the same",
+                        hf.dir.display(),
+                        self.model.vocab_size
+                    ),
+                ));
+            }
         }
         if self.tokenizes() {
             let path = Path::new(&self.data.tokenizer);
@@ -83,7 +97,9 @@ impl Config {
     /// Whether `data.tokenizer` applies: text or JSONL data with a tokenizer, or
     /// instruction data.
     pub fn tokenizes(&self) -> bool {
-        !self.data.tokenizer.is_empty() && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_instruction())
+        !self.data.tokenizer.is_empty()
+            && self.data.tokenizer != BYTES_TOKENIZER
+            && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_instruction())
     }
 
     /// `train.loss_chunk` needs a model that hands out its hidden states.
@@ -105,7 +121,7 @@ impl Config {
             }
             return Ok(());
         }
-        if data.tokenizer.is_empty() {
+        if data.tokenizer.is_empty() || data.tokenizer == BYTES_TOKENIZER {
             return Err(bad(
                 "data.tokenizer",
                 "instruction data needs a tokenizer.json (with the tokenizer_config.json that holds the chat template beside it); \
@@ -144,7 +160,7 @@ impl Config {
         if !m.init_from.is_empty() && !matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) {
             return Err(bad("model.init_from", "only a gpt or a llama starts from a Hugging Face checkpoint"));
         }
-        if self.data.tokenizer.is_empty() {
+        if self.data.tokenizer.is_empty() || self.data.tokenizer == BYTES_TOKENIZER {
             if !self.data.eos_token.is_empty() {
                 return Err(bad("data.eos_token", "needs data.tokenizer"));
             }

@@ -163,7 +163,7 @@ pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
     let seq_len = seq_len(config);
     let classify = config.model.kind == crate::config::ModelKind::Mlp
         || (config.model.kind == crate::config::ModelKind::Torchscript && config.model.task == crate::config::TaskKind::Classification);
-    let tokenized = !data.tokenizer.is_empty() && matches!(data.kind, DataKind::Text | DataKind::Jsonl);
+    let tokenized = config.tokenizes();
     Ok(match (data.kind, classify) {
         (DataKind::Chat | DataKind::PromptCompletion, _) => Arc::new(instruct::InstructData::from_config(config, seq_len)?),
         _ if tokenized => Arc::new(token_cache::windows(config, seq_len)?),

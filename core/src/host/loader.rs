@@ -167,3 +167,28 @@ pub fn load(path: &Path) -> Result<PluginLibrary, Error> {
     let descriptor = module.descriptor()().into_result().map_err(|e| refuse(format!("failed to describe itself: {e}")))?;
     Ok(PluginLibrary { module, descriptor })
 }
+
+/// Checks, before anything costly (tokenizing, loading weights), that every
+/// requested plugin loads and that every `[plugins.<name>]` table names a loaded
+/// or installed plugin (`ptrain config` checks the same).
+pub fn check_tables(requests: &[String], tables: &std::collections::BTreeMap<String, toml::Table>) -> Result<(), Error> {
+    let libraries = requests
+        .iter()
+        .map(|request| {
+            let path = resolve(request)?;
+            Ok((request, load(&path)?, path))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    claim_tables(&libraries, tables)
+}
+
+/// Every `[plugins.<name>]` table claimed by a loaded library (by its name or the
+/// name or path it was requested as) or naming an installed plugin.
+pub(super) fn claim_tables(
+    libraries: &[(&String, PluginLibrary, std::path::PathBuf)],
+    tables: &std::collections::BTreeMap<String, toml::Table>,
+) -> Result<(), Error> {
+    let claimed: Vec<&str> = libraries.iter().flat_map(|(request, lib, _)| [lib.descriptor.name.as_str(), request.as_str()]).collect();
+    let installed: Vec<String> = available().into_iter().map(|(name, _)| name).collect();
+    crate::config::check_tables_claimed(tables, &claimed, &installed)
+}

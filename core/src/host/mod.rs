@@ -38,7 +38,7 @@ pub use services::{HostServices, StopRequest};
 
 use self::{watchdog::Watchdog, worker::Worker};
 use crate::{
-    config::{check_tables_claimed, explain_option_error, KeyOrigins, PluginSettings},
+    config::{explain_option_error, KeyOrigins, PluginSettings},
     error::{Error, Result},
     hooks::{Cadence, Gate, Owner, Scheduler, SlotSpec, StepPlan},
 };
@@ -135,9 +135,7 @@ impl PluginHost {
                 Ok((request, loader::load(&path)?, path))
             })
             .collect::<Result<Vec<_>>>()?;
-        let claimed: Vec<&str> = libraries.iter().flat_map(|(request, lib, _)| [lib.descriptor.name.as_str(), request.as_str()]).collect();
-        let installed: Vec<String> = loader::available().into_iter().map(|(name, _)| name).collect();
-        check_tables_claimed(tables, &claimed, &installed)?;
+        loader::claim_tables(&libraries, tables)?;
         for (request, lib, path) in libraries {
             let d = lib.descriptor;
             let name = d.name.as_str().to_string();

@@ -61,7 +61,7 @@ impl Pretrained {
         let model = super::from_config(&config, &vars.root(), &NoData)?;
         super::probe::load_checkpoint_weights(&vars, &checkpoint)?;
         config.model.init_from = init_from;
-        let tokenizer = (!config.data.tokenizer.is_empty()).then(|| PathBuf::from(&config.data.tokenizer));
+        let tokenizer = config.tokenizes().then(|| PathBuf::from(&config.data.tokenizer));
         let mut eos = tokenizer.as_ref().and_then(|t| t.parent()).map(eos_ids_in).unwrap_or_default();
         if eos.is_empty() && !config.model.init_from.is_empty() {
             eos = eos_ids_in(Path::new(&config.model.init_from));

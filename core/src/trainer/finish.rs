@@ -155,10 +155,12 @@ impl Run {
             abandoned_plugins: self.host.abandoned().clone(),
             queue_drops: self.host.queue_drops(),
             plugins: plugin_summaries,
+            parts: Vec::new(),
         };
         if env.config.debug.dump_params && collective {
             self.dump_params()?;
         }
+        let summary = summary.with_parts(&env.run_dir.join("summary.json"), env.unix_start);
         if env.rank == 0 {
             let path = env.run_dir.join("summary.json");
             summary.write(&path).map_err(|source| Error::Io { path, source })?;

@@ -42,11 +42,6 @@ impl MetricsProcessor {
     }
 }
 
-/// A device scalar's value (NaN before there is one). A host sync.
-fn read(t: Option<&Tensor>) -> f64 {
-    t.map_or(f64::NAN, |t| t.double_value(&[]))
-}
-
 impl Run {
     /// Sends what is due at `step` to the sinks: the core metrics the due sinks
     /// asked for, plus whatever was emitted since the last batch (which reaches
@@ -69,15 +64,16 @@ impl Run {
         Ok(())
     }
 
-    /// `train/*` (the loss averaged over ranks in one collective), and with detailed
+    /// `train/*` (`train/loss` the mean step loss since the last emission, averaged
+    /// over ranks in one collective), and with detailed
     /// metrics `train/grad_norm`, `time/*` and `memory/*`. A failed all-reduce is
     /// an error: this rank's loss passed off as the mean would be a wrong number.
-    fn core_metrics(&self, step: u64, lr: f64, wants: Needs) -> Result<Vec<Metric>> {
+    fn core_metrics(&mut self, step: u64, lr: f64, wants: Needs) -> Result<Vec<Metric>> {
         let (since, since_step, phases_before) = self.metrics.last_emit;
-        let (tally, world) = (&self.tally, self.env.world as u64);
         let steps = step - since_step;
         // The loss read waits for the device: the interval ends after it.
-        let mut values = vec![read(tally.last_loss.as_ref())];
+        let mut values = vec![self.tally.take_mean_loss(0, steps)];
+        let (tally, world) = (&self.tally, self.env.world as u64);
         let secs = since.elapsed().as_secs_f64().max(1e-9);
         let mut names = vec!["train/loss"];
         if let Some(d) = &self.dist {
@@ -135,15 +131,23 @@ impl Run {
         out
     }
 
-    /// A progress line (or the bar's message): reads the loss, the one sync.
-    pub(super) fn show_progress(&mut self, step: u64, lr: f64) {
-        let loss = read(self.tally.last_loss.as_ref());
+    /// A progress line (or the bar's message), on rank 0 only: the mean step loss
+    /// since the last line, over every rank (a collective, at a step every rank
+    /// shows progress), read in the one sync.
+    pub(super) fn show_progress(&mut self, step: u64, lr: f64) -> Result<()> {
         let (since, since_step) = self.metrics.last_progress;
+        let mut loss = self.tally.take_mean_loss(1, step - since_step);
+        if let Some(d) = &self.dist {
+            let mut t = Tensor::f_from_slice(&[loss])?.f_to_device(self.env.device)?;
+            d.collectives().all_reduce_sum(&mut t).map_err(Error::Dist)?;
+            loss = t.f_to_device(Device::Cpu)?.f_double_value(&[0])? / self.env.world as f64;
+        }
         let secs = since.elapsed().as_secs_f64().max(1e-9);
         let steps = (step - since_step).max(1);
         let tokens_per_s = (self.tally.step_tokens * self.env.world as u64 * steps) as f64 / secs;
         let eta_s = secs / steps as f64 * (self.env.total_steps - step) as f64;
         self.metrics.progress.update(&progress::Line { step, loss, lr, tokens_per_s, eta_s });
         self.metrics.last_progress = (Instant::now(), step);
+        Ok(())
     }
 }

@@ -1,6 +1,8 @@
 //! The trainer: set-up, the loop, and what happens at its end. One file per job,
 //! in the order a run meets them:
 //!
+//! - `run_dir`: the run directory's lock, and the guard against starting over in
+//!   a directory that holds checkpoints (`--overwrite` moves them aside);
 //! - `setup`: resume, device, data, model, optimizer, plugins and their schedule;
 //! - `run`: what a run holds, grouped by owner (`RunEnv`, `Learner`, `Tally`, ...);
 //! - `step`: the loop (`train`), one optimizer step (`train_step`), one micro-batch
@@ -36,6 +38,7 @@ mod nonfinite;
 pub(crate) mod payload;
 mod progress;
 mod run;
+pub mod run_dir;
 mod save;
 mod setup;
 mod state;
@@ -49,6 +52,7 @@ use std::{path::PathBuf, sync::Arc};
 use tch::nn;
 
 pub use failure::RunError;
+pub(crate) use progress::eprint_line;
 pub use state::{DataPosition, EvalRecord, RngScheme, TrainState};
 pub use summary::{EvalPoint, PhaseSummary, Summary};
 
@@ -86,6 +90,7 @@ pub struct Trainer {
     model: Option<ModelFactory>,
     dataset: Option<Arc<dyn Dataset>>,
     resume: Option<Resume>,
+    overwrite: bool,
     handle_signals: bool,
     progress: bool,
     dist: Option<Box<dyn DataParallel>>,
@@ -93,7 +98,7 @@ pub struct Trainer {
 
 impl Trainer {
     pub fn new(config: Config) -> Trainer {
-        Trainer { config, model: None, dataset: None, resume: None, handle_signals: false, progress: true, dist: None }
+        Trainer { config, model: None, dataset: None, resume: None, overwrite: false, handle_signals: false, progress: true, dist: None }
     }
 
     /// Trains your own model instead of `[model]`'s.
@@ -110,6 +115,14 @@ impl Trainer {
 
     pub fn resume(mut self, resume: Option<Resume>) -> Trainer {
         self.resume = resume;
+        self
+    }
+
+    /// Starts over in a run directory that holds an earlier run's checkpoints,
+    /// moving what it holds aside (see [`run_dir::guard`]); without it such a run
+    /// is refused unless it resumes.
+    pub fn overwrite(mut self, on: bool) -> Trainer {
+        self.overwrite = on;
         self
     }
 

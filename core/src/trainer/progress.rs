@@ -1,13 +1,28 @@
 //! Progress at the `log_every` cadence: an indicatif bar on a terminal, plain log
 //! lines otherwise. Nothing here runs on steps that are not due.
 
-use std::io::IsTerminal;
+use std::{io::IsTerminal, sync::Mutex};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 pub struct Progress {
     bar: Option<ProgressBar>,
     total: u64,
+    /// Rank 0 shows progress (a bar, or log lines: `--quiet` raises the log level
+    /// above them); the other ranks only take part in the mean loss.
+    shown: bool,
+}
+
+/// The bar being drawn, for lines printed from other threads (signals).
+static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// Prints `message` on a line of its own on stderr: above the progress bar when one
+/// is drawn, rather than glued to its end.
+pub fn eprint_line(message: &str) {
+    match BAR.lock().ok().and_then(|bar| bar.clone()) {
+        Some(bar) => bar.println(message),
+        None => eprintln!("{message}"),
+    }
 }
 
 pub struct Line {
@@ -19,17 +34,25 @@ pub struct Line {
 }
 
 impl Progress {
-    pub fn new(start: u64, total: u64, enabled: bool) -> Progress {
+    /// `bar`: a bar on a terminal (not with `--quiet`); `shown`: this rank shows progress.
+    pub fn new(start: u64, total: u64, bar: bool, shown: bool) -> Progress {
+        let enabled = bar && shown;
         let bar = (enabled && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
             bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
             bar.set_position(start);
             bar
         });
-        Progress { bar, total }
+        if let (Some(bar), Ok(mut shown)) = (&bar, BAR.lock()) {
+            *shown = Some(bar.clone());
+        }
+        Progress { bar, total, shown }
     }
 
     pub fn update(&self, line: &Line) {
+        if !self.shown {
+            return;
+        }
         let text = format!("loss {:.4}  lr {:.2e}  {:.0} tok/s  eta {}", line.loss, line.lr, line.tokens_per_s, format_secs(line.eta_s));
         match &self.bar {
             Some(bar) => {
@@ -50,6 +73,9 @@ impl Progress {
 
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
+            if let Ok(mut shown) = BAR.lock() {
+                *shown = None;
+            }
             bar.finish_and_clear();
         }
     }

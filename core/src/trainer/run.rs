@@ -52,6 +52,8 @@ pub(super) struct RunEnv {
     pub setup_s: f64,
     /// Unix time when training (not set-up) started.
     pub unix_start: f64,
+    /// Rank 0's lock on the run directory, released when the run is dropped.
+    pub _lock: Option<super::run_dir::RunLock>,
 }
 
 /// The model, what it trains on and what updates it.
@@ -120,6 +122,9 @@ pub(super) struct Tally {
     pub first_loss: Option<Tensor>,
     pub last_loss: Option<Tensor>,
     pub last_grad_norm: Option<Tensor>,
+    /// Sums of the step losses on the device: [0] since the last `train/loss`,
+    /// [1] since the last progress line. One in-place add a step, no sync.
+    pub loss_sums: Option<Tensor>,
     pub evals: Vec<EvalPoint>,
     /// Time the loop waited for a previous save to finish.
     pub checkpoint_wait_s: f64,
@@ -128,6 +133,16 @@ pub(super) struct Tally {
 }
 
 impl Tally {
+    /// The mean step loss since the last read of `slot` (see `loss_sums`) over
+    /// `steps` steps, and the sum started again. A host sync; NaN before any step.
+    pub fn take_mean_loss(&mut self, slot: i64, steps: u64) -> f64 {
+        let Some(sums) = &self.loss_sums else { return f64::NAN };
+        let mut sum = sums.get(slot);
+        let value = sum.double_value(&[]);
+        let _ = sum.f_zero_();
+        value / steps.max(1) as f64
+    }
+
     /// Counts one finished optimizer step over `world` ranks.
     pub fn count_step(&mut self, world: u64, phases: &PhaseTimes, hooks_s: f64, loss: Tensor) {
         self.phases_total = self.phases_total.plus(phases);
@@ -136,6 +151,11 @@ impl Tally {
         self.tokens_seen += self.step_tokens * world;
         if self.first_loss.is_none() {
             self.first_loss = Some(loss.shallow_clone());
+        }
+        match &mut self.loss_sums {
+            // A failed add shows as a wrong mean, never as a failed step.
+            Some(sums) => drop(sums.f_add_(&loss)),
+            None => self.loss_sums = loss.f_to_kind(tch::Kind::Double).and_then(|l| l.f_repeat([2])).ok(),
         }
         self.last_loss = Some(loss);
     }

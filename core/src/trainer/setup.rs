@@ -15,6 +15,7 @@ use super::{
     nonfinite::NonFinite,
     progress::Progress,
     run::{Learner, Run, RunEnv, Tally},
+    run_dir::RunLock,
     state::{self, TrainState},
     stop::StopControl,
     Trainer,
@@ -64,11 +65,24 @@ fn core_slots(config: &Config, device: Device) -> Vec<SlotSpec> {
 impl Run {
     pub fn setup(trainer: Trainer) -> Result<Run> {
         let started = Instant::now();
-        let Trainer { config, model: model_factory, dataset, resume, handle_signals, progress, dist } = trainer;
+        let Trainer { config, model: model_factory, dataset, resume, overwrite, handle_signals, progress, dist } = trainer;
         let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.rank(), d.world_size()));
         let shard = ShardSpec::agree(config.dist.shard, dist.as_deref())?;
         let run_dir = run_dir(&config, shard.as_ref().map(|s| s.launch_secs));
+        // Rank 0 holds the lock for the launch: the other ranks write under it. A
+        // single run named by default takes a name no other run has.
+        let (run_dir, lock) = match (rank, world, config.run.run_dir.is_empty()) {
+            (0, 1, true) => RunLock::acquire_new(&run_dir).map(|(dir, lock)| (dir, Some(lock)))?,
+            (0, _, _) => (run_dir.clone(), Some(RunLock::acquire(&run_dir)?)),
+            _ => (run_dir, None),
+        };
+        super::run_dir::guard(&run_dir, resume.as_ref(), overwrite, rank == 0)?;
         let checkpoint = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?.map(|p| state::read(&p)).transpose()?;
+        if let (Some(ckpt), None) = (&checkpoint, &model_factory) {
+            state::check_model(ckpt, &config)?;
+        }
+        // A misspelt [plugins.<name>] table is refused before tokenizing or loading weights.
+        crate::host::loader::check_tables(&config.run.plugins, &config.plugins)?;
 
         if config.run.threads > 0 {
             tch::set_num_threads(config.run.threads as i32);
@@ -88,6 +102,12 @@ impl Run {
         let vs = nn::VarStore::new(device);
         let model = match model_factory {
             Some(factory) => factory(&vs.root(), dataset.as_ref())?,
+            // The checkpoint has every weight: model.init_from's may be gone.
+            None if checkpoint.is_some() => {
+                let mut without = config.clone();
+                without.model.init_from.clear();
+                model::from_config(&without, &vs.root(), dataset.as_ref())?
+            }
             None => model::from_config(&config, &vs.root(), dataset.as_ref())?,
         };
         let mut params: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
@@ -131,7 +151,8 @@ impl Run {
             let io = |path: PathBuf| move |source| Error::Io { path, source };
             std::fs::create_dir_all(&run_dir).map_err(io(run_dir.clone()))?;
             let config_path = run_dir.join("config.toml");
-            std::fs::write(&config_path, config.to_toml()).map_err(io(config_path.clone()))?;
+            std::fs::write(&config_path, config.to_recorded_toml()).map_err(io(config_path.clone()))?;
+            crate::config::keep_sources(&config, &run_dir)?;
         }
         slots.extend(core_slots(&config, device));
         if world > 1 {
@@ -159,7 +180,7 @@ impl Run {
         let run_data = Arc::new(RunData {
             run_dir: run_dir.display().to_string(),
             run_name: config.run.name.clone(),
-            config_toml: config.to_toml(),
+            config_toml: config.to_recorded_toml(),
             seed: config.run.seed,
             start_step,
             total_steps,
@@ -208,6 +229,7 @@ impl Run {
             autocast,
         };
         let env = RunEnv {
+            _lock: lock,
             resumed_from: checkpoint.as_ref().map(|c| c.path.display().to_string()),
             setup_s: started.elapsed().as_secs_f64(),
             unix_start: unix_now(),
@@ -221,7 +243,7 @@ impl Run {
             run_data,
         };
         Ok(Run {
-            metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress && rank == 0)),
+            metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress, rank == 0)),
             stop: StopControl::new(signals, services),
             faults: Faults::new(&env.config.debug, device),
             staged: Default::default(),

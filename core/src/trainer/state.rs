@@ -140,3 +140,47 @@ pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimiz
     optimizer.load_state(&CheckpointState::new(checkpoint, &sizes)).map_err(unusable)?;
     serde_json::from_value(checkpoint.state.clone()).map_err(|e| bad(format!("{}: {e}", ckpt::STATE_FILE)))
 }
+
+/// `[model]` keys that may change on resume: where the weights first came from
+/// (the checkpoint has them all now), dropout, a TorchScript file's path.
+const MAY_CHANGE: &[&str] = &["init_from", "dropout", "path"];
+
+/// Compares the `[model]` the checkpoint was trained with against this run's,
+/// before any weight is touched: a resumed run with another model size is refused
+/// naming the first key that differs (`model.n_layer: checkpoint 4, configuration 2`).
+pub fn check_model(checkpoint: &Checkpoint, config: &crate::config::Config) -> Result<()> {
+    let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
+    let saved: toml::Table = checkpoint.config_toml.parse().map_err(|e| bad(format!("{}: {e}", ckpt::CONFIG_FILE)))?;
+    let Some(saved) = saved.get("model").and_then(toml::Value::as_table) else { return Ok(()) };
+    let live = toml::Table::try_from(&config.model).expect("[model] serializes");
+    match first_difference(saved, &live, "model") {
+        None => Ok(()),
+        Some((key, was, now)) => Err(bad(format!(
+            "{key}: checkpoint {was}, configuration {now}. The checkpoint is of another model: resume with the configuration it was \
+             trained with (its {}), or start a new --run-dir",
+            ckpt::CONFIG_FILE
+        ))),
+    }
+}
+
+/// The first key (dotted, under `prefix`) whose value differs; keys only one side
+/// has (another version's) are skipped.
+fn first_difference(saved: &toml::Table, live: &toml::Table, prefix: &str) -> Option<(String, toml::Value, toml::Value)> {
+    for (key, was) in saved {
+        let Some(now) = live.get(key) else { continue };
+        if prefix == "model" && MAY_CHANGE.contains(&key.as_str()) {
+            continue;
+        }
+        let path = format!("{prefix}.{key}");
+        match (was, now) {
+            (toml::Value::Table(a), toml::Value::Table(b)) => {
+                if let Some(found) = first_difference(a, b, &path) {
+                    return Some(found);
+                }
+            }
+            (a, b) if a != b => return Some((path, a.clone(), b.clone())),
+            _ => {}
+        }
+    }
+    None
+}

@@ -199,7 +199,7 @@ impl Run {
             self.save(step, reason)?;
         }
         if plan.core(CoreTask::Progress) {
-            self.show_progress(step, lr);
+            self.show_progress(step, lr)?;
         }
         Ok(stop)
     }

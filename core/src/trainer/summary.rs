@@ -1,4 +1,7 @@
-//! `<run-dir>/summary.json`.
+//! `<run-dir>/summary.json`: the figures of the part of the run that just ended,
+//! and in `parts` every part of the run so far (a resumed run appends one part to
+//! the `parts` of the summary it finds): where each started and ended, its wall
+//! time, and why it ended.
 
 use std::collections::BTreeMap;
 
@@ -93,9 +96,51 @@ pub struct Summary {
     pub abandoned_plugins: BTreeMap<String, u64>,
     pub queue_drops: BTreeMap<String, u64>,
     pub plugins: BTreeMap<String, serde_json::Value>,
+    /// Every part of the run, oldest first, this one last (see the module doc).
+    pub parts: Vec<serde_json::Value>,
 }
 
 impl Summary {
+    /// This part of the run, as `parts` lists it; `started_at` in Unix seconds.
+    fn part(&self, started_at: f64) -> serde_json::Value {
+        serde_json::json!({
+            "start_step": self.start_step,
+            "last_step": self.last_step,
+            "steps": self.steps,
+            "started_at": started_at,
+            "wall_s": self.wall_s,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "stop_reason": self.stop_reason,
+            "error": self.error,
+            "resumed_from": self.resumed_from,
+            "first_loss": self.first_loss,
+            "final_loss": self.final_loss,
+            "evals": self.evals,
+        })
+    }
+
+    /// Fills `parts`: those of the summary at `path` when this part resumed the
+    /// run (a summary from before `parts` existed counts as one part), then this one.
+    pub fn with_parts(mut self, path: &std::path::Path, started_at: f64) -> Summary {
+        let earlier =
+            self.resumed_from.as_ref().and_then(|_| std::fs::read(path).ok()).and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        let mut parts = match earlier {
+            Some(serde_json::Value::Object(mut old)) => match old.remove("parts") {
+                Some(serde_json::Value::Array(parts)) => parts,
+                _ => {
+                    let keys =
+                        ["start_step", "last_step", "steps", "wall_s", "status", "exit_code", "stop_reason", "first_loss", "final_loss", "evals"];
+                    vec![serde_json::Value::Object(keys.iter().filter_map(|k| Some((k.to_string(), old.get(*k)?.clone()))).collect())]
+                }
+            },
+            _ => Vec::new(),
+        };
+        parts.push(self.part(started_at));
+        self.parts = parts;
+        self
+    }
+
     pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(self).expect("summary serializes");
         let tmp = path.with_extension("json.tmp");

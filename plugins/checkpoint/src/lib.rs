@@ -16,6 +16,11 @@
 //! other than 0 write their part and mark it done; rank 0 writes the rest, waits
 //! (at most `dist.timeout_s`) for every part, and only then commits, updates
 //! `latest` and applies retention.
+//!
+//! `latest` names the newest checkpoint by step (with checkpoints of an earlier part
+//! of the run there too), `best` the best by `metric` among those scored (a
+//! checkpoint is scored by the metric observed at its own step); `ptrain export
+//! --checkpoint best` reads it.
 
 mod retention;
 
@@ -228,9 +233,9 @@ impl Plugin for Checkpointer {
             None => ptrain_checkpoint::write(&self.dir, payload),
         };
         let written = written.and_then(|path| {
-            let name = ptrain_checkpoint::dir_name(payload.step);
-            ptrain_checkpoint::commit_latest(&self.dir, &name)?;
-            Ok((path, name))
+            let newest = self.entries.iter().map(|e| e.step).chain([payload.step]).max().unwrap_or(payload.step);
+            ptrain_checkpoint::commit_latest(&self.dir, &ptrain_checkpoint::dir_name(newest))?;
+            Ok((path, ptrain_checkpoint::dir_name(newest)))
         });
         self.write_s += started.elapsed().as_secs_f64();
         match written {
@@ -242,6 +247,10 @@ impl Plugin for Checkpointer {
                 self.entries.retain(|e| e.step != payload.step);
                 self.entries.push(Entry { step: payload.step, score });
                 self.apply_retention(payload.step);
+                let best = self.retention().best(&self.entries).first().map(|e| ptrain_checkpoint::dir_name(e.step));
+                if let Err(e) = ptrain_checkpoint::commit_best(&self.dir, best.as_deref()) {
+                    self.host.log(LogLevel::Warn, "checkpoint", &format!("could not record the best checkpoint: {e}"));
+                }
             }
             Err(e) => self.save_failed(payload.step, e),
         }

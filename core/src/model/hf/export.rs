@@ -52,7 +52,9 @@ pub const GENERATION_CONFIG: &str = "generation_config.json";
 pub fn recorded_config(checkpoint: &Path) -> Result<Config> {
     let path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
-    ConfigBuilder::default().toml(&text, &path.display().to_string())?.build_recorded()
+    let mut config = ConfigBuilder::default().toml(&text, &path.display().to_string())?.build_recorded()?;
+    config.use_kept_tokenizer(&crate::config::run_dir_of(checkpoint));
+    Ok(config)
 }
 
 fn checkpoint_error(path: &Path, message: impl Into<String>) -> Error {
@@ -80,7 +82,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported>
     let config = recorded_config(&checkpoint)?;
     let m = &config.model;
     let tokenizer = Path::new(&config.data.tokenizer);
-    if with_tokenizer && !config.data.tokenizer.is_empty() && !tokenizer.is_file() {
+    if with_tokenizer && config.tokenizes() && !tokenizer.is_file() {
         return Err(Error::MissingFile { what: "the run's data.tokenizer (export --no-tokenizer exports without it)", path: tokenizer.to_owned() });
     }
     if !matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) {
@@ -148,7 +150,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported>
 /// `special_tokens_map.json` beside it; records `data.eos_token`'s id.
 fn copy_tokenizer(config: &Config, out: &Path, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<Vec<PathBuf>> {
     let source = Path::new(&config.data.tokenizer);
-    if config.data.tokenizer.is_empty() {
+    if !config.tokenizes() {
         return Ok(Vec::new());
     }
     let mut copied = Vec::new();

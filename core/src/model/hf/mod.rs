@@ -58,7 +58,7 @@ impl HfDir {
 }
 
 /// `gpt2`, `openai-community/gpt2`: what a hub model id looks like.
-fn looks_like_hub_name(spec: &str) -> bool {
+pub(crate) fn looks_like_hub_name(spec: &str) -> bool {
     let part =
         |s: &str| s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
     let parts: Vec<&str> = spec.split('/').collect();
