@@ -7,7 +7,8 @@ pub mod ranks;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Child, Command, Output},
+    time::{Duration, Instant},
 };
 
 pub fn repo() -> PathBuf {
@@ -102,4 +103,21 @@ pub fn plugin_path(name: &str) -> PathBuf {
     let path = build_dir().join(format!("libptrain_plugin_{}.so", name.replace('-', "_")));
     assert!(path.exists(), "{} missing: build the workspace first (cargo build --release --workspace)", path.display());
     path
+}
+
+/// Waits for the JSON file `path` that `child` writes (through a rename) and
+/// returns it; fails if `child` exits first. The bound only turns a hang into a
+/// failure: nothing here depends on how fast the machine is.
+pub fn wait_for_json(child: &mut Child, path: &Path) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()));
+        }
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!("the process exited ({status}) before writing {}", path.display());
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "no {} after 10 minutes", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
