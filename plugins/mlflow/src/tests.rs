@@ -10,9 +10,9 @@ use ptrain_plugin_api::{testing, Metric, MetricBatch, RunEnd};
 
 use super::*;
 
-/// A port nothing listens on.
+/// A port nothing listens on: reserved and never bound, so no other test listens there.
 fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    ptrain_test_ports::reserve()
 }
 
 fn plugin(uri: &str, extra: serde_json::Value) -> Mlflow {
