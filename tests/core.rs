@@ -119,6 +119,22 @@ fn an_unknown_plugin_exits_2_listing_the_available_ones() {
     assert!(err.contains("nosuch") && err.contains("available:") && err.contains("jsonl"), "{err}");
 }
 
+/// The first training batch for the data settings `sets` (`--set` pairs over
+/// the tiny GPT), as `ptrain logits` draws it: each row of inputs followed by
+/// its last target, and the loss on it at initialisation.
+fn first_batch(dir: &std::path::Path, sets: &[String]) -> (Vec<Vec<i64>>, f64) {
+    let probe = dir.join("probe.safetensors");
+    let gpt_sets = tiny_gpt(1).into_iter().skip_while(|a| a != "--set");
+    run_expect(ptrain().args(["logits", "--split", "train", "--step", "1", "--out"]).arg(&probe).args(gpt_sets).args(sets), 0);
+    let script = "import json, sys\nfrom safetensors.torch import load_file\np = load_file(sys.argv[1])\n\
+                  rows = [i + [t[-1]] for i, t in zip(p['inputs'].tolist(), p['targets'].tolist())]\n\
+                  print(json.dumps({'rows': rows, 'loss': p['loss'].item()}))";
+    let out = python().args(["-c", script]).arg(&probe).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (serde_json::from_value(v["rows"].clone()).unwrap(), v["loss"].as_f64().unwrap())
+}
+
 #[test]
 fn text_token_and_jsonl_data_train() {
     let dir = run_dir();
@@ -135,6 +151,19 @@ fn text_token_and_jsonl_data_train() {
         0,
     );
     assert_eq!(summary(&out_dir)["steps"], 8);
+    // The run trained on the text: its first batch is windows of the corpus'
+    // bytes, and its first loss is the loss on that batch.
+    let corpus = std::fs::read(&text).unwrap();
+    let (rows, loss) = first_batch(
+        dir.path(),
+        &["--set".into(), "data.kind=\"text\"".into(), "--set".into(), format!("data.path={:?}", text.display().to_string())],
+    );
+    assert_eq!(rows.len(), 8);
+    for row in &rows {
+        let bytes: Vec<u8> = row.iter().map(|&id| u8::try_from(id).expect("a byte id")).collect();
+        assert!(corpus.windows(bytes.len()).any(|w| w == bytes.as_slice()), "not a window of the corpus: {:?}", String::from_utf8_lossy(&bytes));
+    }
+    assert_eq!(summary(&out_dir)["first_loss"].as_f64().unwrap().to_bits(), (loss as f32 as f64).to_bits(), "the run's first loss is on that batch");
 
     // A nanoGPT-style uint16 file with ids past the byte vocabulary: refused until
     // model.vocab_size covers them.
@@ -153,6 +182,14 @@ fn text_token_and_jsonl_data_train() {
     data_args(&mut cmd);
     run_expect(cmd.args(["--set", "model.vocab_size=300", "--run-dir"]).arg(&out_dir), 0);
     assert_eq!(summary(&out_dir)["steps"], 8);
+    // Windows of the file: id i is i * 7 % 300, so each id is 7 more than the last.
+    let sets = ["data.kind=\"tokens\"".to_string(), format!("data.path={:?}", tokens.display().to_string()), "model.vocab_size=300".into()];
+    let (rows, loss) = first_batch(dir.path(), &sets.iter().flat_map(|s| ["--set".to_string(), s.clone()]).collect::<Vec<_>>());
+    assert_eq!(rows.len(), 8);
+    for row in &rows {
+        assert!(row.windows(2).all(|p| p[1] == (p[0] + 7) % 300), "not a window of the token file: {row:?}");
+    }
+    assert_eq!(summary(&out_dir)["first_loss"].as_f64().unwrap().to_bits(), (loss as f32 as f64).to_bits(), "the run's first loss is on that batch");
 
     let rows = dir.path().join("rows.jsonl");
     let mut lines = String::new();
@@ -230,6 +267,8 @@ fn the_default_config_is_printed_commented() {
     assert!(text.contains("# ") && text.contains("[optim]"));
     let parsed: toml::Table = text.parse().expect("the default parses");
     assert!(parsed.contains_key("train"));
+    // It is configs/default.toml, comments and all: the file the docs point to.
+    assert_eq!(text, std::fs::read_to_string(repo().join("configs/default.toml")).unwrap());
 }
 
 /// bf16 on the CPU trains (autocast, loss in float32) and ends close to fp32.
