@@ -35,13 +35,14 @@ fn a_garbage_file_is_refused_before_training_naming_it() {
 
 #[test]
 fn a_foreign_shared_library_is_refused() {
-    let gomp = std::fs::read_dir(
-        std::env::var("PTRAIN_TORCH_LIB").map(PathBuf::from).unwrap_or_else(|_| repo().join(".venv/lib/python3.11/site-packages/torch/lib")),
-    )
-    .unwrap()
-    .filter_map(|e| e.ok().map(|e| e.path()))
-    .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("libgomp"))
-    .expect("torch ships libgomp");
+    // torch's library directory, as the venv's Python finds it (whatever its version).
+    let torch_lib = python().args(["-c", "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"]).output().unwrap();
+    assert!(torch_lib.status.success(), "{}", String::from_utf8_lossy(&torch_lib.stderr));
+    let gomp = std::fs::read_dir(PathBuf::from(String::from_utf8_lossy(&torch_lib.stdout).trim()))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("libgomp"))
+        .expect("torch ships libgomp");
     let out = run_expect(ptrain().args(with_plugins(5, &gomp.display().to_string())), 2);
     assert!(stderr(&out).contains("not a ptrain plugin"), "{}", stderr(&out));
 }
