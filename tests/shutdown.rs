@@ -123,17 +123,31 @@ fn a_signal_during_the_final_drain_ends_it_at_once() {
 #[test]
 fn an_inline_hook_that_runs_too_long_is_named_by_the_watchdog() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_expect(
-        ptrain()
-            .args(tiny_gpt(6))
-            .args(["--plugins", &fixture("inline-faults")])
-            .args(["--set", "plugins.inline-faults.sleep_at=3", "--set", "plugins.inline-faults.sleep_ms=2500"])
-            .args(["--set", "plugins.inline-faults.hook_warn_s=0.5"])
-            .arg("--run-dir")
-            .arg(dir.path()),
-        0,
-    );
-    let err = stderr(&out);
+    // The hook at step 3 returns once the test saw the watchdog's warning: the
+    // warning is waited for, not raced against a sleep.
+    let release = dir.path().join("release");
+    let mut child = ptrain()
+        .args(tiny_gpt(6))
+        .args(["--plugins", &fixture("inline-faults")])
+        .args(["--set", "plugins.inline-faults.sleep_at=3", "--set"])
+        .arg(format!("plugins.inline-faults.wait_for={:?}", release.display().to_string()))
+        .args(["--set", "plugins.inline-faults.hook_warn_s=0.5"])
+        .arg("--run-dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("plugin `inline-faults` has been in step_end for") && !release.exists() {
+            std::fs::write(&release, "").unwrap();
+        }
+        lines.push(line);
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{lines:#?}");
+    let err = lines.join("\n");
     let warnings: Vec<&str> = err.lines().filter(|l| l.contains("plugin `inline-faults` has been in step_end for")).collect();
     assert_eq!(warnings.len(), 1, "one warning (the next would come a minute later):\n{err}");
     assert!(warnings[0].contains("at step 3") && warnings[0].contains("hook_warn_s = 0.5"), "{}", warnings[0]);
