@@ -277,7 +277,7 @@ fn an_unwritable_checkpoint_directory_gives_one_error_and_training_goes_on() {
         0,
     );
     if root_without_mount {
-        eprintln!("skipped the unwritable part: running as root where mounting is not allowed");
+        skip("an_unwritable_checkpoint_directory_gives_one_error_and_training_goes_on", "root may not mount a read-only tmpfs here");
         return;
     }
     let errors: Vec<String> = stderr(&out).lines().filter(|l| l.contains("checkpoint")).map(String::from).collect();
@@ -297,7 +297,7 @@ fn a_full_disk_keeps_the_older_checkpoints() {
     let one: u64 = std::fs::read_dir(ckpt_dir(&probe).join("step-00000002")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     // Room for two checkpoints and a half: the third save runs out of space.
     let Some(full) = Unwritable::new(dir.path().join("full"), Some(one * 5 / 2 + 64 * 1024)) else {
-        eprintln!("skipped: cannot mount a small tmpfs here");
+        skip("a_full_disk_keeps_the_older_checkpoints", "cannot mount a small tmpfs here (needs root with mount rights)");
         return;
     };
     let run = dir.path().join("run");

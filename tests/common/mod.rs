@@ -121,3 +121,19 @@ pub fn wait_for_json(child: &mut Child, path: &Path) -> serde_json::Value {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The point of `test` cannot be checked on this machine (`reason`, e.g. no right
+/// to mount): says so on stderr as `SKIP`, and appends it to the file
+/// `$PTRAIN_TEST_SKIPS`, which scripts/test.sh counts and lists after the run.
+/// Where `PTRAIN_TEST_NO_SKIPS` is set (.ci/run: root on a fresh machine, where
+/// every condition can be made) it fails instead.
+pub fn skip(test: &str, reason: &str) {
+    assert!(std::env::var_os("PTRAIN_TEST_NO_SKIPS").is_none(), "{test} cannot check its point here: {reason} (PTRAIN_TEST_NO_SKIPS is set)");
+    eprintln!("SKIP {test}: {reason}");
+    if let Some(path) = std::env::var_os("PTRAIN_TEST_SKIPS") {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("PTRAIN_TEST_SKIPS is writable");
+        // One short line in one write: appends from tests running at once do not interleave.
+        file.write_all(format!("{test}: {reason}\n").as_bytes()).expect("PTRAIN_TEST_SKIPS is writable");
+    }
+}
