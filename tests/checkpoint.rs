@@ -411,3 +411,32 @@ fn auto_resume_skips_a_corrupt_newest_checkpoint_with_a_warning() {
     assert!(stderr(&out).contains("skipping invalid checkpoint") && stderr(&out).contains("step-00000010"), "{}", stderr(&out));
     assert_eq!(summary(dir.path())["start_step"], 5);
 }
+
+#[test]
+fn a_corrupt_checkpoint_is_refused_by_resume_and_named_by_verify_and_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    run_expect(ptrain().args(args(10)).args(["--set", "plugins.checkpoint.every=5"]).arg("--run-dir").arg(&run), 0);
+    let step10 = ckpt_dir(&run).join("step-00000010");
+    let model = step10.join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let n = bytes.len();
+    bytes[n - 10] ^= 0x55;
+    std::fs::write(&model, bytes).unwrap();
+
+    // --resume names it: a usage error before anything is written.
+    let resumed = dir.path().join("resumed");
+    let out = run_expect(ptrain().args(args(12)).arg("--resume").arg(&step10).arg("--run-dir").arg(&resumed), 2);
+    assert!(stderr(&out).contains("step-00000010") && stderr(&out).contains("model.safetensors is corrupt"), "{}", stderr(&out));
+    assert!(!resumed.exists(), "nothing is written for a refused resume");
+    // list marks it, verify of the run skips it for the older one, verify of it fails.
+    let listing = stdout(&run_expect(ptrain().args(["checkpoints", "list"]).arg(&run), 0));
+    let line = listing.lines().find(|l| l.contains("step-00000010")).unwrap_or_else(|| panic!("{listing}"));
+    assert!(line.contains("INVALID") && line.contains("corrupt"), "{listing}");
+    assert!(listing.lines().any(|l| l.contains("step-00000005") && l.contains("valid")), "{listing}");
+    let verify = run_expect(ptrain().args(["checkpoints", "verify"]).arg(&run), 0);
+    assert_eq!(stdout(&verify).trim(), ckpt_dir(&run).join("step-00000005").display().to_string(), "what --auto-resume would use");
+    assert!(stderr(&verify).contains("skipping invalid checkpoint") && stderr(&verify).contains("step-00000010"), "{}", stderr(&verify));
+    let verify = run_expect(ptrain().args(["checkpoints", "verify"]).arg(&step10), 1);
+    assert!(stderr(&verify).contains("no valid checkpoint"), "{}", stderr(&verify));
+}

@@ -163,3 +163,33 @@ fn timeout_keys_out_of_range_are_refused() {
         assert!(stderr(&out).contains(key), "{set}: {}", stderr(&out));
     }
 }
+
+#[test]
+fn a_second_signal_exits_at_once_and_the_last_committed_checkpoint_stays_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    // The save of step 3 never ends (debug.pause_save_at_step): after a first
+    // SIGINT the run cannot finish its step and save, so only a second one ends it.
+    let mut child = ptrain()
+        .args(tiny_gpt(100_000))
+        .args(["--plugins", "checkpoint", "--set", "plugins.checkpoint.every=1", "--set", "debug.pause_save_at_step=3", "--run-dir"])
+        .arg(dir.path())
+        .env("PTRAIN_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    wait_for_json(&mut child, &dir.path().join("save-paused.rank0.json"));
+    let pid = child.id().to_string();
+    let kill = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    kill("-INT");
+    let first = lines.iter().find(|l| l.contains("received signal 2")).expect("the first signal is acknowledged");
+    assert!(first.contains("again to force"), "{first}");
+    kill("-INT");
+    assert_eq!(wait_at_most(&mut child, Duration::from_secs(60)), 130);
+    let rest: Vec<String> = lines.iter().collect();
+    assert!(rest.iter().any(|l| l.contains("second signal: exiting now")), "{rest:#?}");
+    let listing = stdout(&run_expect(ptrain().args(["checkpoints", "list"]).arg(dir.path()), 0));
+    assert!(listing.contains("step-00000002") && listing.contains("<- latest") && !listing.contains("INVALID"), "{listing}");
+    assert!(!dir.path().join("checkpoints/step-00000003").exists());
+}
