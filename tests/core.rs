@@ -312,3 +312,36 @@ fn logs_have_no_colour_off_a_terminal_and_quiet_keeps_only_the_summary_line() {
     assert!(!err.contains("INFO") && !err.contains("step 5/20") && !err.contains("eval at step"), "--quiet: {err}");
     assert!(stdout(&out).starts_with("completed: 20 steps"), "{}", stdout(&out));
 }
+
+/// Stderr of a short run with one warning, on a terminal (a pty from util-linux's
+/// `script`), with `NO_COLOR` as given; `None` where `script` is missing.
+fn warning_on_a_terminal(run_dir: &std::path::Path, no_color: Option<&str>) -> Option<String> {
+    let line = format!("{} run --quiet --steps 2 --device cpu --set dist.shard=gradients --run-dir {}", bin().display(), run_dir.display());
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"]).current_dir(repo()).env("PTRAIN_LOG", "warn").env_remove("PTRAIN_PLUGIN_PATH").env_remove("NO_COLOR");
+    for var in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"] {
+        cmd.env_remove(var);
+    }
+    if let Some(value) = no_color {
+        cmd.env("NO_COLOR", value);
+    }
+    let out = cmd.output().ok()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn log_lines_are_coloured_on_a_terminal_unless_no_color_is_set() {
+    let dir = run_dir();
+    let Some(coloured) = warning_on_a_terminal(&dir.path().join("a"), None) else {
+        skip("log_lines_are_coloured_on_a_terminal_unless_no_color_is_set", "no `script` to run ptrain on a pty");
+        return;
+    };
+    let warning = |text: &str| text.lines().find(|l| l.contains("needs more than one rank")).map(String::from).unwrap_or_else(|| panic!("{text:?}"));
+    assert!(warning(&coloured).contains("\u{1b}[33m"), "a yellow WARN on a terminal: {coloured:?}");
+    let plain = warning_on_a_terminal(&dir.path().join("b"), Some("1")).unwrap();
+    assert!(!warning(&plain).contains('\u{1b}'), "no escapes with NO_COLOR=1: {plain:?}");
+    // https://no-color.org: an empty NO_COLOR does not count.
+    let empty = warning_on_a_terminal(&dir.path().join("c"), Some("")).unwrap();
+    assert!(warning(&empty).contains("\u{1b}[33m"), "{empty:?}");
+}

@@ -352,3 +352,15 @@ fn the_example_plugin_builds_and_loads_by_path() {
     let first = rows[0]["entropy/mean"].as_f64().unwrap();
     assert!(first > 0.0 && first <= (256f64).ln() + 1e-6, "entropy of a 256-way prediction: {first}");
 }
+
+#[test]
+fn the_same_plugin_loaded_twice_is_refused_by_name_or_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = plugin_path("jsonl").display().to_string();
+    for plugins in ["jsonl,jsonl".to_string(), format!("jsonl,{jsonl}")] {
+        let run = dir.path().join("run");
+        let out = run_expect(ptrain().args(with_plugins(2, &plugins)).arg("--run-dir").arg(&run), 2);
+        assert!(stderr(&out).contains("plugin jsonl: requested twice"), "{plugins}: {}", stderr(&out));
+        assert!(!run.exists(), "{plugins}: nothing may be written before training");
+    }
+}
