@@ -302,6 +302,16 @@ fn a_run_its_interruption_and_its_resumption_make_one_complete_mlflow_run() {
     assert_eq!(q["status"], "FINISHED");
     assert_eq!(q["runs_in_experiment"], 1, "a resumed run continues the MLflow run");
     assert_eq!(q["params"]["train.steps"], "200", "MLflow keeps a param's first value");
+
+    // A run that fails (a libtorch error at step 15) is FAILED on the server.
+    let failed_dir = dir.path().join("failed");
+    let out = run_expect(
+        &mut run_cmd(40, &failed_dir, &server.uri(), "mlflow", &["plugins.mlflow.experiment=\"ptrain-tests\"", "debug.fail_at_step=15"]),
+        1,
+    );
+    assert_eq!(summary(&failed_dir)["status"], "failed", "{}", stderr(&out));
+    let q = server.query(&record(&failed_dir).run_id.expect("the failed run's id"), &["train/loss"]);
+    assert_eq!(q["status"], "FAILED");
     server.kill();
 }
 
