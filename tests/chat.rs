@@ -141,7 +141,7 @@ fn a_step_has_the_same_loss_and_gradients_however_it_is_split() {
         let split = run("4x2", &["data.batch_size=2", "optim.accum_steps=4"]);
         let ranks_dir = dir.path().join(format!("2rx4-{packing}"));
         let out = ptrain()
-            .args(["launch", "--nproc", "2", "--", "run", "--quiet", "--run-dir"])
+            .args(["launch", "--nproc", "2", "--master-port", &ranks::free_port().to_string(), "--", "run", "--quiet", "--run-dir"])
             .arg(&ranks_dir)
             .args(with(base.clone(), &["data.batch_size=4"]))
             .output()

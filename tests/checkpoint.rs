@@ -138,37 +138,58 @@ fn jsonl_lines(run: &Path) -> usize {
     std::fs::read_to_string(run.join("metrics.jsonl")).map(|t| t.lines().count()).unwrap_or(0)
 }
 
+/// `--set` pairs for a wider model: its files take longer to write.
+const WIDE: [&str; 4] = ["--set", "model.n_embd=128", "--set", "model.n_head=4"];
+
 #[test]
-fn kill_9_at_random_moments_never_leaves_an_invalid_checkpoint() {
+fn kill_9_inside_saves_never_leaves_an_invalid_checkpoint_and_every_resume_progresses() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path();
-    // A wider model so saves take a while and kills often land inside one.
     let mut a = args(100_000);
-    a.extend(
-        ["--set", "model.n_embd=128", "--set", "model.n_head=4", "--set", "plugins.checkpoint.every=1", "--set", "plugins.checkpoint.keep_last=2"]
-            .map(String::from),
-    );
-    let mut resumed_steps = Vec::new();
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    for round in 0..12 {
-        let mut child = spawn(&if round == 0 { a.clone() } else { [a.clone(), vec!["--auto-resume".into()]].concat() }, run);
-        wait_for("a committed checkpoint", Duration::from_secs(60), || ckpt_dir(run).join("latest").exists());
-        // A random offset, so the kill lands at a different point of a save each round.
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        std::thread::sleep(Duration::from_millis(50 + seed % 400));
-        child.kill().unwrap(); // SIGKILL
+    a.extend(WIDE.into_iter().chain(["--set", "plugins.checkpoint.every=1", "--set", "plugins.checkpoint.keep_last=2"]).map(String::from));
+    let ready = run.join("save-paused.rank0.json");
+    let mut newest = Vec::new();
+    let mut stale: Option<PathBuf> = None;
+    for round in 0..8u64 {
+        // Each round pauses a later save (a resumed run saves two more steps
+        // first), after another of its files: the optimizer state, the weights,
+        // state.json, config.toml.
+        let (step, files) = (3 + 2 * round, 1 + round % 4);
+        let mut cmd = a.clone();
+        cmd.extend(["--set".into(), format!("debug.pause_save_at_step={step}"), "--set".into(), format!("debug.pause_save_after_files={files}")]);
+        if round > 0 {
+            cmd.push("--auto-resume".into());
+        }
+        let mut child = spawn(&cmd, run);
+        let paused = wait_for_json(&mut child, &ready);
+        child.kill().unwrap(); // SIGKILL, while the save is paused inside
         child.wait().unwrap();
-        resumed_steps.push(assert_all_valid(run));
+        std::fs::remove_file(&ready).unwrap();
+
+        // The kill landed inside the save of `step`: its staging directory holds
+        // the files written so far, and the step was never committed.
+        let staging = ckpt_dir(run).join(format!(".tmp-step-{step:08}-{}", child.id()));
+        assert_eq!((paused["pid"].as_u64(), paused["step"].as_u64()), (Some(child.id().into()), Some(step)), "{paused}");
+        let file = PathBuf::from(paused["file"].as_str().unwrap());
+        assert_eq!(file.parent(), Some(staging.as_path()), "{paused}");
+        assert!(file.exists(), "{}", file.display());
+        let written = std::fs::read_dir(&staging).unwrap().filter(|e| e.as_ref().unwrap().path().is_file()).count() as u64;
+        assert_eq!(written, files, "files in {}", staging.display());
+        assert!(!ckpt_dir(run).join(format!("step-{step:08}")).exists(), "step {step} was committed: the kill came after the save");
+        // A resumed run removed the leftovers of the save killed before.
+        if let Some(stale) = stale.replace(staging) {
+            assert!(!stale.exists(), "{} was not cleaned", stale.display());
+        }
+        newest.push(assert_all_valid(run));
+        assert_eq!(std::fs::read_to_string(ckpt_dir(run).join("latest")).unwrap().trim(), format!("step-{:08}", step - 1));
     }
-    assert!(resumed_steps.windows(2).all(|w| w[1] >= w[0]), "progress never goes back: {resumed_steps:?}");
-    let last = *resumed_steps.last().unwrap();
-    let finish = last + 3;
-    let mut tail = args(finish);
-    tail.extend(["--set", "model.n_embd=128", "--set", "model.n_head=4", "--auto-resume"].map(String::from));
+    assert!(newest.windows(2).all(|w| w[1] > w[0]), "every resumed run saved a newer checkpoint: {newest:?}");
+    let last = *newest.last().unwrap();
+    let mut tail = args(last + 3);
+    tail.extend(WIDE.into_iter().chain(["--auto-resume"]).map(String::from));
     run_expect(ptrain().args(&tail).arg("--run-dir").arg(run), 0);
     assert_eq!(summary(run)["start_step"], last);
+    assert!(!stale.unwrap().exists(), "the last killed save's staging directory was not cleaned");
 }
 
 fn interrupt(signal: &str, expected_exit: i32) {
@@ -256,7 +277,7 @@ fn an_unwritable_checkpoint_directory_gives_one_error_and_training_goes_on() {
         0,
     );
     if root_without_mount {
-        eprintln!("skipped the unwritable part: running as root where mounting is not allowed");
+        skip("an_unwritable_checkpoint_directory_gives_one_error_and_training_goes_on", "root may not mount a read-only tmpfs here");
         return;
     }
     let errors: Vec<String> = stderr(&out).lines().filter(|l| l.contains("checkpoint")).map(String::from).collect();
@@ -276,7 +297,7 @@ fn a_full_disk_keeps_the_older_checkpoints() {
     let one: u64 = std::fs::read_dir(ckpt_dir(&probe).join("step-00000002")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     // Room for two checkpoints and a half: the third save runs out of space.
     let Some(full) = Unwritable::new(dir.path().join("full"), Some(one * 5 / 2 + 64 * 1024)) else {
-        eprintln!("skipped: cannot mount a small tmpfs here");
+        skip("a_full_disk_keeps_the_older_checkpoints", "cannot mount a small tmpfs here (needs root with mount rights)");
         return;
     };
     let run = dir.path().join("run");
@@ -389,4 +410,33 @@ fn auto_resume_skips_a_corrupt_newest_checkpoint_with_a_warning() {
     let out = run_expect(ptrain().args(args(12)).arg("--auto-resume").arg("--run-dir").arg(dir.path()).env("PTRAIN_LOG", "warn"), 0);
     assert!(stderr(&out).contains("skipping invalid checkpoint") && stderr(&out).contains("step-00000010"), "{}", stderr(&out));
     assert_eq!(summary(dir.path())["start_step"], 5);
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_refused_by_resume_and_named_by_verify_and_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    run_expect(ptrain().args(args(10)).args(["--set", "plugins.checkpoint.every=5"]).arg("--run-dir").arg(&run), 0);
+    let step10 = ckpt_dir(&run).join("step-00000010");
+    let model = step10.join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let n = bytes.len();
+    bytes[n - 10] ^= 0x55;
+    std::fs::write(&model, bytes).unwrap();
+
+    // --resume names it: a usage error before anything is written.
+    let resumed = dir.path().join("resumed");
+    let out = run_expect(ptrain().args(args(12)).arg("--resume").arg(&step10).arg("--run-dir").arg(&resumed), 2);
+    assert!(stderr(&out).contains("step-00000010") && stderr(&out).contains("model.safetensors is corrupt"), "{}", stderr(&out));
+    assert!(!resumed.exists(), "nothing is written for a refused resume");
+    // list marks it, verify of the run skips it for the older one, verify of it fails.
+    let listing = stdout(&run_expect(ptrain().args(["checkpoints", "list"]).arg(&run), 0));
+    let line = listing.lines().find(|l| l.contains("step-00000010")).unwrap_or_else(|| panic!("{listing}"));
+    assert!(line.contains("INVALID") && line.contains("corrupt"), "{listing}");
+    assert!(listing.lines().any(|l| l.contains("step-00000005") && l.contains("valid")), "{listing}");
+    let verify = run_expect(ptrain().args(["checkpoints", "verify"]).arg(&run), 0);
+    assert_eq!(stdout(&verify).trim(), ckpt_dir(&run).join("step-00000005").display().to_string(), "what --auto-resume would use");
+    assert!(stderr(&verify).contains("skipping invalid checkpoint") && stderr(&verify).contains("step-00000010"), "{}", stderr(&verify));
+    let verify = run_expect(ptrain().args(["checkpoints", "verify"]).arg(&step10), 1);
+    assert!(stderr(&verify).contains("no valid checkpoint"), "{}", stderr(&verify));
 }

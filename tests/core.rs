@@ -119,6 +119,22 @@ fn an_unknown_plugin_exits_2_listing_the_available_ones() {
     assert!(err.contains("nosuch") && err.contains("available:") && err.contains("jsonl"), "{err}");
 }
 
+/// The first training batch for the data settings `sets` (`--set` pairs over
+/// the tiny GPT), as `ptrain logits` draws it: each row of inputs followed by
+/// its last target, and the loss on it at initialisation.
+fn first_batch(dir: &std::path::Path, sets: &[String]) -> (Vec<Vec<i64>>, f64) {
+    let probe = dir.join("probe.safetensors");
+    let gpt_sets = tiny_gpt(1).into_iter().skip_while(|a| a != "--set");
+    run_expect(ptrain().args(["logits", "--split", "train", "--step", "1", "--out"]).arg(&probe).args(gpt_sets).args(sets), 0);
+    let script = "import json, sys\nfrom safetensors.torch import load_file\np = load_file(sys.argv[1])\n\
+                  rows = [i + [t[-1]] for i, t in zip(p['inputs'].tolist(), p['targets'].tolist())]\n\
+                  print(json.dumps({'rows': rows, 'loss': p['loss'].item()}))";
+    let out = python().args(["-c", script]).arg(&probe).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (serde_json::from_value(v["rows"].clone()).unwrap(), v["loss"].as_f64().unwrap())
+}
+
 #[test]
 fn text_token_and_jsonl_data_train() {
     let dir = run_dir();
@@ -135,6 +151,19 @@ fn text_token_and_jsonl_data_train() {
         0,
     );
     assert_eq!(summary(&out_dir)["steps"], 8);
+    // The run trained on the text: its first batch is windows of the corpus'
+    // bytes, and its first loss is the loss on that batch.
+    let corpus = std::fs::read(&text).unwrap();
+    let (rows, loss) = first_batch(
+        dir.path(),
+        &["--set".into(), "data.kind=\"text\"".into(), "--set".into(), format!("data.path={:?}", text.display().to_string())],
+    );
+    assert_eq!(rows.len(), 8);
+    for row in &rows {
+        let bytes: Vec<u8> = row.iter().map(|&id| u8::try_from(id).expect("a byte id")).collect();
+        assert!(corpus.windows(bytes.len()).any(|w| w == bytes.as_slice()), "not a window of the corpus: {:?}", String::from_utf8_lossy(&bytes));
+    }
+    assert_eq!(summary(&out_dir)["first_loss"].as_f64().unwrap().to_bits(), (loss as f32 as f64).to_bits(), "the run's first loss is on that batch");
 
     // A nanoGPT-style uint16 file with ids past the byte vocabulary: refused until
     // model.vocab_size covers them.
@@ -153,6 +182,14 @@ fn text_token_and_jsonl_data_train() {
     data_args(&mut cmd);
     run_expect(cmd.args(["--set", "model.vocab_size=300", "--run-dir"]).arg(&out_dir), 0);
     assert_eq!(summary(&out_dir)["steps"], 8);
+    // Windows of the file: id i is i * 7 % 300, so each id is 7 more than the last.
+    let sets = ["data.kind=\"tokens\"".to_string(), format!("data.path={:?}", tokens.display().to_string()), "model.vocab_size=300".into()];
+    let (rows, loss) = first_batch(dir.path(), &sets.iter().flat_map(|s| ["--set".to_string(), s.clone()]).collect::<Vec<_>>());
+    assert_eq!(rows.len(), 8);
+    for row in &rows {
+        assert!(row.windows(2).all(|p| p[1] == (p[0] + 7) % 300), "not a window of the token file: {row:?}");
+    }
+    assert_eq!(summary(&out_dir)["first_loss"].as_f64().unwrap().to_bits(), (loss as f32 as f64).to_bits(), "the run's first loss is on that batch");
 
     let rows = dir.path().join("rows.jsonl");
     let mut lines = String::new();
@@ -230,6 +267,8 @@ fn the_default_config_is_printed_commented() {
     assert!(text.contains("# ") && text.contains("[optim]"));
     let parsed: toml::Table = text.parse().expect("the default parses");
     assert!(parsed.contains_key("train"));
+    // It is configs/default.toml, comments and all: the file the docs point to.
+    assert_eq!(text, std::fs::read_to_string(repo().join("configs/default.toml")).unwrap());
 }
 
 /// bf16 on the CPU trains (autocast, loss in float32) and ends close to fp32.
@@ -272,4 +311,37 @@ fn logs_have_no_colour_off_a_terminal_and_quiet_keeps_only_the_summary_line() {
     let err = stderr(&out);
     assert!(!err.contains("INFO") && !err.contains("step 5/20") && !err.contains("eval at step"), "--quiet: {err}");
     assert!(stdout(&out).starts_with("completed: 20 steps"), "{}", stdout(&out));
+}
+
+/// Stderr of a short run with one warning, on a terminal (a pty from util-linux's
+/// `script`), with `NO_COLOR` as given; `None` where `script` is missing.
+fn warning_on_a_terminal(run_dir: &std::path::Path, no_color: Option<&str>) -> Option<String> {
+    let line = format!("{} run --quiet --steps 2 --device cpu --set dist.shard=gradients --run-dir {}", bin().display(), run_dir.display());
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"]).current_dir(repo()).env("PTRAIN_LOG", "warn").env_remove("PTRAIN_PLUGIN_PATH").env_remove("NO_COLOR");
+    for var in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"] {
+        cmd.env_remove(var);
+    }
+    if let Some(value) = no_color {
+        cmd.env("NO_COLOR", value);
+    }
+    let out = cmd.output().ok()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn log_lines_are_coloured_on_a_terminal_unless_no_color_is_set() {
+    let dir = run_dir();
+    let Some(coloured) = warning_on_a_terminal(&dir.path().join("a"), None) else {
+        skip("log_lines_are_coloured_on_a_terminal_unless_no_color_is_set", "no `script` to run ptrain on a pty");
+        return;
+    };
+    let warning = |text: &str| text.lines().find(|l| l.contains("needs more than one rank")).map(String::from).unwrap_or_else(|| panic!("{text:?}"));
+    assert!(warning(&coloured).contains("\u{1b}[33m"), "a yellow WARN on a terminal: {coloured:?}");
+    let plain = warning_on_a_terminal(&dir.path().join("b"), Some("1")).unwrap();
+    assert!(!warning(&plain).contains('\u{1b}'), "no escapes with NO_COLOR=1: {plain:?}");
+    // https://no-color.org: an empty NO_COLOR does not count.
+    let empty = warning_on_a_terminal(&dir.path().join("c"), Some("")).unwrap();
+    assert!(warning(&empty).contains("\u{1b}[33m"), "{empty:?}");
 }

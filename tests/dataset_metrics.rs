@@ -124,7 +124,22 @@ fn two_ranks_report_the_sums_of_both() {
     let dir = tempfile::tempdir().unwrap();
     run_expect(
         ptrain()
-            .args(["launch", "--nproc", "2", "--", "run", "--quiet", "--steps", "4", "--device", "cpu", "--config", "configs/mlp-multi.toml"])
+            .args([
+                "launch",
+                "--nproc",
+                "2",
+                "--master-port",
+                &common::ranks::free_port().to_string(),
+                "--",
+                "run",
+                "--quiet",
+                "--steps",
+                "4",
+                "--device",
+                "cpu",
+                "--config",
+                "configs/mlp-multi.toml",
+            ])
             .args([
                 "--plugins",
                 "dataset-metrics,jsonl",

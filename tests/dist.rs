@@ -56,7 +56,7 @@ fn losses(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {
 fn ptrain_launch_trains_two_ranks_that_end_identical() {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = single();
-    cmd.args(["launch", "--nproc", "2", "--"]).args(job(20, 8, dir.path()));
+    cmd.args(["launch", "--nproc", "2", "--master-port", &free_port().to_string(), "--"]).args(job(20, 8, dir.path()));
     let out = run_expect(&mut cmd, 0);
     let s = summary(dir.path());
     assert_eq!(s["status"], "completed");
@@ -90,7 +90,7 @@ fn torchrun_launches_the_binary_as_its_ranks() {
 fn two_ranks_follow_one_rank_with_twice_the_batch() {
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     run_expect(single().args(job(30, 16, one.path())), 0);
-    run_expect(single().args(["launch", "--nproc", "2", "--"]).args(job(30, 8, two.path())), 0);
+    run_expect(single().args(["launch", "--nproc", "2", "--master-port", &free_port().to_string(), "--"]).args(job(30, 8, two.path())), 0);
     let (a, b) = (losses(one.path(), "train/loss"), losses(two.path(), "train/loss"));
     assert_eq!(a.len(), 30);
     assert_eq!(a.iter().map(|r| r.0).collect::<Vec<_>>(), b.iter().map(|r| r.0).collect::<Vec<_>>());
@@ -137,7 +137,7 @@ fn a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank() {
 /// progress) has logged step 3, which it reaches only with every rank in the loop.
 fn launch_training(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
     let mut launcher = single()
-        .args(["launch", "--nproc", "2", "--"])
+        .args(["launch", "--nproc", "2", "--master-port", &free_port().to_string(), "--"])
         .args(job(1_000_000, 8, dir))
         .args(["--set", "run.log_every=1"])
         .args(extra)
@@ -301,8 +301,21 @@ fn a_signal_to_one_rank_stops_every_rank_after_the_same_step() {
     let rank1 = child_with_rank(launcher.id(), 1).expect("rank 1 process");
     signal(rank1, "INT");
     let status = wait_within(launcher, Duration::from_secs(TIMEOUT_S + 30)).expect("the job did not stop");
-    assert!(!status.success(), "one rank was interrupted");
     let log: Vec<String> = rx.iter().collect();
+    // The interrupted rank exits 130 (README: interrupted by SIGINT), the rank it
+    // stopped 1 (a stop for a failure); the launcher passes on the code of the
+    // rank that ended first, and says which one that was.
+    let first = log
+        .iter()
+        .find_map(|l| l.split_once("ptrain launch: rank ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no failed rank reported: {log:#?}"));
+    let expected = match first.split_whitespace().next() {
+        Some("1") => 130,
+        Some("0") => 1,
+        _ => panic!("{first}"),
+    };
+    assert!(first.contains(&format!("(exit status: {expected})")), "{first}");
+    assert_eq!(status.code(), Some(expected), "{log:#?}");
     let stopped_after = |rank: u32| -> u64 {
         let line = log
             .iter()
@@ -319,4 +332,76 @@ fn a_signal_to_one_rank_stops_every_rank_after_the_same_step() {
     let manifest = dir.path().join(format!("checkpoints/step-{step:08}/manifest.json"));
     let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
     assert_eq!(manifest["reason"], "interrupted", "rank 0 saved the step every rank stopped after");
+}
+
+#[test]
+fn a_rank_that_never_shows_up_fails_the_rendezvous_within_the_timeout() {
+    // Rank 0 alone (it serves the store and waits for rank 1), then rank 1 alone
+    // (nobody serves the store).
+    for rank in [0, 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = dir.path().join("run");
+        let child = rank_cmd(rank, 2, free_port())
+            .args(tiny_gpt(3))
+            .args(["--set", &format!("dist.timeout_s={TIMEOUT_S}"), "--run-dir"])
+            .arg(&run_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let out = {
+            let (tx, rx) = mpsc::channel();
+            thread::spawn(move || {
+                let _ = tx.send(child.wait_with_output());
+            });
+            rx.recv_timeout(Duration::from_secs(TIMEOUT_S + 30)).unwrap_or_else(|_| {
+                signal(pid, "KILL");
+                panic!("rank {rank} alone still waits {} s after dist.timeout_s = {TIMEOUT_S}", TIMEOUT_S + 30)
+            })
+        }
+        .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "rank {rank}: {err}");
+        assert!(err.contains(&format!("dist.timeout_s = {TIMEOUT_S}")) && err.contains(&format!("rank {rank}")), "rank {rank}: {err}");
+    }
+}
+
+#[test]
+fn ptrain_launch_forwards_sigterm_to_every_rank_and_exits_143() {
+    let dir = tempfile::tempdir().unwrap();
+    let (launcher, rx) = launch_training(dir.path(), &[]);
+    let pid = launcher.id();
+    let ranks = [child_with_rank(pid, 0).expect("rank 0 process"), child_with_rank(pid, 1).expect("rank 1 process")];
+    signal(pid, "TERM");
+    let status = wait_within(launcher, Duration::from_secs(TIMEOUT_S + 10)).expect("launcher still running after SIGTERM");
+    assert_eq!(status.code(), Some(143));
+    let log: Vec<String> = rx.iter().collect();
+    for (rank, pid) in ranks.iter().enumerate() {
+        assert!(log.iter().any(|l| l.starts_with(&format!("[rank{rank}] received signal 15"))), "rank {rank} got no SIGTERM: {log:#?}");
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "rank {rank} outlived the launcher");
+    }
+}
+
+/// Whether `pid` is gone (or a zombie nobody reaped yet: it ran to its end).
+fn ended(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |stat| stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()) == Some("Z"))
+}
+
+#[test]
+fn a_killed_launcher_takes_its_ranks_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let (launcher, _rx) = launch_training(dir.path(), &[]);
+    let pid = launcher.id();
+    let ranks = [child_with_rank(pid, 0).expect("rank 0 process"), child_with_rank(pid, 1).expect("rank 1 process")];
+    signal(pid, "KILL");
+    let _ = wait_within(launcher, Duration::from_secs(10));
+    // PR_SET_PDEATHSIG sends each rank SIGTERM; they end within the grace a
+    // signalled run has (its step, an emergency save, the timeout of a peer).
+    let deadline = Instant::now() + Duration::from_secs(TIMEOUT_S + 30);
+    while !ranks.iter().all(|&r| ended(r)) {
+        assert!(Instant::now() < deadline, "ranks {ranks:?} outlived their killed launcher");
+        thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -7,7 +7,6 @@
 mod common;
 
 use std::{
-    net::TcpListener,
     path::Path,
     process::{Command, Stdio},
 };
@@ -129,7 +128,7 @@ fn a_plugins_metric_can_be_watched() {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    ptrain_test_ports::reserve()
 }
 
 /// Rank `rank` of two on 127.0.0.1, as torchrun would start it.

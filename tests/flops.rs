@@ -161,6 +161,8 @@ fn other_ranks_get_the_profiled_count_of_rank_zero() {
                 "launch",
                 "--nproc",
                 "2",
+                "--master-port",
+                &common::ranks::free_port().to_string(),
                 "--",
                 "run",
                 "--quiet",

@@ -1,5 +1,5 @@
 //! The `mlflow` plugin and `ptrain sync mlflow` through the built binary, against the
-//! real `mlflow server` (mlflow 3.17.2 from the venv), started by each test on a free
+//! real `mlflow server` (mlflow 3.17.2 from the venv), started by each test on a reserved
 //! port of 127.0.0.1 with a sqlite backend and an artifact root in a temporary
 //! directory, and killed when the test ends (pass or fail). What the server stored is
 //! read back with the Python client (tests/support/mlflow_query.py).
@@ -13,7 +13,7 @@ mod common;
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
@@ -89,7 +89,9 @@ impl Server {
             );
             std::fs::write(dir.path().join("auth.ini"), ini).unwrap();
         }
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        // Reserved for this test: no other test's server takes it, even while this
+        // one is down for a restart.
+        let port = ptrain_test_ports::reserve();
         let mut server = Server { child: None, port, dir, basic_auth };
         server.spawn();
         server
@@ -140,7 +142,13 @@ impl Server {
         }
     }
 
+    /// Whether the server answers `/health`, and the socket answering is this
+    /// test's server's (a process of its process group), not another one's.
     fn healthy(&self) -> bool {
+        let Some(child) = &self.child else { return false };
+        if !ptrain_test_ports::listener_in_group(self.port, child.id()) {
+            return false;
+        }
         let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
         let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
         let mut answer = String::new();
@@ -294,6 +302,16 @@ fn a_run_its_interruption_and_its_resumption_make_one_complete_mlflow_run() {
     assert_eq!(q["status"], "FINISHED");
     assert_eq!(q["runs_in_experiment"], 1, "a resumed run continues the MLflow run");
     assert_eq!(q["params"]["train.steps"], "200", "MLflow keeps a param's first value");
+
+    // A run that fails (a libtorch error at step 15) is FAILED on the server.
+    let failed_dir = dir.path().join("failed");
+    let out = run_expect(
+        &mut run_cmd(40, &failed_dir, &server.uri(), "mlflow", &["plugins.mlflow.experiment=\"ptrain-tests\"", "debug.fail_at_step=15"]),
+        1,
+    );
+    assert_eq!(summary(&failed_dir)["status"], "failed", "{}", stderr(&out));
+    let q = server.query(&record(&failed_dir).run_id.expect("the failed run's id"), &["train/loss"]);
+    assert_eq!(q["status"], "FAILED");
     server.kill();
 }
 
@@ -386,7 +404,7 @@ fn refused_credentials_cost_one_error_line_and_the_run_goes_on() {
 
 #[test]
 fn an_unreachable_server_or_a_wrong_scheme_costs_one_warning_and_loses_nothing() {
-    let closed = format!("http://127.0.0.1:{}", TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let closed = format!("http://127.0.0.1:{}", ptrain_test_ports::reserve());
     let dir = tempfile::tempdir().unwrap();
     for (name, uri) in [("unreachable", closed.as_str()), ("wrong-scheme", "file:///tmp/mlruns")] {
         let run_dir = dir.path().join(name);

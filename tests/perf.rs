@@ -53,7 +53,35 @@ fn the_measuring_plugins_emit_every_metric_on_a_short_mixed_run() {
         assert!(!perf[key].is_null(), "summary perf.{key} missing: {perf}");
     }
     assert!(perf["slowdown"].is_null(), "{perf}");
-    assert!(s["plugins"]["flops"]["flops_per_step"].as_f64().unwrap() > 0.0);
+
+    // The values, against the model: configs/mlp-multi.toml is 32 features ->
+    // 128 -> 64 -> 4 classes, 64 samples a step. A training step multiplies each
+    // weight matrix three times (forward, weight gradient, input gradient), 2
+    // flops a multiply-add, except the input gradient of the first layer, which
+    // nothing needs.
+    let layers = [(32.0, 128.0), (128.0, 64.0), (64.0, 4.0)];
+    let weights: f64 = layers.iter().map(|(i, o)| i * o).sum();
+    let biases: f64 = layers.iter().map(|(_, o)| o).sum();
+    assert_eq!(s["parameters"].as_f64().unwrap(), weights + biases);
+    let per_sample = 6.0 * weights - 2.0 * layers[0].0 * layers[0].1;
+    let flops = &s["plugins"]["flops"];
+    assert_eq!(flops["flops_per_sample"].as_f64().unwrap(), per_sample, "{flops}");
+    assert_eq!(flops["flops_per_step"].as_f64().unwrap(), 64.0 * per_sample, "{flops}");
+    let rel = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    let f = |k: &str| flops[k].as_f64().unwrap_or_else(|| panic!("flops.{k}: {flops}"));
+    assert!(rel(f("mfu"), f("achieved_tflops") / f("peak_tflops")), "mfu is achieved over peak: {flops}");
+    let p = |k: &str| perf[k].as_f64().unwrap_or_else(|| panic!("perf.{k}: {perf}"));
+    assert!(rel(p("samples_per_s"), 64.0 * p("steps_per_s")) && rel(p("tokens_per_s"), p("samples_per_s")), "64 one-token samples a step: {perf}");
+    for row in read_jsonl(&dir.path().join("metrics.jsonl")).iter().filter(|r| r.get("flops/step").is_some()) {
+        assert_eq!(row["flops/step"].as_f64(), Some(64.0 * per_sample), "{row}");
+        if let (Some(mfu), Some(achieved)) = (row["perf/mfu"].as_f64(), row["flops/achieved_tflops"].as_f64()) {
+            assert!(rel(mfu, achieved / f("peak_tflops")), "perf/mfu at step {}: {row}", row["step"]);
+        }
+    }
+    // Per-dataset samples: whole evaluation batches of 64.
+    let last_eval = read_jsonl(&dir.path().join("metrics.jsonl")).into_iter().rfind(|r| r.get("dataset/clean/samples").is_some()).unwrap();
+    let samples: f64 = ["clean", "noisy", "noisier"].iter().map(|d| last_eval[format!("dataset/{d}/samples")].as_f64().unwrap()).sum();
+    assert!(samples > 0.0 && samples % 64.0 == 0.0, "{last_eval}");
 }
 
 #[test]

@@ -36,7 +36,7 @@ fn job(steps: u64, batch: u32, shard: &str, run_dir: &Path) -> Vec<String> {
 
 /// `ptrain launch --nproc N -- ARGS`, which must succeed.
 fn launch(nproc: u32, args: &[String]) {
-    run_expect(single().args(["launch", "--nproc", &nproc.to_string(), "--"]).args(args), 0);
+    run_expect(single().args(["launch", "--nproc", &nproc.to_string(), "--master-port", &free_port().to_string(), "--"]).args(args), 0);
 }
 
 fn metric(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {
@@ -189,37 +189,43 @@ fn a_sharded_checkpoint_resumes_bit_for_bit_and_reshards_onto_other_world_sizes(
     assert_losses_follow(&d("back"), &d("full"), 31, 40, 1e-5);
 }
 
-/// Staging directories of saves in flight: `.tmp-step-N-<save id>`.
-fn saves_in_flight(checkpoints: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(checkpoints).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.to_string_lossy().contains("/.tmp-step-")).collect()
-}
-
 #[test]
 fn a_rank_killed_during_a_sharded_save_fails_the_others_and_auto_resume_takes_the_last_complete_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let checkpoints = dir.path().join("checkpoints");
     let port = free_port();
     let mut args = job(1_000_000, 8, "gradients", dir.path());
-    // A wider model, so saves take a while, saved at every step.
+    // A wider model, saved at every step.
     args.extend(["--set", "model.n_embd=128", "--set", "model.n_head=4", "--set", "plugins.checkpoint.every=1"].map(String::from));
-    let start = |rank: u32| rank_cmd(rank, 2, port).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    let (rank0, mut rank1) = (start(0), start(1));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !checkpoints.join("latest").exists() || saves_in_flight(&checkpoints).is_empty() {
-        assert!(Instant::now() < deadline, "no sharded save in flight after a committed one");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    rank1.kill().unwrap(); // SIGKILL, while a save is being written
+    // Rank 1's save of step 3 stops once its optimizer part is written, before
+    // the marker that declares the part complete.
+    let pause = ["--set", "debug.pause_save_at_step=3"].map(String::from);
+    let start =
+        |rank: u32, extra: &[String]| rank_cmd(rank, 2, port).args(&args).args(extra).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let (rank0, mut rank1) = (start(0, &[]), start(1, &pause));
+    let paused = wait_for_json(&mut rank1, &dir.path().join("save-paused.rank1.json"));
+    rank1.kill().unwrap(); // SIGKILL, inside rank 1's part of the save of step 3
     let _ = rank1.wait();
     let killed = Instant::now();
     let status = wait_within(rank0, Duration::from_secs(TIMEOUT_S + 10))
         .unwrap_or_else(|| panic!("rank 0 still running {:?} after rank 1 died", killed.elapsed()));
     assert!(!status.success(), "rank 0 must fail when its peer dies: {status:?}");
 
+    // The kill landed inside the save: rank 1's part was in the staging directory,
+    // unmarked, and step 3 was never committed.
+    assert_eq!(paused["step"], 3, "{paused}");
+    let part = PathBuf::from(paused["file"].as_str().unwrap());
+    let staging = part.parent().unwrap();
+    assert!(part.file_name().unwrap().to_str().unwrap().starts_with("optimizer-rank00001-of-00002"), "{paused}");
+    assert!(staging.file_name().unwrap().to_str().unwrap().starts_with(".tmp-step-00000003-"), "{paused}");
+    assert_eq!(staging.parent(), Some(checkpoints.as_path()), "{paused}");
+    assert!(!checkpoints.join("step-00000003").exists(), "step 3 was committed without rank 1's part");
+
     // Every committed checkpoint is complete; auto-resume takes the newest.
     let verify = run_expect(ptrain().args(["checkpoints", "verify"]).arg(dir.path()), 0);
     assert!(!stderr(&verify).contains("skipping"), "an invalid committed checkpoint:\n{}", stderr(&verify));
     let newest = committed_steps(&checkpoints).into_iter().max().expect("a committed checkpoint");
+    assert!(newest >= 2, "steps 1 and 2 were saved before the kill: {:?}", committed_steps(&checkpoints));
     let mut resume = job(newest + 2, 8, "gradients", dir.path());
     resume.extend(["--set", "model.n_embd=128", "--set", "model.n_head=4", "--auto-resume"].map(String::from));
     launch(2, &resume);

@@ -123,17 +123,31 @@ fn a_signal_during_the_final_drain_ends_it_at_once() {
 #[test]
 fn an_inline_hook_that_runs_too_long_is_named_by_the_watchdog() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_expect(
-        ptrain()
-            .args(tiny_gpt(6))
-            .args(["--plugins", &fixture("inline-faults")])
-            .args(["--set", "plugins.inline-faults.sleep_at=3", "--set", "plugins.inline-faults.sleep_ms=2500"])
-            .args(["--set", "plugins.inline-faults.hook_warn_s=0.5"])
-            .arg("--run-dir")
-            .arg(dir.path()),
-        0,
-    );
-    let err = stderr(&out);
+    // The hook at step 3 returns once the test saw the watchdog's warning: the
+    // warning is waited for, not raced against a sleep.
+    let release = dir.path().join("release");
+    let mut child = ptrain()
+        .args(tiny_gpt(6))
+        .args(["--plugins", &fixture("inline-faults")])
+        .args(["--set", "plugins.inline-faults.sleep_at=3", "--set"])
+        .arg(format!("plugins.inline-faults.wait_for={:?}", release.display().to_string()))
+        .args(["--set", "plugins.inline-faults.hook_warn_s=0.5"])
+        .arg("--run-dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("plugin `inline-faults` has been in step_end for") && !release.exists() {
+            std::fs::write(&release, "").unwrap();
+        }
+        lines.push(line);
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{lines:#?}");
+    let err = lines.join("\n");
     let warnings: Vec<&str> = err.lines().filter(|l| l.contains("plugin `inline-faults` has been in step_end for")).collect();
     assert_eq!(warnings.len(), 1, "one warning (the next would come a minute later):\n{err}");
     assert!(warnings[0].contains("at step 3") && warnings[0].contains("hook_warn_s = 0.5"), "{}", warnings[0]);
@@ -148,4 +162,34 @@ fn timeout_keys_out_of_range_are_refused() {
         let key = set.split('=').next().unwrap();
         assert!(stderr(&out).contains(key), "{set}: {}", stderr(&out));
     }
+}
+
+#[test]
+fn a_second_signal_exits_at_once_and_the_last_committed_checkpoint_stays_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    // The save of step 3 never ends (debug.pause_save_at_step): after a first
+    // SIGINT the run cannot finish its step and save, so only a second one ends it.
+    let mut child = ptrain()
+        .args(tiny_gpt(100_000))
+        .args(["--plugins", "checkpoint", "--set", "plugins.checkpoint.every=1", "--set", "debug.pause_save_at_step=3", "--run-dir"])
+        .arg(dir.path())
+        .env("PTRAIN_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    wait_for_json(&mut child, &dir.path().join("save-paused.rank0.json"));
+    let pid = child.id().to_string();
+    let kill = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    kill("-INT");
+    let first = lines.iter().find(|l| l.contains("received signal 2")).expect("the first signal is acknowledged");
+    assert!(first.contains("again to force"), "{first}");
+    kill("-INT");
+    assert_eq!(wait_at_most(&mut child, Duration::from_secs(60)), 130);
+    let rest: Vec<String> = lines.iter().collect();
+    assert!(rest.iter().any(|l| l.contains("second signal: exiting now")), "{rest:#?}");
+    let listing = stdout(&run_expect(ptrain().args(["checkpoints", "list"]).arg(dir.path()), 0));
+    assert!(listing.contains("step-00000002") && listing.contains("<- latest") && !listing.contains("INVALID"), "{listing}");
+    assert!(!dir.path().join("checkpoints/step-00000003").exists());
 }

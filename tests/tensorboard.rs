@@ -228,3 +228,56 @@ fn an_unknown_option_is_refused_before_training_naming_it() {
     assert!(stderr(&out).contains("flush_sec"), "{}", stderr(&out));
     assert!(!dir.path().join("summary.json").exists(), "nothing trained");
 }
+
+#[test]
+fn a_resumed_run_writes_a_second_file_and_tensorboard_reads_each_redone_step_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let logdir = dir.path().join("tb");
+    let logdir_set = format!("plugins.tensorboard.logdir={}", serde_json::to_string(&logdir).unwrap());
+    let sets = |run: &str| -> Vec<String> {
+        [
+            "--plugins",
+            "tensorboard,jsonl,checkpoint",
+            "--set",
+            "plugins.tensorboard.every=1",
+            "--set",
+            "plugins.tensorboard.histograms.every=0",
+            "--set",
+            "plugins.jsonl.every=1",
+            "--set",
+            "plugins.checkpoint.every=20",
+            "--set",
+            &logdir_set,
+            "--run-dir",
+            run,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    // The first run logs steps 1-25; the second resumes from its step-20
+    // checkpoint, in another run directory but the same log directory, and
+    // redoes steps 21-25.
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+    run_expect(ptrain().args(tiny_gpt(25)).args(sets(first.to_str().unwrap())), 0);
+    let checkpoint = first.join("checkpoints/step-00000020");
+    run_expect(ptrain().args(tiny_gpt(30)).args(sets(second.to_str().unwrap())).arg("--resume").arg(&checkpoint), 0);
+    assert_eq!(summary(&second)["start_step"], 20);
+
+    let tb = tb_read(&logdir);
+    let files: BTreeSet<&str> = tb.records.iter().map(|r| r["file"].as_str().unwrap()).collect();
+    assert_eq!(files.len(), 2, "one event file per run: {files:?}");
+    // The second file says, before anything else it logs, that steps from 21 on are redone.
+    let second_file = tb.records.iter().rev().map(|r| r["file"].as_str().unwrap()).next().unwrap();
+    let kinds: Vec<(&str, u64)> =
+        tb.records.iter().filter(|r| r["file"] == second_file).map(|r| (r["kind"].as_str().unwrap(), r["step"].as_u64().unwrap())).collect();
+    assert_eq!(&kinds[..2], &[("file_version", 0), ("session_log", 21)], "{kinds:?}");
+    // TensorBoard's reader shows every step once, the redone ones as the second run logged them.
+    let loss = &tb.scalars["train/loss"];
+    assert_eq!(steps_of(loss), (1..=30).collect::<Vec<_>>(), "train/loss steps");
+    let logged: Vec<(u64, f64)> =
+        read_jsonl(&second.join("metrics.jsonl")).iter().filter_map(|r| Some((r["step"].as_u64()?, r["train/loss"].as_f64()?))).collect();
+    assert_eq!(steps_of(&logged), (21..=30).collect::<Vec<_>>());
+    for ((step, tb_value), (_, logged)) in loss[20..].iter().zip(&logged) {
+        assert!((tb_value - logged).abs() <= 1e-6 * logged.abs(), "step {step}: {tb_value} in TensorBoard, {logged} logged");
+    }
+}

@@ -464,3 +464,17 @@ fn online_mode_without_an_api_key_is_refused_before_training() {
     assert!(stderr(&out).contains("WANDB_API_KEY"), "{}", stderr(&out));
     assert!(!dir.path().join("wandb").exists());
 }
+
+#[test]
+fn a_failed_run_ends_with_exit_code_1_that_sync_uploads() {
+    let dir = tempfile::tempdir().unwrap();
+    // A libtorch error in step 15's forward pass: the run fails (exit 1).
+    let out = ptrain_run(40, dir.path(), &["--plugins", "wandb", "--set", "debug.fail_at_step=15"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(summary(dir.path())["status"], "failed");
+    let backend = Backend::start("ok");
+    sync(&[&run_dir_under(dir.path(), "offline-run")], &backend, &[]);
+    let got = backend.received();
+    assert_eq!(got.exit_code, Some(1), "W&B records the failed run's exit code");
+    assert_eq!(got.steps(), vec![10], "the steps before the failure");
+}

@@ -25,6 +25,7 @@
 //! every part is there (see [`shard`]).
 
 mod commit;
+pub mod pause;
 mod read;
 pub mod shard;
 mod write;

@@ -149,7 +149,7 @@ pub fn write_part(checkpoints: &Path, payload: &CheckpointPayload, layout: &Shar
     let extra = [("rank", rank.to_string()), ("world_size", layout.world_size.to_string()), ("start", start.to_string()), ("end", end.to_string())];
     let bytes = safetensors_bytes(&dir.join(&name), &payload.optimizer, payload.step, &extra)?;
     let mut files = Vec::new();
-    write_file(&dir, &name, &bytes, &mut files)?;
+    write_file(&dir, &name, &bytes, &mut files, payload.step)?;
     drop(bytes);
     let marker = Marker { rank, start, end, file: files.pop().expect("the part") };
     let tmp = dir.join(format!("{}.tmp", marker_name(rank)));

@@ -34,13 +34,14 @@ pub(crate) fn reason(r: CheckpointReason) -> &'static str {
 }
 
 /// A file written and fsync'ed, recording its size and CRC for the manifest.
-pub(crate) fn write_file(dir: &Path, relative: &str, bytes: &[u8], files: &mut Vec<FileEntry>) -> Result<()> {
+/// `step` is the checkpoint's, for `[debug] pause_save_at_step` (see [`crate::pause`]).
+pub(crate) fn write_file(dir: &Path, relative: &str, bytes: &[u8], files: &mut Vec<FileEntry>, step: u64) -> Result<()> {
     let path = dir.join(relative);
     let mut file = File::create(&path).map_err(Error::io(&path))?;
     file.write_all(bytes).map_err(Error::io(&path))?;
     file.sync_all().map_err(Error::io(&path))?;
     files.push(FileEntry { path: relative.to_string(), size: bytes.len() as u64, crc32: crc32fast::hash(bytes) });
-    Ok(())
+    crate::pause::after_file(step, &path)
 }
 
 /// `blobs` as a safetensors file, with `format: pt`, the step and `extra` in its metadata.
@@ -91,7 +92,7 @@ fn write_into(tmp: &Path, payload: &CheckpointPayload) -> Result<()> {
     std::fs::create_dir_all(tmp).map_err(Error::io(tmp))?;
     let mut files = Vec::new();
     let optimizer = safetensors_bytes(&tmp.join(crate::OPTIMIZER_FILE), &payload.optimizer, payload.step, &[])?;
-    write_file(tmp, crate::OPTIMIZER_FILE, &optimizer, &mut files)?;
+    write_file(tmp, crate::OPTIMIZER_FILE, &optimizer, &mut files, payload.step)?;
     drop(optimizer);
     write_common(tmp, payload, &mut files)?;
     let manifest = Manifest { format: crate::FORMAT_VERSION, step: payload.step, reason: reason(payload.reason).into(), files, shards: None };
@@ -103,13 +104,13 @@ fn write_into(tmp: &Path, payload: &CheckpointPayload) -> Result<()> {
 pub(crate) fn write_common(tmp: &Path, payload: &CheckpointPayload, files: &mut Vec<FileEntry>) -> Result<()> {
     std::fs::create_dir_all(tmp.join(crate::PLUGINS_DIR)).map_err(Error::io(tmp))?;
     let model = safetensors_bytes(&tmp.join(crate::MODEL_FILE), &payload.model, payload.step, &[])?;
-    write_file(tmp, crate::MODEL_FILE, &model, files)?;
+    write_file(tmp, crate::MODEL_FILE, &model, files, payload.step)?;
     drop(model);
-    write_file(tmp, crate::STATE_FILE, payload.state_json.as_bytes(), files)?;
-    write_file(tmp, crate::CONFIG_FILE, payload.config_toml.as_bytes(), files)?;
+    write_file(tmp, crate::STATE_FILE, payload.state_json.as_bytes(), files, payload.step)?;
+    write_file(tmp, crate::CONFIG_FILE, payload.config_toml.as_bytes(), files, payload.step)?;
     for blob in payload.plugin_states.iter() {
         let relative = format!("{}/{}.bin", crate::PLUGINS_DIR, blob.name.as_str());
-        write_file(tmp, &relative, blob.data.as_slice(), files)?;
+        write_file(tmp, &relative, blob.data.as_slice(), files, payload.step)?;
     }
     fsync_dir(&tmp.join(crate::PLUGINS_DIR))
 }

@@ -1,6 +1,6 @@
 //! Two ranks in one process (one thread each) over a real Gloo group on loopback.
 
-use std::{net::TcpListener, time::Duration};
+use std::time::Duration;
 
 use ptrain_core::{
     config::{Config, ShardMode},
@@ -11,8 +11,10 @@ use tch::{Device, Kind, Tensor};
 
 use crate::{C10dDataParallel, Group, GroupSpec};
 
+/// A port no other test takes while this process runs (never one bound to port 0
+/// and released before the group binds it).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    ptrain_test_ports::reserve()
 }
 
 /// Runs `body(rank, dp)` on two ranks and returns what each returned.

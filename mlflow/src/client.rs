@@ -321,7 +321,8 @@ mod tests {
 
     #[test]
     fn a_closed_port_is_unreachable_not_a_refusal() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        // Reserved and never bound: closed, and no other test listens there.
+        let port = ptrain_test_ports::reserve();
         let client = Client::new(&format!("http://127.0.0.1:{port}"), Auth::None, Duration::from_secs(2));
         let err = client.experiment_id("x").unwrap_err();
         assert_eq!(err.kind, ErrorKind::Unreachable, "{err}");

@@ -7,7 +7,8 @@ pub mod ranks;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Child, Command, Output},
+    time::{Duration, Instant},
 };
 
 pub fn repo() -> PathBuf {
@@ -102,4 +103,37 @@ pub fn plugin_path(name: &str) -> PathBuf {
     let path = build_dir().join(format!("libptrain_plugin_{}.so", name.replace('-', "_")));
     assert!(path.exists(), "{} missing: build the workspace first (cargo build --release --workspace)", path.display());
     path
+}
+
+/// Waits for the JSON file `path` that `child` writes (through a rename) and
+/// returns it; fails if `child` exits first. The bound only turns a hang into a
+/// failure: nothing here depends on how fast the machine is.
+pub fn wait_for_json(child: &mut Child, path: &Path) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()));
+        }
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!("the process exited ({status}) before writing {}", path.display());
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "no {} after 10 minutes", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The point of `test` cannot be checked on this machine (`reason`, e.g. no right
+/// to mount): says so on stderr as `SKIP`, and appends it to the file
+/// `$PTRAIN_TEST_SKIPS`, which scripts/test.sh counts and lists after the run.
+/// Where `PTRAIN_TEST_NO_SKIPS` is set (.ci/run: root on a fresh machine, where
+/// every condition can be made) it fails instead.
+pub fn skip(test: &str, reason: &str) {
+    assert!(std::env::var_os("PTRAIN_TEST_NO_SKIPS").is_none(), "{test} cannot check its point here: {reason} (PTRAIN_TEST_NO_SKIPS is set)");
+    eprintln!("SKIP {test}: {reason}");
+    if let Some(path) = std::env::var_os("PTRAIN_TEST_SKIPS") {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("PTRAIN_TEST_SKIPS is writable");
+        // One short line in one write: appends from tests running at once do not interleave.
+        file.write_all(format!("{test}: {reason}\n").as_bytes()).expect("PTRAIN_TEST_SKIPS is writable");
+    }
 }

@@ -1,7 +1,6 @@
 //! Starting ranks the way launchers do, and watching them.
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus},
     sync::mpsc,
@@ -25,8 +24,10 @@ pub const PLACEMENT_VARS: &[&str] = &[
     "TORCHELASTIC_USE_AGENT_STORE",
 ];
 
+/// A port no other test takes while this one runs (see `ptrain_test_ports`):
+/// never one bound to port 0 and released before the child binds it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+    ptrain_test_ports::reserve()
 }
 
 /// `ptrain` outside any job.

@@ -328,9 +328,15 @@ def load_export(d, probe_path, source=None):
         from tokenizers import Tokenizer
 
         sample = "the café über 2024\n  it's"
-        # Against the tokenizer the run used, as transformers loads it (given), or
-        # against the exported file as the tokenizers library reads it.
-        expected = AutoTokenizer.from_pretrained(source)(sample)["input_ids"] if source else Tokenizer.from_file(f"{d}/tokenizer.json").encode(sample).ids
+        # Against the tokenizer the run used: a tokenizer.json as the tokenizers
+        # library reads it, or a model directory as transformers loads it; without
+        # one, against the exported file as the tokenizers library reads it.
+        if source and source.endswith(".json"):
+            expected = Tokenizer.from_file(source).encode(sample).ids
+        elif source:
+            expected = AutoTokenizer.from_pretrained(source)(sample)["input_ids"]
+        else:
+            expected = Tokenizer.from_file(f"{d}/tokenizer.json").encode(sample).ids
         report["tokenizer_matches"] = tok(sample)["input_ids"] == expected
     except Exception as e:  # reported, the test decides
         report["tokenizer_error"] = f"{type(e).__name__}: {e}"

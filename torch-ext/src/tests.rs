@@ -71,12 +71,23 @@ fn flop_count_splits_matmul_elementwise_and_attention() {
 }
 
 #[test]
-fn cuda_helpers_are_harmless_without_a_gpu() {
-    if tch::Cuda::is_available() {
+fn cuda_helpers_are_harmless_without_a_gpu_and_report_the_allocator_on_one() {
+    if !tch::Cuda::is_available() {
+        assert!(cuda::empty_cache().is_ok());
+        assert_eq!(cuda::memory(0).unwrap_or_default(), cuda::Memory::default());
         return;
     }
-    assert!(cuda::empty_cache().is_ok());
-    assert_eq!(cuda::memory(0).unwrap_or_default(), cuda::Memory::default());
+    // On a GPU: 4 MiB allocated show in the counters; freed and emptied, the
+    // allocator gives the memory back.
+    let before = cuda::memory(0).unwrap();
+    let x = Tensor::zeros([1 << 20], (Kind::Float, Device::Cuda(0)));
+    let during = cuda::memory(0).unwrap();
+    assert!(during.allocated >= before.allocated + (4 << 20), "{before:?} -> {during:?}");
+    assert!(during.peak >= during.allocated && during.reserved >= during.allocated, "{during:?}");
+    drop(x);
+    cuda::empty_cache().unwrap();
+    let after = cuda::memory(0).unwrap();
+    assert!(after.allocated < during.allocated && after.reserved < during.reserved, "{during:?} -> {after:?}");
 }
 
 #[test]
@@ -132,11 +143,14 @@ fn autocast_restores_the_dtype_it_found() {
 
 #[test]
 fn pinning_passes_no_device_and_pins_on_a_gpu() {
+    let host = t(&[1.0, 2.0]);
     if !tch::Cuda::is_available() {
-        eprintln!("skipped: pinned memory needs a CUDA device");
+        // Without a GPU: nothing is pinned, and pinning is an error, not a crash.
+        assert!(!is_pinned(&host).unwrap());
+        let err = pin_memory(&host).expect_err("no device to pin for");
+        assert!(!err.0.is_empty());
         return;
     }
-    let host = t(&[1.0, 2.0]);
     assert!(!is_pinned(&host).unwrap());
     let pinned = pin_memory(&host).unwrap();
     assert!(is_pinned(&pinned).unwrap());

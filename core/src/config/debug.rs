@@ -42,6 +42,18 @@ pub struct DebugConfig {
     /// `data.packing` exists to prevent, for showing that the tests detect it.
     #[serde(default)]
     pub packing_cross_talk: bool,
+    /// The checkpoint plugin's save of this step stops for good after its
+    /// `pause_save_after_files`-th file is written and fsync'ed, and
+    /// `<run-dir>/save-paused.rank<r>.json` says so (the process id, the step, the
+    /// file): tests kill the process then, inside the save. 0 = never.
+    #[serde(default)]
+    pub pause_save_at_step: u64,
+    #[serde(default = "default_pause_files")]
+    pub pause_save_after_files: u64,
+}
+
+fn default_pause_files() -> u64 {
+    1
 }
 
 /// 1 PiB: more than any machine has, and more than a 47-bit address space maps.

@@ -158,6 +158,8 @@ pub const RULES: &[(&str, Range)] = &[
     ("debug.alloc_at_step", int(0)),
     ("debug.alloc_bytes", int(1)),
     ("debug.data_panic_at_step", int(0)),
+    ("debug.pause_save_at_step", int(0)),
+    ("debug.pause_save_after_files", int(1)),
 ];
 
 fn number(value: &toml::Value) -> Option<f64> {

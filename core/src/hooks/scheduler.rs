@@ -162,7 +162,11 @@ impl Scheduler {
     /// Decides what is due at `step` (call when the gate says so), advances every
     /// due slot, and returns the new gate value with the plan.
     pub fn plan(&mut self, step: u64, gate: &Gate) -> StepPlan {
-        let now = Instant::now();
+        self.plan_at(step, gate, Instant::now())
+    }
+
+    /// [`Scheduler::plan`] at time `now` (tests pass the times they mean).
+    fn plan_at(&mut self, step: u64, gate: &Gate, now: Instant) -> StepPlan {
         self.due.clear();
         let mut plan = StepPlan::NONE;
         for i in 0..self.slots.len() {

@@ -29,6 +29,8 @@ pub struct BoundedQueue<T> {
     capacity: usize,
     policy: OnFull,
     dropped: AtomicU64,
+    /// Pushes that waited for room (`on_full = "block"`).
+    waited: AtomicU64,
 }
 
 impl<T: QueueItem> BoundedQueue<T> {
@@ -40,6 +42,7 @@ impl<T: QueueItem> BoundedQueue<T> {
             capacity: capacity.max(1),
             policy,
             dropped: AtomicU64::new(0),
+            waited: AtomicU64::new(0),
         }
     }
 
@@ -47,6 +50,7 @@ impl<T: QueueItem> BoundedQueue<T> {
     pub fn push(&self, item: T) -> bool {
         let mut state = self.state.lock().expect("queue lock");
         if item.droppable() {
+            let mut counted = false;
             while state.items.len() >= self.capacity && !state.closed {
                 match self.policy {
                     OnFull::DropOldest => match state.items.iter().position(QueueItem::droppable) {
@@ -56,7 +60,13 @@ impl<T: QueueItem> BoundedQueue<T> {
                         }
                         None => break,
                     },
-                    OnFull::Block => state = self.not_full.wait(state).expect("queue lock"),
+                    OnFull::Block => {
+                        if !counted {
+                            counted = true;
+                            self.waited.fetch_add(1, Ordering::Relaxed);
+                        }
+                        state = self.not_full.wait(state).expect("queue lock");
+                    }
                 }
             }
         }
@@ -92,6 +102,11 @@ impl<T: QueueItem> BoundedQueue<T> {
 
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// How many pushes waited for room.
+    pub fn waited(&self) -> u64 {
+        self.waited.load(Ordering::Relaxed)
     }
 
     pub fn len(&self) -> usize {
@@ -144,21 +159,30 @@ mod tests {
     fn block_waits_for_room_and_close_drains() {
         let q = std::sync::Arc::new(BoundedQueue::new(1, OnFull::Block));
         q.push(Item(0, true));
-        let consumer = {
+        let (done, pushed) = std::sync::mpsc::channel();
+        let producer = {
             let q = q.clone();
             std::thread::spawn(move || {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-                let mut got = Vec::new();
-                while let Some(Item(i, _)) = q.pop() {
-                    got.push(i);
-                }
-                got
+                let accepted = q.push(Item(1, true));
+                done.send(()).unwrap();
+                accepted
             })
         };
-        q.push(Item(1, true));
+        // The push must wait: either it is seen waiting, or it returned while
+        // the queue was full (a queue that does not block).
+        while q.waited() == 0 {
+            assert!(pushed.try_recv().is_err(), "push returned while the queue was full: {} item(s)", q.len());
+            std::thread::yield_now();
+        }
+        assert!(pushed.try_recv().is_err(), "push returned before there was room");
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.pop(), Some(Item(0, true)));
+        pushed.recv().unwrap();
+        assert!(producer.join().unwrap());
         q.close();
-        assert_eq!(consumer.join().unwrap(), vec![0, 1]);
-        assert_eq!(q.dropped(), 0);
+        assert_eq!(q.pop(), Some(Item(1, true)));
+        assert_eq!(q.pop(), None);
+        assert_eq!((q.dropped(), q.waited()), (0, 1));
         assert!(!q.push(Item(2, true)));
     }
 }

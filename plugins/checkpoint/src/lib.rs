@@ -84,6 +84,9 @@ pub struct Checkpointer {
     leftovers_removed: bool,
     /// How long rank 0 waits for the other ranks' parts of a sharded checkpoint.
     part_wait: Duration,
+    /// `[debug] pause_save_at_step` and `pause_save_after_files`, and the file
+    /// that says the save paused (`<run-dir>/save-paused.rank<r>.json`).
+    pause: Option<(u64, u32, PathBuf)>,
 }
 
 /// `dist.timeout_s` of the run's configuration (60 s when absent).
@@ -91,6 +94,16 @@ fn dist_timeout(config_toml: &str) -> Duration {
     let table: toml::Table = config_toml.parse().unwrap_or_default();
     let secs = table.get("dist").and_then(|d| d.get("timeout_s")).and_then(toml::Value::as_integer).unwrap_or(60);
     Duration::from_secs(secs.max(1) as u64)
+}
+
+/// `[debug] pause_save_at_step` (0 = never) and `pause_save_after_files` (1 when
+/// absent) of the run's configuration.
+fn debug_pause(config_toml: &str) -> Option<(u64, u32)> {
+    let table: toml::Table = config_toml.parse().unwrap_or_default();
+    let debug = table.get("debug")?;
+    let step = debug.get("pause_save_at_step").and_then(toml::Value::as_integer).filter(|s| *s > 0)?;
+    let files = debug.get("pause_save_after_files").and_then(toml::Value::as_integer).unwrap_or(1);
+    Some((step as u64, files.clamp(1, i64::from(u32::MAX)) as u32))
 }
 
 const ATTACHMENTS: &[Attachment] = &[
@@ -150,69 +163,10 @@ impl Checkpointer {
             }
         }
     }
-}
 
-impl Plugin for Checkpointer {
-    const DESCRIPTOR: Descriptor = Descriptor::new(
-        "checkpoint",
-        env!("CARGO_PKG_VERSION"),
-        "atomic asynchronous checkpoints with keep-last and keep-best retention",
-        Threading::Worker,
-        ATTACHMENTS,
-    )
-    .per_rank();
-
-    fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self> {
-        let options: Options = parse_options(options)?;
-        Ok(Checkpointer {
-            options,
-            host,
-            dir: PathBuf::new(),
-            entries: Vec::new(),
-            last_metric: None,
-            saved: 0,
-            failed: 0,
-            deleted: 0,
-            write_s: 0.0,
-            reported_errors: Vec::new(),
-            latest: None,
-            rank: 0,
-            leftovers_removed: false,
-            part_wait: Duration::from_secs(60),
-        })
-    }
-
-    fn on_run_start(&mut self, run: &RunInfo<'_>) -> PluginResult {
-        self.dir = self.options.dir.clone().unwrap_or_else(|| ptrain_checkpoint::checkpoints_dir(std::path::Path::new(run.run_dir.as_str())));
-        self.rank = run.rank;
-        self.part_wait = dist_timeout(run.config_toml.as_str());
-        if self.rank != 0 {
-            // Other ranks only write their parts; rank 0 owns the directory.
-            return Ok(());
-        }
-        if run.world_size == 1 {
-            self.remove_leftovers(None);
-        }
-        // Checkpoints already here (a resumed run) take part in retention; their
-        // scores come from the state restored with the checkpoint.
-        for (step, _) in ptrain_checkpoint::list(&self.dir) {
-            if !self.entries.iter().any(|e| e.step == step) {
-                self.entries.push(Entry { step, score: None });
-            }
-        }
-        self.entries.retain(|e| self.dir.join(ptrain_checkpoint::dir_name(e.step)).is_dir());
-        Ok(())
-    }
-
-    fn on_metrics(&mut self, batch: &MetricBatch) -> PluginResult {
-        if let Some(value) = batch.scalar(&self.options.metric) {
-            self.last_metric = Some((batch.step, value));
-        }
-        Ok(())
-    }
-
-    fn on_checkpoint(&mut self, payload: &CheckpointPayload) -> PluginResult {
-        let started = Instant::now();
+    /// Writes `payload` (this rank's part of it, sharded), commits it on rank 0
+    /// and applies retention.
+    fn save(&mut self, payload: &CheckpointPayload, started: Instant) -> PluginResult {
         let layout = ptrain_checkpoint::ShardLayout::from_state_json(payload.state_json.as_str());
         if self.rank != 0 {
             if let Some(layout) = layout {
@@ -255,6 +209,79 @@ impl Plugin for Checkpointer {
             Err(e) => self.save_failed(payload.step, e),
         }
         Ok(())
+    }
+}
+
+impl Plugin for Checkpointer {
+    const DESCRIPTOR: Descriptor = Descriptor::new(
+        "checkpoint",
+        env!("CARGO_PKG_VERSION"),
+        "atomic asynchronous checkpoints with keep-last and keep-best retention",
+        Threading::Worker,
+        ATTACHMENTS,
+    )
+    .per_rank();
+
+    fn new(options: serde_json::Value, host: HostApi) -> PluginResult<Self> {
+        let options: Options = parse_options(options)?;
+        Ok(Checkpointer {
+            options,
+            host,
+            dir: PathBuf::new(),
+            entries: Vec::new(),
+            last_metric: None,
+            saved: 0,
+            failed: 0,
+            deleted: 0,
+            write_s: 0.0,
+            reported_errors: Vec::new(),
+            latest: None,
+            rank: 0,
+            leftovers_removed: false,
+            part_wait: Duration::from_secs(60),
+            pause: None,
+        })
+    }
+
+    fn on_run_start(&mut self, run: &RunInfo<'_>) -> PluginResult {
+        self.dir = self.options.dir.clone().unwrap_or_else(|| ptrain_checkpoint::checkpoints_dir(std::path::Path::new(run.run_dir.as_str())));
+        self.rank = run.rank;
+        self.part_wait = dist_timeout(run.config_toml.as_str());
+        let ready = std::path::Path::new(run.run_dir.as_str()).join(format!("save-paused.rank{}.json", run.rank));
+        self.pause = debug_pause(run.config_toml.as_str()).map(|(step, files)| (step, files, ready));
+        if self.rank != 0 {
+            // Other ranks only write their parts; rank 0 owns the directory.
+            return Ok(());
+        }
+        if run.world_size == 1 {
+            self.remove_leftovers(None);
+        }
+        // Checkpoints already here (a resumed run) take part in retention; their
+        // scores come from the state restored with the checkpoint.
+        for (step, _) in ptrain_checkpoint::list(&self.dir) {
+            if !self.entries.iter().any(|e| e.step == step) {
+                self.entries.push(Entry { step, score: None });
+            }
+        }
+        self.entries.retain(|e| self.dir.join(ptrain_checkpoint::dir_name(e.step)).is_dir());
+        Ok(())
+    }
+
+    fn on_metrics(&mut self, batch: &MetricBatch) -> PluginResult {
+        if let Some(value) = batch.scalar(&self.options.metric) {
+            self.last_metric = Some((batch.step, value));
+        }
+        Ok(())
+    }
+
+    fn on_checkpoint(&mut self, payload: &CheckpointPayload) -> PluginResult {
+        let started = Instant::now();
+        if let Some((_, files, ready)) = self.pause.as_ref().filter(|(step, ..)| *step == payload.step) {
+            ptrain_checkpoint::pause::arm(*files, ready.clone());
+        }
+        let result = self.save(payload, started);
+        ptrain_checkpoint::pause::disarm();
+        result
     }
 
     fn save_state(&mut self) -> PluginResult<Vec<u8>> {

@@ -10,9 +10,9 @@ use ptrain_plugin_api::{testing, Metric, MetricBatch, RunEnd};
 
 use super::*;
 
-/// A port nothing listens on.
+/// A port nothing listens on: reserved and never bound, so no other test listens there.
 fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    ptrain_test_ports::reserve()
 }
 
 fn plugin(uri: &str, extra: serde_json::Value) -> Mlflow {
@@ -156,13 +156,19 @@ fn the_end_of_the_run_does_not_wait_for_a_server_that_never_answers() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    let mut p = plugin(&format!("http://127.0.0.1:{port}"), json!({ "timeout_secs": 30, "retry_secs": 60, "end_timeout_secs": 0.5 }));
+    let mut p = plugin(&format!("http://127.0.0.1:{port}"), json!({ "timeout_secs": 300, "retry_secs": 600, "end_timeout_secs": 0.5 }));
     start(&mut p, dir.path(), 0);
     p.on_metrics(&batch(10, 0.5)).unwrap();
+    let ending = std::time::Instant::now();
     let fragment = end(&mut p, 0);
+    drop(p);
+    // The end waits end_timeout_secs (0.5 s), not a request's 300 s: the bound is
+    // far from both, so a loaded machine does not fail it and a wait for the
+    // server does.
+    let took = ending.elapsed();
+    assert!(took < std::time::Duration::from_secs(60), "the end of the run waited {took:?} for a server that never answers");
     assert!(fragment["pending_items"].as_u64().unwrap() > 0);
     assert_eq!(steps(&pending(dir.path())), vec![10, 10], "the queue and the request under way are in the file");
-    drop(p);
 }
 
 #[test]

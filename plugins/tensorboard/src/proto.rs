@@ -10,7 +10,7 @@ pub struct Event {
     pub wall_time: f64,
     #[prost(int64, tag = "2")]
     pub step: i64,
-    #[prost(oneof = "What", tags = "3, 5, 6")]
+    #[prost(oneof = "What", tags = "3, 5, 7")]
     pub what: Option<What>,
 }
 
@@ -20,7 +20,9 @@ pub enum What {
     FileVersion(String),
     #[prost(message, tag = "5")]
     Summary(Summary),
-    #[prost(message, tag = "6")]
+    // 7 in TensorBoard's event.proto (6 is the deprecated `log_message`, which
+    // readers do not act on).
+    #[prost(message, tag = "7")]
     SessionLog(SessionLog),
 }
 

@@ -69,12 +69,15 @@ fn a_lowered_gate_plans_nothing_extra_and_reopens() {
 #[test]
 fn time_cadence_fires_when_its_period_passed() {
     let mut s = Scheduler::new(vec![spec(Owner::Plugin(0), Hook::Metrics, Cadence::every_secs(0.01))], 1, 100, 0);
+    // Times from the scheduler's start on, as the plan is told them: nothing
+    // depends on how fast this machine runs the test.
+    let (start, ms) = (std::time::Instant::now(), std::time::Duration::from_millis);
     let gate = Gate::new(s.next_due());
     assert!(!gate.is_due(1));
-    std::thread::sleep(std::time::Duration::from_millis(15));
     gate.lower();
-    assert!(s.plan(1, &gate).has(Hook::Metrics));
-    assert!(!s.plan(2, &gate).has(Hook::Metrics));
+    assert!(s.plan_at(1, &gate, start + ms(10)).has(Hook::Metrics));
+    assert!(!s.plan_at(2, &gate, start + ms(19)).has(Hook::Metrics), "9 ms after it fired");
+    assert!(s.plan_at(3, &gate, start + ms(20)).has(Hook::Metrics), "10 ms after it fired");
 }
 
 #[test]
