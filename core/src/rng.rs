@@ -51,6 +51,13 @@ impl Rng {
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
 
+    /// Shuffles `items` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.below(i as u64 + 1) as usize);
+        }
+    }
+
     /// An index drawn with probability proportional to `weights`.
     pub fn weighted(&mut self, cumulative: &[f64]) -> usize {
         let total = *cumulative.last().expect("non-empty weights");

@@ -65,7 +65,8 @@ pub fn cache_dir(config: &Config) -> PathBuf {
     parent.join("tokens-cache")
 }
 
-fn hex(digest: &[u8]) -> String {
+/// Lower-case hexadecimal of a digest.
+pub(crate) fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -142,14 +142,19 @@ pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
     }
 }
 
-/// The summed cross-entropy of a language model's `logits` `[B, T, V]` over the
-/// targets that are not -100, in float32 (see [`loss`]). Instruction data divides
-/// it by the trained tokens of the whole step.
-pub fn loss_sum(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+/// The cross-entropy of a language model's `logits` `[B, T, V]` against `targets`
+/// `[B, T]` (-100: not trained), in float32 (see [`loss`]), reduced by `reduction`:
+/// `Sum` for instruction data, which divides it by the trained tokens of the whole
+/// step; `None` for each position's loss, shaped as `targets`.
+pub fn token_loss(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Result<Tensor> {
     let vocab = *logits.size().last().expect("logits have a vocabulary dimension");
     let logits = logits.f_view([-1, vocab])?;
     let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) { logits.f_to_kind(Kind::Float)? } else { logits };
-    Ok(logits.f_cross_entropy_loss::<Tensor>(&targets.f_view([-1])?, None, Reduction::Sum, -100, 0.0)?)
+    let loss = logits.f_cross_entropy_loss::<Tensor>(&targets.f_view([-1])?, None, reduction, -100, 0.0)?;
+    Ok(match reduction {
+        Reduction::None => loss.f_view_as(targets)?,
+        _ => loss,
+    })
 }
 
 /// The attention mask of packed sequences, `[B, 1, T, T]` boolean: a query attends

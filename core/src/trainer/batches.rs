@@ -12,9 +12,10 @@
 use std::collections::VecDeque;
 
 use ptrain_plugin_api::Task;
-use tch::{Kind, Tensor};
+use tch::{Kind, Reduction, Tensor};
 
 use super::{
+    debug::host_copy,
     run::{Learner, Run},
     timing::{Phase, StepTimer},
 };
@@ -46,8 +47,8 @@ impl LossScale {
                 }
                 loss
             }
-            LossScale::PerTokenHost(factor) => model::loss_sum(logits, targets)?.f_mul_scalar(*factor)?,
-            LossScale::PerToken(factor) => model::loss_sum(logits, targets)?.f_mul(factor)?,
+            LossScale::PerTokenHost(factor) => model::token_loss(logits, targets, Reduction::Sum)?.f_mul_scalar(*factor)?,
+            LossScale::PerToken(factor) => model::token_loss(logits, targets, Reduction::Sum)?.f_mul(factor)?,
         })
     }
 }
@@ -142,24 +143,15 @@ impl Run {
     /// Host copies of a micro-batch's tensors and per-token losses, for the dump.
     pub(super) fn keep_batch_for_dump(&mut self, micro: u64, batch: &Batch, logits: Option<&Tensor>) -> Result<()> {
         let name = |what: &str| format!("batch{micro}/{what}");
-        let host = |t: &Tensor| t.f_to_device(tch::Device::Cpu).map(|c| c.copy());
         let dumped = &mut self.staged.dumped;
-        dumped.push((name("inputs"), host(&batch.inputs)?));
-        dumped.push((name("targets"), host(&batch.targets)?));
+        dumped.push((name("inputs"), host_copy(&batch.inputs)));
+        dumped.push((name("targets"), host_copy(&batch.targets)));
         if let Some(s) = &batch.segments {
-            dumped.push((name("positions"), host(&s.positions)?));
-            dumped.push((name("segments"), host(&s.ids)?));
+            dumped.push((name("positions"), host_copy(&s.positions)));
+            dumped.push((name("segments"), host_copy(&s.ids)));
         }
         if let Some(logits) = logits.filter(|l| l.dim() == 3) {
-            let vocab = logits.size()[2];
-            let per_token = logits.f_to_kind(Kind::Float)?.f_view([-1, vocab])?.f_cross_entropy_loss::<Tensor>(
-                &batch.targets.f_view([-1])?,
-                None,
-                tch::Reduction::None,
-                -100,
-                0.0,
-            )?;
-            dumped.push((name("token_loss"), host(&per_token.f_view_as(&batch.targets)?.f_detach()?)?));
+            dumped.push((name("token_loss"), host_copy(&model::token_loss(logits, &batch.targets, Reduction::None)?.f_detach()?)));
         }
         Ok(())
     }

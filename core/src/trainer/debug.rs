@@ -86,7 +86,7 @@ impl Dataset for PanicAt {
 
 /// A copy in host memory (`to_device` alone returns a CPU tensor itself, which
 /// clipping and the update would then change).
-fn host_copy(t: &Tensor) -> Tensor {
+pub(super) fn host_copy(t: &Tensor) -> Tensor {
     if t.device() == Device::Cpu {
         t.copy()
     } else {

@@ -40,7 +40,7 @@ impl Run {
                     per_token = true;
                     let loss = match chunked {
                         Some(sum) => sum,
-                        None => model::loss_sum(&learner.forward(&batch, false)?, &batch.targets)?,
+                        None => model::token_loss(&learner.forward(&batch, false)?, &batch.targets, tch::Reduction::Sum)?,
                     };
                     acc += Tensor::stack(&[loss.to_kind(Kind::Double), zero(), Tensor::from(trained as f64).to_device(device)], 0);
                     continue;

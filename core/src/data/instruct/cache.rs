@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     config::DataKind,
-    data::tokenize::TOKENIZERS_VERSION,
+    data::{token_cache::hex, tokenize::TOKENIZERS_VERSION},
     error::{Error, Result},
 };
 
@@ -30,6 +30,29 @@ use crate::{
 const SCHEME: &str = "ptrain-rows-1";
 const MAGIC: &[u8; 8] = b"PTRROWS1";
 const HEADER: usize = 24;
+
+/// One row's bytes in the mapping.
+pub struct Row<'a> {
+    ids: &'a [u8],
+    mask: &'a [u8],
+}
+
+impl Row<'_> {
+    pub fn id(&self, i: usize) -> u32 {
+        u32::from_le_bytes(self.ids[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+    }
+
+    /// Whether predicting token `i` is trained.
+    pub fn trained(&self, i: usize) -> bool {
+        self.mask[i] != 0
+    }
+
+    /// Whether any of the first `len` tokens but the first is trained (the first
+    /// token is never a target).
+    pub fn trains_within(&self, len: usize) -> bool {
+        self.mask.iter().take(len).skip(1).any(|&m| m != 0)
+    }
+}
 
 /// Rows of one file, mapped.
 pub struct RowStore {
@@ -50,10 +73,6 @@ struct Meta {
     untrained: u64,
     max_id: u32,
     tokenizers_version: String,
-}
-
-fn hex(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
@@ -86,18 +105,12 @@ impl RowStore {
         b - a
     }
 
-    /// Id `i` of row `r`, and whether it is trained.
-    pub fn token(&self, r: usize, i: usize) -> (u32, bool) {
-        let at = self.span(r).0 + i;
+    /// Row `r`'s ids and mask, located once.
+    pub fn row(&self, r: usize) -> Row<'_> {
+        let (a, b) = self.span(r);
         let ids = HEADER + 8 * (self.rows + 1);
-        let id = u32::from_le_bytes(self.map[ids + 4 * at..ids + 4 * at + 4].try_into().expect("4 bytes"));
-        (id, self.map[ids + 4 * self.tokens + at] != 0)
-    }
-
-    /// Whether any of the first `len` tokens of row `r` but the first is trained
-    /// (the first token is never a target).
-    pub fn trains_within(&self, r: usize, len: usize) -> bool {
-        (1..len.min(self.row_len(r))).any(|i| self.token(r, i).1)
+        let mask = ids + 4 * self.tokens;
+        Row { ids: &self.map[ids + 4 * a..ids + 4 * b], mask: &self.map[mask + a..mask + b] }
     }
 
     fn open(path: &Path, meta: &Meta) -> Option<RowStore> {

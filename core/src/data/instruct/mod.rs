@@ -159,6 +159,11 @@ impl InstructData {
         })
     }
 
+    /// Each source file and the cache file holding its encoded rows.
+    pub fn files(&self) -> Vec<(String, PathBuf, usize)> {
+        self.sources.iter().map(|s| (s.name.clone(), s.store.path.clone(), s.store.len())).collect()
+    }
+
     /// The samples `key` names, collated: inputs, targets (-100 where not trained or
     /// padding), and for packed sequences each token's position and row.
     fn collate(&self, samples: &Samples, picks: &[usize]) -> Result<Batch> {
@@ -173,13 +178,11 @@ impl InstructData {
         for (i, &sample) in picks.iter().enumerate() {
             let mut at = i * t;
             for (k, entry) in samples.get(sample).iter().enumerate() {
-                let store = &self.sources[entry.source as usize].store;
+                let row = self.sources[entry.source as usize].store.row(entry.row as usize);
                 for p in 0..entry.positions() {
-                    let (id, _) = store.token(entry.row as usize, p);
-                    let (next, train) = store.token(entry.row as usize, p + 1);
-                    inputs[at] = id as i64;
-                    if train {
-                        targets[at] = next as i64;
+                    inputs[at] = row.id(p) as i64;
+                    if row.trained(p + 1) {
+                        targets[at] = row.id(p + 1) as i64;
                         trained += 1;
                     }
                     positions[at] = p as i64;
@@ -224,7 +227,7 @@ fn fit(store: &RowStore, source: u16, seq_len: usize, overflow: Overflow, counts
                 counts.dropped_too_long += 1;
                 continue;
             }
-            if !store.trains_within(r, limit) {
+            if !store.row(r).trains_within(limit) {
                 counts.dropped_untrained += 1;
                 continue;
             }
@@ -253,10 +256,7 @@ fn weighted(rows: Vec<Entry>, weight: f64, seed: u64, source: u64) -> Vec<Entry>
     let extra = ((weight - whole as f64) * rows.len() as f64).round() as usize;
     if extra > 0 {
         let mut picked = rows.clone();
-        let mut rng = Rng::keyed(seed, &[0x3E16, source]);
-        for i in (1..picked.len()).rev() {
-            picked.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        Rng::keyed(seed, &[0x3E16, source]).shuffle(&mut picked);
         out.extend(picked.into_iter().take(extra));
     }
     out
@@ -270,14 +270,7 @@ fn hash_files(paths: &[PathBuf]) -> String {
         h.update(std::fs::read(p).unwrap_or_default());
         h.update([0]);
     }
-    h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
-
-impl InstructData {
-    /// Each source file and the cache file holding its encoded rows.
-    pub fn files(&self) -> Vec<(String, PathBuf, usize)> {
-        self.sources.iter().map(|s| (s.name.clone(), s.store.path.clone(), s.store.len())).collect()
-    }
+    token_cache::hex(&h.finalize()[..8])
 }
 
 impl Dataset for InstructData {

@@ -108,10 +108,7 @@ impl EpochOrder {
             return order.clone();
         }
         let mut order: Vec<u32> = (0..self.len as u32).collect();
-        let mut rng = Rng::keyed(self.seed, &[0xE70C, epoch]);
-        for i in (1..order.len()).rev() {
-            order.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        Rng::keyed(self.seed, &[0xE70C, epoch]).shuffle(&mut order);
         let order = Arc::new(order);
         if recent.len() == 2 {
             recent.remove(0);
