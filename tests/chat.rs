@@ -140,12 +140,8 @@ fn a_step_has_the_same_loss_and_gradients_however_it_is_split() {
         let whole = run("1x8", &["data.batch_size=8"]);
         let split = run("4x2", &["data.batch_size=2", "optim.accum_steps=4"]);
         let ranks_dir = dir.path().join(format!("2rx4-{packing}"));
-        let out = ptrain()
-            .args(["launch", "--nproc", "2", "--master-port", &ranks::free_port().to_string(), "--", "run", "--quiet", "--run-dir"])
-            .arg(&ranks_dir)
-            .args(with(base.clone(), &["data.batch_size=4"]))
-            .output()
-            .unwrap();
+        let out =
+            ranks::launch(2).args(["run", "--quiet", "--run-dir"]).arg(&ranks_dir).args(with(base.clone(), &["data.batch_size=4"])).output().unwrap();
         assert!(out.status.success(), "2 ranks: {}", stderr(&out));
 
         let loss = |d: &Path| summary(d)["first_loss"].as_f64().unwrap();

@@ -123,23 +123,8 @@ fn two_ranks_report_the_sums_of_both() {
     plugin_path("dataset-metrics");
     let dir = tempfile::tempdir().unwrap();
     run_expect(
-        ptrain()
-            .args([
-                "launch",
-                "--nproc",
-                "2",
-                "--master-port",
-                &common::ranks::free_port().to_string(),
-                "--",
-                "run",
-                "--quiet",
-                "--steps",
-                "4",
-                "--device",
-                "cpu",
-                "--config",
-                "configs/mlp-multi.toml",
-            ])
+        common::ranks::launch(2)
+            .args(["run", "--quiet", "--steps", "4", "--device", "cpu", "--config", "configs/mlp-multi.toml"])
             .args([
                 "--plugins",
                 "dataset-metrics,jsonl",

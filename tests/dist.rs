@@ -55,8 +55,8 @@ fn losses(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {
 #[test]
 fn ptrain_launch_trains_two_ranks_that_end_identical() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = single();
-    cmd.args(["launch", "--nproc", "2", "--master-port", &free_port().to_string(), "--"]).args(job(20, 8, dir.path()));
+    let mut cmd = launch(2);
+    cmd.args(job(20, 8, dir.path()));
     let out = run_expect(&mut cmd, 0);
     let s = summary(dir.path());
     assert_eq!(s["status"], "completed");
@@ -90,7 +90,7 @@ fn torchrun_launches_the_binary_as_its_ranks() {
 fn two_ranks_follow_one_rank_with_twice_the_batch() {
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     run_expect(single().args(job(30, 16, one.path())), 0);
-    run_expect(single().args(["launch", "--nproc", "2", "--master-port", &free_port().to_string(), "--"]).args(job(30, 8, two.path())), 0);
+    run_expect(launch(2).args(job(30, 8, two.path())), 0);
     let (a, b) = (losses(one.path(), "train/loss"), losses(two.path(), "train/loss"));
     assert_eq!(a.len(), 30);
     assert_eq!(a.iter().map(|r| r.0).collect::<Vec<_>>(), b.iter().map(|r| r.0).collect::<Vec<_>>());
@@ -136,8 +136,7 @@ fn a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank() {
 /// ranks' stderr read line by line; returns once rank 0 (the one rank that shows
 /// progress) has logged step 3, which it reaches only with every rank in the loop.
 fn launch_training(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
-    let mut launcher = single()
-        .args(["launch", "--nproc", "2", "--master-port", &free_port().to_string(), "--"])
+    let mut launcher = launch(2)
         .args(job(1_000_000, 8, dir))
         .args(["--set", "run.log_every=1"])
         .args(extra)

@@ -156,25 +156,8 @@ fn other_ranks_get_the_profiled_count_of_rank_zero() {
     plugin_path("flops");
     let dir = tempfile::tempdir().unwrap();
     let out = run_expect(
-        ptrain()
-            .args([
-                "launch",
-                "--nproc",
-                "2",
-                "--master-port",
-                &common::ranks::free_port().to_string(),
-                "--",
-                "run",
-                "--quiet",
-                "--steps",
-                "3",
-                "--device",
-                "cpu",
-                "--config",
-                "configs/mlp-multi.toml",
-                "--plugins",
-                "flops",
-            ])
+        common::ranks::launch(2)
+            .args(["run", "--quiet", "--steps", "3", "--device", "cpu", "--config", "configs/mlp-multi.toml", "--plugins", "flops"])
             .args(MLP)
             .args(["--set", "run.threads=1", "--set", "plugins.flops.method=\"profiler\"", "--set", "plugins.flops.every=1"])
             .arg("--run-dir")

@@ -235,10 +235,7 @@ fn a_scratch_llama_learns_resumes_bit_for_bit_and_shards_like_one_rank() {
     // ZeRO-2 on two Gloo ranks of 4 samples each against one rank of 8.
     run_expect(ptrain().args(scratch(10, &d("one"), &[])), 0);
     let two = scratch(10, &d("two"), &["data.batch_size=4", "dist.shard=gradients"]);
-    run_expect(
-        common::ranks::single().args(["launch", "--nproc", "2", "--master-port", &common::ranks::free_port().to_string(), "--"]).args(&two),
-        0,
-    );
+    run_expect(common::ranks::launch(2).args(&two), 0);
     assert_eq!(summary(&d("two"))["world_size"], 2);
     for ((step, a), (_, b)) in losses(&d("two")).iter().zip(&losses(&d("one"))) {
         assert!((a - b).abs() <= 1e-6 * b.abs(), "step {step}: 2 sharded ranks {a}, one rank {b}");

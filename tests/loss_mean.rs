@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{ranks::single, *};
+use common::*;
 
 fn losses(run_dir: &Path) -> Vec<(u64, f64)> {
     read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|row| Some((row["step"].as_u64()?, row["train/loss"].as_f64()?))).collect()
@@ -53,7 +53,7 @@ fn under_launch_only_rank_0_shows_progress_with_the_mean_over_ranks() {
     let mut args = logged(4, 2, dir.path());
     args.retain(|a| a != "--quiet");
     args.extend(["--set", "run.log_every=2"].map(String::from));
-    let out = run_expect(single().env("PTRAIN_LOG", "info").args(["launch", "--nproc", "2", "--"]).args(&args), 0);
+    let out = run_expect(common::ranks::launch(2).env("PTRAIN_LOG", "info").args(&args), 0);
     let text = format!("{}{}", stdout(&out), stderr(&out));
     let progress: Vec<&str> = text.lines().filter(|l| l.contains("step 2/4") || l.contains("step 4/4")).collect();
     assert_eq!(progress.len(), 2, "one line per logged step:\n{text}");

@@ -36,7 +36,7 @@ fn job(steps: u64, batch: u32, shard: &str, run_dir: &Path) -> Vec<String> {
 
 /// `ptrain launch --nproc N -- ARGS`, which must succeed.
 fn launch(nproc: u32, args: &[String]) {
-    run_expect(single().args(["launch", "--nproc", &nproc.to_string(), "--master-port", &free_port().to_string(), "--"]).args(args), 0);
+    run_expect(common::ranks::launch(nproc).args(args), 0);
 }
 
 fn metric(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {

@@ -39,6 +39,14 @@ pub fn single() -> Command {
     cmd
 }
 
+/// `ptrain launch --nproc NPROC --master-port PORT --` outside any job, on a port no
+/// other test holds; the command to launch follows.
+pub fn launch(nproc: u32) -> Command {
+    let mut cmd = single();
+    cmd.args(["launch", "--nproc", &nproc.to_string(), "--master-port", &free_port().to_string(), "--"]);
+    cmd
+}
+
 /// `ptrain` as rank `rank` of `world`, the way torchrun would start it.
 pub fn rank_cmd(rank: u32, world: u32, port: u16) -> Command {
     let mut cmd = single();
