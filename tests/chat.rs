@@ -11,16 +11,13 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    hf::{close, s},
+    hf::{close, s, support_py},
     *,
 };
 
 /// Runs a tests/support/chat.py command; returns its last output line as JSON.
 fn chat_py(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
-    let out = python().arg("tests/support/chat.py").args(args.iter().map(|a| a.as_ref())).output().expect("spawn python");
-    assert!(out.status.success(), "chat.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last().expect("chat.py prints JSON")).expect("chat.py prints JSON")
+    support_py("chat.py", args)
 }
 
 /// A tokenizer with a ChatML template, a random Qwen2 of its vocabulary and rows.

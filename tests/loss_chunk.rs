@@ -7,15 +7,13 @@ mod common;
 use std::path::Path;
 
 use common::{
-    hf::{hf, s},
+    hf::{hf, s, support_py},
     *,
 };
 
 /// The largest relative difference between two dumps' gradients, and the tensors compared.
 fn grad_diff(a: &Path, b: &Path) -> (f64, usize) {
-    let out = python().args(["tests/support/chat.py", "compare-grads"]).arg(a).arg(b).output().expect("spawn python");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    let v = support_py("chat.py", &[&"compare-grads", &a, &b]);
     (v["max_rel"].as_f64().unwrap(), v["tensors"].as_u64().unwrap() as usize)
 }
 
@@ -51,8 +49,7 @@ fn chunked_loss_equals_the_whole_logits_for_text_and_instruction_data() {
     );
     // qwen2 on chat rows, packed: the sum over trained tokens over their count.
     let model = dir.path().join("model");
-    let out = python().args(["tests/support/chat.py", "make"]).arg(&model).args(["30", "2"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    support_py("chat.py", &[&"make", &model, &"30", &"2"]);
     let init = format!("model.init_from={}", s(&model));
     let data = format!("data.path={}", s(&model.join("chat.jsonl")));
     let cache = format!("data.tokens_cache={}", s(&dir.path().join("cache")));

@@ -7,15 +7,21 @@ use super::python;
 
 /// Runs a tests/support/hf.py command; returns its last output line as JSON, if any.
 pub fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
-    let out = python().arg("tests/support/hf.py").args(args.iter().map(|a| a.as_ref())).output().expect("spawn python");
+    support_py("hf.py", args)
+}
+
+/// Runs a command of the Python helper `tests/support/<script>`; returns its last
+/// output line as JSON (null when it prints nothing).
+pub fn support_py(script: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
+    let out = python().arg(format!("tests/support/{script}")).args(args.iter().map(|a| a.as_ref())).output().expect("spawn python");
     assert!(
         out.status.success(),
-        "hf.py {:?} failed:\n{}",
+        "{script} {:?} failed:\n{}",
         args.iter().map(|a| a.as_ref()).collect::<Vec<_>>(),
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().last().map(|l| serde_json::from_str(l).expect("hf.py prints JSON")).unwrap_or(serde_json::Value::Null)
+    text.lines().last().map(|l| serde_json::from_str(l).expect("the helper prints JSON")).unwrap_or(serde_json::Value::Null)
 }
 
 pub fn s(p: &Path) -> String {
