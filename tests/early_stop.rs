@@ -1,5 +1,5 @@
-//! The `early-stop` plugin in real runs: it stops where Lightning's rule says on
-//! the run's own eval losses, ends the run normally (exit 0, final checkpoint,
+//! The `early-stop` plugin in real runs: it stops where Lightning's own
+//! `EarlyStopping` stops on the run's own eval losses, ends the run normally (exit 0, final checkpoint,
 //! `stopped_by`), stops a diverging run at once, watches a plugin's metric, keeps
 //! its state across a resume, stops every rank at the same step, and refuses
 //! option mistakes.
@@ -24,21 +24,18 @@ fn evals(run: &Path) -> Vec<(u64, f64)> {
     summary(run)["evals"].as_array().unwrap().iter().map(|e| (e["step"].as_u64().unwrap(), e["loss"].as_f64().unwrap())).collect()
 }
 
-/// Lightning's rule (min mode), written out: the step at which checks of `evals`
-/// from `(best, wait)` stop, and the state then.
-fn rule(evals: &[(u64, f64)], patience: u64, min_delta: f64, mut best: Option<f64>, mut wait: u64) -> Option<(u64, f64, u64)> {
-    for &(step, loss) in evals {
-        if best.is_none_or(|b| loss < b - min_delta) {
-            best = Some(loss);
-            wait = 0;
-        } else {
-            wait += 1;
-            if wait >= patience {
-                return Some((step, best.unwrap(), wait));
-            }
-        }
+/// Where Lightning's own `EarlyStopping` (min mode, run by a real `Trainer.fit`
+/// in tests/support/early_stop.py) stops on `evals`, from the callback state
+/// `(best, wait)` when given: `(step, best, wait)` at the check that stopped it.
+fn lightning(evals: &[(u64, f64)], patience: u64, min_delta: f64, resumed: Option<(f64, u64)>) -> Option<(u64, f64, u64)> {
+    let (evals, patience, min_delta) = (serde_json::to_string(evals).unwrap(), patience.to_string(), min_delta.to_string());
+    let mut args: Vec<String> = vec![evals, patience, min_delta];
+    if let Some((best, wait)) = resumed {
+        args.extend([best.to_string(), wait.to_string()]);
     }
-    None
+    let args: Vec<&dyn AsRef<std::ffi::OsStr>> = args.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>).collect();
+    let stop = common::hf::support_py("early_stop.py", &args);
+    (!stop.is_null()).then(|| (stop["step"].as_u64().unwrap(), stop["best"].as_f64().unwrap(), stop["wait"].as_u64().unwrap()))
 }
 
 #[test]
@@ -51,7 +48,7 @@ fn a_plateau_stops_the_run_at_the_rules_step_and_a_resume_keeps_the_counter() {
     let all = evals(reference.path());
     assert_eq!(all.len(), 30);
     let (patience, min_delta) = (3, 0.05);
-    let (stop, best, wait) = rule(&all, patience, min_delta, None, 0).expect("the reference run plateaus by min_delta");
+    let (stop, best, wait) = lightning(&all, patience, min_delta, None).expect("the reference run plateaus by min_delta");
     assert!(stop < 300);
 
     let early_stop = |patience: u64| {
@@ -78,8 +75,8 @@ fn a_plateau_stops_the_run_at_the_rules_step_and_a_resume_keeps_the_counter() {
     // Resumed with one more check of patience: the counter goes on from `wait`,
     // so the run stops at its next miss, not after a fresh count.
     let after: Vec<(u64, f64)> = all.iter().copied().filter(|(s, _)| *s > stop).collect();
-    let kept = rule(&after, patience + 1, min_delta, Some(best), wait).expect("still on the plateau").0;
-    let fresh = rule(&after, patience + 1, min_delta, None, 0).map(|r| r.0);
+    let kept = lightning(&after, patience + 1, min_delta, Some((best, wait))).expect("still on the plateau").0;
+    let fresh = lightning(&after, patience + 1, min_delta, None).map(|r| r.0);
     assert_ne!(Some(kept), fresh, "the test tells a kept counter from a fresh one");
     run_expect(ptrain().args(run_args(300)).args(early_stop(patience + 1)).arg("--auto-resume").arg("--run-dir").arg(stopped.path()), 0);
     let s = summary(stopped.path());
