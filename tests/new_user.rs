@@ -47,6 +47,9 @@ fn export_refuses_a_run_whose_tokenizer_is_gone_unless_told_to_go_without() {
     let tok = tok_dir.join("tokenizer.json");
     hf(&[&"make-text", &text, &"2000", &"3"]);
     hf(&[&"train-tokenizer", &text, &tok, &"300"]);
+    // A chat template the way transformers 5 saves it: its own file beside the tokenizer.
+    let template = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
+    std::fs::write(tok_dir.join("chat_template.jinja"), template).unwrap();
     let run_dir = dir.path().join("run");
     let mut args = tiny_gpt(2);
     args.extend(["--plugins", "checkpoint", "--set", "data.kind=text"].map(String::from));
@@ -57,6 +60,7 @@ fn export_refuses_a_run_whose_tokenizer_is_gone_unless_told_to_go_without() {
     let out = dir.path().join("from-copy");
     run_expect(ptrain().args(["export", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 0);
     assert_eq!(std::fs::read(out.join("tokenizer.json")).unwrap(), std::fs::read(dir.path().join("moved/tokenizer.json")).unwrap());
+    assert_eq!(std::fs::read_to_string(out.join("chat_template.jinja")).unwrap(), template, "the chat template travels with the tokenizer");
     // Without the copy the tokenizer is gone.
     std::fs::remove_dir_all(run_dir.join("tokenizer")).unwrap();
 

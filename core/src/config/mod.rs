@@ -34,7 +34,7 @@ pub use optim::{OptimConfig, OptimName, Schedule};
 pub use origins::KeyOrigins;
 pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
-pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR};
+pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR, TOKENIZER_FILES};
 pub use train::{NanPolicy, Precision, TrainConfig};
 
 use crate::error::{ConfigError, Error};

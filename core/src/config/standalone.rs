@@ -15,7 +15,10 @@ use crate::error::{Error, Result};
 /// `<run-dir>/tokenizer/`: the run's tokenizer files and `source.json`.
 pub const TOKENIZER_DIR: &str = "tokenizer";
 const SOURCE_FILE: &str = "source.json";
-const FILES: [&str; 3] = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"];
+/// A tokenizer's files: `tokenizer.json` (the one `data.tokenizer` names, first),
+/// then the files beside it that go with it: the chat template lives in
+/// `tokenizer_config.json`, or, as transformers 5 saves it, in `chat_template.jinja`.
+pub const TOKENIZER_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"];
 
 /// Where the kept tokenizer came from.
 #[derive(Debug, Serialize, Deserialize)]
@@ -35,8 +38,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
     matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
 }
 
-/// Copies the run's tokenizer (`tokenizer.json`, and `tokenizer_config.json` and
-/// `special_tokens_map.json` beside it) into `<run_dir>/tokenizer/`.
+/// Copies the run's tokenizer ([`TOKENIZER_FILES`]) into `<run_dir>/tokenizer/`.
 pub fn keep_sources(config: &Config, run_dir: &Path) -> Result<()> {
     if !config.tokenizes() {
         return Ok(());
@@ -49,7 +51,7 @@ pub fn keep_sources(config: &Config, run_dir: &Path) -> Result<()> {
     };
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let from_dir = source.parent().unwrap_or(Path::new("."));
-    for (name, from) in FILES.iter().map(|n| (*n, if *n == FILES[0] { source.to_owned() } else { from_dir.join(n) })) {
+    for (name, from) in TOKENIZER_FILES.iter().map(|n| (*n, if *n == TOKENIZER_FILES[0] { source.to_owned() } else { from_dir.join(n) })) {
         let to = dir.join(name);
         // A resumed run may read the copy itself.
         if from.is_file() && !same_file(&from, &to) {
@@ -83,7 +85,7 @@ impl Config {
         }
         let dir = run_dir.join(TOKENIZER_DIR);
         let Some(source) = std::fs::read(dir.join(SOURCE_FILE)).ok().and_then(|b| serde_json::from_slice::<Source>(&b).ok()) else { return };
-        let copy = dir.join(FILES[0]);
+        let copy = dir.join(TOKENIZER_FILES[0]);
         let wanted = std::path::absolute(&self.data.tokenizer).map(|p| p.display().to_string()).unwrap_or_default();
         if source.path == wanted && sha256(&copy).is_some_and(|h| h == source.sha256) {
             tracing::info!("data.tokenizer {} is gone: using the copy the run kept, {}", self.data.tokenizer, copy.display());

@@ -10,7 +10,7 @@ use safetensors::{tensor::TensorView, Dtype, SafeTensors};
 
 use super::{names, Gpt2Arch, HfDir, LlamaArch, CONFIG_JSON, WEIGHTS};
 use crate::{
-    config::{Config, ConfigBuilder, ModelKind},
+    config::{Config, ConfigBuilder, ModelKind, TOKENIZER_FILES},
     error::{Error, Result},
 };
 
@@ -146,8 +146,8 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported>
     Ok(Exported { checkpoint, step: manifest.step, out: out.to_owned(), tensors: tensors.len(), tokenizer_files })
 }
 
-/// Copies `data.tokenizer` (as `tokenizer.json`) and the `tokenizer_config.json` /
-/// `special_tokens_map.json` beside it; records `data.eos_token`'s id.
+/// Copies `data.tokenizer` (as `tokenizer.json`) and the files beside it that go
+/// with it ([`TOKENIZER_FILES`]); records `data.eos_token`'s id.
 fn copy_tokenizer(config: &Config, out: &Path, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<Vec<PathBuf>> {
     let source = Path::new(&config.data.tokenizer);
     if !config.tokenizes() {
@@ -160,9 +160,10 @@ fn copy_tokenizer(config: &Config, out: &Path, json: &mut serde_json::Map<String
         copied.push(to);
         Ok(())
     };
-    copy(source, "tokenizer.json")?;
+    let (main, beside) = TOKENIZER_FILES.split_first().expect("a tokenizer has files");
+    copy(source, main)?;
     let dir = source.parent().unwrap_or(Path::new("."));
-    for name in ["tokenizer_config.json", "special_tokens_map.json"] {
+    for &name in beside {
         if dir.join(name).is_file() {
             copy(&dir.join(name), name)?;
         }
