@@ -191,6 +191,11 @@ extern "C" char* ptx_checkpoint_apply(void* block, ptx_tensor* inputs, int64_t n
   std::vector<at::Tensor> list;
   list.reserve(n);
   for (int64_t i = 0; i < n; i++) list.push_back(*static_cast<at::Tensor*>(inputs[i]));
+  // An input that needs no gradient (frozen embeddings, as with LoRA) would leave the
+  // Function out of the graph, and the block's own parameters without gradients
+  // (the reentrant checkpoint's trap; transformers' enable_input_require_grads).
+  // A leaf that wants one keeps the block in the graph; its gradient is dropped.
+  if (n > 0 && at::GradMode::is_enabled() && !list[0].requires_grad()) list[0] = list[0].detach().requires_grad_(true);
   auto shared = c10::intrusive_ptr<Block>::unsafe_reclaim_from_nonowning(static_cast<Block*>(block));
   auto outputs = Checkpoint::apply(at::TensorList(list), shared);
   *out = new at::Tensor(outputs[0]);

@@ -83,6 +83,22 @@ fn checkpointed_blocks_give_the_stored_losses_gradients_and_rng_sequence_bit_for
 }
 
 #[test]
+fn the_block_parameters_get_gradients_when_its_input_needs_none() {
+    let _one = RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let go = |checkpoint: bool| {
+        let w = Weights::new(0.2);
+        let ck = checkpointed(&w);
+        // As after a frozen embedding: the hidden state needs no gradient.
+        let x = Tensor::randn([4, 6], (Kind::Float, tch::Device::Cpu));
+        let mask = Tensor::ones([4, 12], (Kind::Float, tch::Device::Cpu));
+        let y = if checkpoint { ck.apply(&x, &[&mask]).unwrap() } else { w.block(&x, &mask) };
+        y.square().sum(Kind::Float).backward();
+        vec![y.detach(), w.w1.grad(), w.w2.grad()]
+    };
+    assert_bit_equal(&go(false), &go(true), "an input without gradient");
+}
+
+#[test]
 fn forward_keeps_no_graph_of_the_block() {
     let w = Weights::new(0.0);
     let ck = checkpointed(&w);
