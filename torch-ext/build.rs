@@ -46,6 +46,7 @@ fn main() {
             "csrc/cuda.cpp",
             "csrc/autocast.cpp",
             "csrc/pin.cpp",
+            "csrc/checkpoint.cpp",
         ]);
     if let Some(cuda_include) = &cuda_include {
         build.define("PTX_CUDA", None).include(cuda_include);

@@ -216,7 +216,10 @@ pub fn zero_all(tensors: &TensorList) -> Result<(), TorchError> {
     check(unsafe { ptx_foreach_zero(tensors.ptr(), tensors.len() as i64) })
 }
 
+pub mod checkpoint;
 pub mod grads;
+
+pub use checkpoint::Checkpoint;
 
 /// libtorch's profiler, recording input shapes to count FLOPs.
 pub mod profiler {

@@ -35,7 +35,7 @@ pub use origins::KeyOrigins;
 pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
 pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR, TOKENIZER_FILES};
-pub use train::{NanPolicy, Precision, TrainConfig};
+pub use train::{ActivationCheckpointing, NanPolicy, Precision, TrainConfig};
 
 use crate::error::{ConfigError, Error};
 
@@ -300,6 +300,7 @@ impl Config {
         self.validate_pretrained()?;
         self.validate_instruction()?;
         self.validate_loss_chunk()?;
+        self.validate_activation_checkpointing()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });

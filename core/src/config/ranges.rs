@@ -104,6 +104,7 @@ pub const RULES: &[(&str, Range)] = &[
     ("train.steps", int(1)),
     ("train.epochs", non_negative()),
     ("train.loss_chunk", int(1).or_zero("off: the whole logits")),
+    ("train.activation_checkpointing_every", int(1)),
     ("train.eval_every", int(1).or_zero("only at the end")),
     ("train.eval_batches", int(1)),
     ("train.empty_cache_every", int(1).or_zero("never")),

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use super::{Config, DataKind, ModelKind, TaskKind, TrainOn, BYTES_TOKENIZER};
+use super::{ActivationCheckpointing, Config, DataKind, ModelKind, TaskKind, TrainOn, BYTES_TOKENIZER};
 use crate::{
     error::{ConfigError, Error},
     model::hf::{
@@ -106,6 +106,14 @@ impl Config {
     pub(super) fn validate_loss_chunk(&self) -> Result<(), Error> {
         if self.train.loss_chunk > 0 && !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
             return Err(bad("train.loss_chunk", "chunks a language model's output projection: model.kind = \"gpt\" or \"llama\""));
+        }
+        Ok(())
+    }
+
+    /// `train.activation_checkpointing` recomputes the blocks of a transformer.
+    pub(super) fn validate_activation_checkpointing(&self) -> Result<(), Error> {
+        if self.train.activation_checkpointing != ActivationCheckpointing::None && !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
+            return Err(bad("train.activation_checkpointing", "recomputes a transformer's blocks: model.kind = \"gpt\" or \"llama\""));
         }
         Ok(())
     }

@@ -12,6 +12,11 @@ pub struct TrainConfig {
     /// positions at a time, so the whole `[positions, vocabulary]` logits never
     /// exist (0 = off).
     pub loss_chunk: i64,
+    /// gpt/llama: which blocks keep no activations in forward and recompute them in
+    /// backward (see docs/memory.md).
+    pub activation_checkpointing: ActivationCheckpointing,
+    /// With `activation_checkpointing = "every_n"`: every this-many-th block.
+    pub activation_checkpointing_every: i64,
     pub precision: Precision,
     pub eval_every: u64,
     pub eval_batches: u64,
@@ -19,6 +24,29 @@ pub struct TrainConfig {
     pub nan_policy: NanPolicy,
     pub max_nonfinite_in_row: u64,
     pub nonfinite_check_every: u64,
+}
+
+/// `train.activation_checkpointing`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationCheckpointing {
+    None,
+    /// Every block.
+    Full,
+    /// Blocks `N-1, 2N-1, ...` with `N = activation_checkpointing_every` (torchtune's
+    /// selective layer checkpointing).
+    EveryN,
+}
+
+impl TrainConfig {
+    /// Whether block `layer` (from 0) is checkpointed.
+    pub fn checkpoints_layer(&self, layer: usize) -> bool {
+        match self.activation_checkpointing {
+            ActivationCheckpointing::None => false,
+            ActivationCheckpointing::Full => true,
+            ActivationCheckpointing::EveryN => (layer as i64 + 1) % self.activation_checkpointing_every.max(1) == 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

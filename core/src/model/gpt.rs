@@ -1,10 +1,16 @@
 //! A decoder-only transformer (bytes by default: vocabulary 256), laid out as
 //! nanoGPT so parameter names match: `transformer.h.0.attn.c_attn.weight`, ...
 
+use std::sync::Arc;
+
 use tch::{nn, Kind, Tensor};
 
-use super::{kv_cache::KvCache, Layer, LayerKind, Model, Task};
-use crate::{config::ModelConfig, data::Segments, error::Result};
+use super::{checkpointing::Checkpoints, kv_cache::KvCache, Layer, LayerKind, Model, Task};
+use crate::{
+    config::{ModelConfig, TrainConfig},
+    data::Segments,
+    error::Result,
+};
 
 // The forward pass uses tch's `f_` functions, so a libtorch error (a bad shape,
 // out of memory) comes back as an error, not a panic.
@@ -43,6 +49,11 @@ struct Block {
     /// `gelu`'s `approximate` argument: "none" or "tanh" (GPT-2's `gelu_new`).
     gelu: &'static str,
 }
+
+// SAFETY: a block's tensors are only read (each op makes a new tensor), which libtorch
+// allows from several threads at once; the checkpoint's recompute may run it on an
+// autograd worker thread.
+unsafe impl Sync for Block {}
 
 impl Block {
     fn new(vs: nn::Path, c: &ModelConfig) -> Block {
@@ -84,14 +95,20 @@ impl Block {
         let h = linear(&self.c_fc, &norm(&self.ln_2, &x, self.eps)?)?.f_gelu(self.gelu)?;
         Ok(x.f_add(&linear(&self.mlp_proj, &h)?.f_dropout(self.dropout, train)?)?)
     }
+
+    /// The training forward over `[x]` or `[x, mask]`, as a checkpoint recomputes it.
+    fn checkpointed(&self, inputs: &[Tensor]) -> Result<Tensor> {
+        self.forward(&inputs[0], true, None, inputs.get(1))
+    }
 }
 
 pub struct Gpt {
     wte: nn::Embedding,
     wpe: nn::Embedding,
-    blocks: Vec<Block>,
+    blocks: Vec<Arc<Block>>,
     ln_f: nn::LayerNorm,
     config: ModelConfig,
+    checkpoints: Checkpoints,
 }
 
 impl Gpt {
@@ -101,10 +118,17 @@ impl Gpt {
         Gpt {
             wte: nn::embedding(&t / "wte", c.vocab_size, c.n_embd, emb),
             wpe: nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb),
-            blocks: (0..c.n_layer).map(|i| Block::new(&t / "h" / i, c)).collect(),
+            blocks: (0..c.n_layer).map(|i| Arc::new(Block::new(&t / "h" / i, c))).collect(),
             ln_f: layer_norm(&t / "ln_f", c.n_embd, c.layer_norm_eps),
             config: c.clone(),
+            checkpoints: Checkpoints::default(),
         }
+    }
+
+    /// Activation checkpointing of the blocks `train.activation_checkpointing` picks.
+    pub fn checkpoint_blocks(&mut self, train: &TrainConfig) -> Result<()> {
+        self.checkpoints = Checkpoints::new(train, &self.blocks, Block::checkpointed)?;
+        Ok(())
     }
 }
 
@@ -127,8 +151,12 @@ impl Gpt {
         };
         let mask = packed.map(|s| super::packed_attention_mask(&s.ids)).transpose()?;
         let mut x = embed(&self.wte, inputs)?.f_add(&embed(&self.wpe, &pos)?)?.f_dropout(self.config.dropout, train)?;
+        let extras = mask.as_ref();
         for (i, block) in self.blocks.iter().enumerate() {
-            x = block.forward(&x, train, cache.as_deref_mut().map(|c| (c, i)), mask.as_ref())?;
+            x = match self.checkpoints.run(i, train && cache.is_none(), &x, extras.as_slice()) {
+                Some(out) => out?,
+                None => block.forward(&x, train, cache.as_deref_mut().map(|c| (c, i)), mask.as_ref())?,
+            };
         }
         if let Some(c) = cache {
             c.advance(t);

@@ -4,15 +4,18 @@
 //! MLP. Parameters carry the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`),
 //! so loading and exporting are a copy, with no renaming or transposition.
 
+use std::sync::Arc;
+
 use tch::{nn, Kind, Tensor};
 
 use super::{
+    checkpointing::Checkpoints,
     kv_cache::KvCache,
     rope::{self, Rope},
     Layer, LayerKind, Model, Task,
 };
 use crate::{
-    config::{LlamaArgs, ModelConfig},
+    config::{LlamaArgs, ModelConfig, TrainConfig},
     data::Segments,
     error::Result,
 };
@@ -78,6 +81,11 @@ struct DecoderLayer {
     dims: Dims,
 }
 
+// SAFETY: a layer's tensors are only read (each op makes a new tensor), which libtorch
+// allows from several threads at once; the checkpoint's recompute may run it on an
+// autograd worker thread.
+unsafe impl Sync for DecoderLayer {}
+
 impl DecoderLayer {
     fn new(vs: nn::Path, m: &ModelConfig, dims: Dims) -> DecoderLayer {
         let (a, d) = (&m.llama, m.n_embd);
@@ -142,16 +150,23 @@ impl DecoderLayer {
         let gated = apply(&self.gate_proj, &h)?.f_silu()?.f_mul(&apply(&self.up_proj, &h)?)?;
         Ok(x.f_add(&apply(&self.down_proj, &gated)?)?)
     }
+
+    /// The training forward over `[x, cos, sin]` or `[x, cos, sin, mask]`, as a
+    /// checkpoint recomputes it.
+    fn checkpointed(&self, inputs: &[Tensor]) -> Result<Tensor> {
+        self.forward(&inputs[0], (&inputs[1], &inputs[2]), true, None, inputs.get(3))
+    }
 }
 
 pub struct Llama {
     embed_tokens: nn::Embedding,
-    layers: Vec<DecoderLayer>,
+    layers: Vec<Arc<DecoderLayer>>,
     norm: RmsNorm,
     /// `None` when the head is the token embedding (`tie_word_embeddings`).
     lm_head: Option<Tensor>,
     rope: Rope,
     config: ModelConfig,
+    checkpoints: Checkpoints,
 }
 
 impl Llama {
@@ -164,12 +179,19 @@ impl Llama {
             (!a.tie_embeddings).then(|| (vs / "lm_head").var("weight", &[m.vocab_size, m.n_embd], nn::Init::Randn { mean: 0.0, stdev: INIT_STD }));
         Llama {
             embed_tokens: nn::embedding(&model / "embed_tokens", m.vocab_size, m.n_embd, emb),
-            layers: (0..m.n_layer).map(|i| DecoderLayer::new(&model / "layers" / i, m, dims)).collect(),
+            layers: (0..m.n_layer).map(|i| Arc::new(DecoderLayer::new(&model / "layers" / i, m, dims))).collect(),
             norm: RmsNorm::new(&model / "norm", m.n_embd, a.rms_norm_eps),
             lm_head,
             rope: Rope::new(a, dims.head_dim, m.block_size, vs.device()),
             config: m.clone(),
+            checkpoints: Checkpoints::default(),
         }
+    }
+
+    /// Activation checkpointing of the layers `train.activation_checkpointing` picks.
+    pub fn checkpoint_blocks(&mut self, train: &TrainConfig) -> Result<()> {
+        self.checkpoints = Checkpoints::new(train, &self.layers, DecoderLayer::checkpointed)?;
+        Ok(())
     }
 
     fn run(&self, inputs: &Tensor, train: bool, cache: Option<&mut KvCache>, packed: Option<&Segments>) -> Result<Tensor> {
@@ -203,8 +225,12 @@ impl Llama {
             None => self.rope.window(start, t, x.kind())?,
         };
         let mask = packed.map(|s| super::packed_attention_mask(&s.ids)).transpose()?;
+        let extras: Vec<&Tensor> = [&cos, &sin].into_iter().chain(mask.as_ref()).collect();
         for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(&x, (&cos, &sin), train, cache.as_deref_mut().map(|c| (c, i)), mask.as_ref())?;
+            x = match self.checkpoints.run(i, train && cache.is_none(), &x, &extras) {
+                Some(out) => out?,
+                None => layer.forward(&x, (&cos, &sin), train, cache.as_deref_mut().map(|c| (c, i)), mask.as_ref())?,
+            };
         }
         if let Some(c) = cache {
             c.advance(t);

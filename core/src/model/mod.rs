@@ -1,6 +1,7 @@
 //! Models. The public [`Model`] trait lets library users bring their own; `gpt`,
 //! `mlp` and `torchscript` are built from the configuration.
 
+mod checkpointing;
 pub mod chunked_loss;
 pub mod generate;
 mod gpt;
@@ -172,14 +173,16 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
     let m = &config.model;
     Ok(match m.kind {
         ModelKind::Gpt => {
-            let gpt = Gpt::new(vs, m);
+            let mut gpt = Gpt::new(vs, m);
+            gpt.checkpoint_blocks(&config.train)?;
             if !m.init_from.is_empty() {
                 hf::load_weights(vs, m)?;
             }
             Box::new(gpt)
         }
         ModelKind::Llama => {
-            let llama = Llama::new(vs, m);
+            let mut llama = Llama::new(vs, m);
+            llama.checkpoint_blocks(&config.train)?;
             if !m.init_from.is_empty() {
                 hf::load_weights(vs, m)?;
             }

@@ -76,7 +76,8 @@ fn out_of_memory(message: &str, device: Device) -> Option<String> {
     let peak = device::peak_memory(device);
     Some(format!(
         "out of memory on {}: tried to allocate {}, peak {} so far. A step needs less with a smaller data.batch_size \
-         (raise optim.accum_steps to keep the global batch), train.precision = \"bf16\", or a smaller model \
+         (raise optim.accum_steps to keep the global batch), train.precision = \"bf16\", \
+         train.activation_checkpointing = \"full\" (gpt, llama), or a smaller model \
          (model.n_layer, model.n_embd, model.block_size). libtorch said: {}",
         device::label(device),
         size.as_deref().unwrap_or("an unknown size"),

@@ -162,9 +162,11 @@ impl Run {
             self.call_hook(At { hook: Hook::AfterForward, step, micro_batch: micro, lr, phases: timer.phases }, tensors);
             timer.book(Phase::Hooks);
         }
+        // f_backward: a failure in backward (an activation checkpoint's recompute
+        // running out of memory) ends the run as failed, not as a panic.
         match self.grad_spike_at(step) {
-            Some(factor) => (&loss * factor).backward(),
-            None => loss.backward(),
+            Some(factor) => (&loss * factor).f_backward()?,
+            None => loss.f_backward()?,
         }
         timer.book(Phase::Backward);
         Ok(loss.detach())
