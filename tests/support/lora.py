@@ -1,0 +1,71 @@
+"""The `peft` side of tests/lora.rs: loads what `ptrain export --format peft` wrote with
+the real `peft` and compares its logits with ptrain's. Models come from chat.py's
+make_model and hf.py's make-model. Each command prints one JSON object.
+
+  lora.py make-wide DIR            a random Qwen2 1024 wide (1 layer, intermediate 2816,
+                                   GQA 8:2, vocab 300, tied), its tokenizer and chat.jsonl:
+                                   wide enough that rank-8 adapters are ~1% of the parameters
+  lora.py peft-load BASE ADAPTER PROBE
+                                   PeftModel.from_pretrained(BASE, ADAPTER): the adapter keys the
+                                   model has and the file lacks (missing) and the other way round
+                                   (unexpected), peft's warnings, the largest |lora_B|, and the
+                                   logits on PROBE's inputs vs ptrain's (`ptrain logits`)
+"""
+import json
+import os
+import random
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import chat  # noqa: E402
+
+
+def out(obj):
+    print(json.dumps(obj))
+
+
+def make_wide(d):
+    rng = random.Random(7)
+    tok = chat.make_model(d, rng, 300, 128, True, hidden_size=1024, intermediate_size=2816, num_hidden_layers=1,
+                          num_attention_heads=8, num_key_value_heads=2)
+    with open(f"{d}/chat.jsonl", "w") as f:
+        for _ in range(16):
+            f.write(json.dumps({"messages": chat.conversation(rng)}) + "\n")
+    out({"vocab": tok.get_vocab_size()})
+
+
+def peft_load(base, adapter, probe_path):
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        peft_model = PeftModel.from_pretrained(model, adapter)
+    peft_model.eval()
+    saved = set(load_file(f"{adapter}/adapter_model.safetensors"))
+    # peft keeps adapters under their name ("default"); it saves them without it.
+    live = {k.replace(".default", "") for k in peft_model.state_dict() if "lora_" in k}
+    probe = load_file(probe_path)
+    with torch.no_grad():
+        logits = peft_model(probe["inputs"]).logits
+    lora_b = max(p.abs().max().item() for n, p in peft_model.named_parameters() if "lora_B" in n)
+    out({
+        "missing": sorted(live - saved),
+        "unexpected": sorted(saved - live),
+        "adapters": len(saved),
+        "warnings": [str(w.message) for w in caught],
+        "max_lora_b": lora_b,
+        "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
+        "logit_scale": logits.abs().max().item(),
+    })
+
+
+COMMANDS = {"make-wide": make_wide, "peft-load": peft_load}
+
+if __name__ == "__main__":
+    COMMANDS[sys.argv[1]](*sys.argv[2:])
