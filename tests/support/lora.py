@@ -5,6 +5,8 @@ make_model and hf.py's make-model. Each command prints one JSON object.
   lora.py make-wide DIR            a random Qwen2 1024 wide (1 layer, intermediate 2816,
                                    GQA 8:2, vocab 300, tied), its tokenizer and chat.jsonl:
                                    wide enough that rank-8 adapters are ~1% of the parameters
+  lora.py perturb SRC DST TENSOR     a copy of the model SRC in DST with TENSOR changed a little:
+                                   another base of the same shapes
   lora.py peft-load BASE ADAPTER PROBE
                                    PeftModel.from_pretrained(BASE, ADAPTER): the adapter keys the
                                    model has and the file lacks (missing) and the other way round
@@ -36,6 +38,19 @@ def make_wide(d):
     out({"vocab": tok.get_vocab_size()})
 
 
+def perturb(src, dst, name):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(f"{src}/model.safetensors")
+    tensors[name] = tensors[name] + 0.01 * torch.randn_like(tensors[name])
+    save_file(tensors, f"{dst}/model.safetensors", metadata={"format": "pt"})
+    out({"perturbed": name})
+
+
 def peft_load(base, adapter, probe_path):
     import torch
     from peft import PeftModel
@@ -65,7 +80,7 @@ def peft_load(base, adapter, probe_path):
     })
 
 
-COMMANDS = {"make-wide": make_wide, "peft-load": peft_load}
+COMMANDS = {"make-wide": make_wide, "perturb": perturb, "peft-load": peft_load}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])
