@@ -210,7 +210,8 @@ fn the_base_is_frozen_and_two_ranks_equal_one_rank_accumulating() {
     let dir = tempfile::tempdir().unwrap();
     let model = qwen2(dir.path());
     let cache = dir.path().join("cache");
-    let base = ["train.steps=1", "debug.dump_tensors_at=[1]", "optim.accum_steps=1"];
+    // Two steps: a rank whose update missed the other's gradient drifts in the second.
+    let base = ["train.steps=2", "debug.dump_tensors_at=[1]", "debug.dump_params=true", "optim.accum_steps=1"];
     let one = dir.path().join("1x2");
     let args = qwen2_lora(&model, &cache, &[&base[..], &["optim.accum_steps=2"]].concat());
     run_expect(ptrain().args(["run", "--quiet", "--run-dir"]).arg(&one).args(&args), 0);
@@ -234,6 +235,11 @@ fn the_base_is_frozen_and_two_ranks_equal_one_rank_accumulating() {
     close(summary(&two)["first_loss"].as_f64().unwrap(), s1["first_loss"].as_f64().unwrap(), 1e-6, "2 ranks vs 1 x 2 loss");
     let g = support_py("chat.py", &[&"compare-grads", &dump(&one, 0), &dump(&two, 0), &dump(&two, 1)]);
     assert!(g["max_rel"].as_f64().unwrap() <= 1e-6 && g["tensors"].as_u64().unwrap() == grads.len() as u64, "2 ranks (their mean) vs 1 x 2: {g}");
+    let params = |d: &Path, r: u32| d.join(format!("params-rank{r}.safetensors"));
+    for (what, other) in [("rank 0 of 2", params(&two, 0)), ("rank 1 of 2", params(&two, 1))] {
+        let p = lora_py(&[&"compare-params", &params(&one, 0), &other]);
+        assert!(p["same_names"] == true && p["max_rel"].as_f64().unwrap() <= 1e-5, "adapters after 2 steps, {what} vs 1 x 2: {p}");
+    }
 }
 
 #[test]

@@ -12,6 +12,8 @@ make_model and hf.py's make-model. Each command prints one JSON object.
                                    model has and the file lacks (missing) and the other way round
                                    (unexpected), peft's warnings, the largest |lora_B|, and the
                                    logits on PROBE's inputs vs ptrain's (`ptrain logits`)
+  lora.py compare-params A B        the largest difference, relative to the tensor's largest value,
+                                   between two safetensors files of the same tensors
 """
 import json
 import os
@@ -80,7 +82,15 @@ def peft_load(base, adapter, probe_path):
     })
 
 
-COMMANDS = {"make-wide": make_wide, "perturb": perturb, "peft-load": peft_load}
+def compare_params(a, b):
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(a), load_file(b)
+    rel = max((ta[k] - tb[k]).abs().max().item() / max(ta[k].abs().max().item(), 1e-12) for k in ta)
+    out({"max_rel": rel, "tensors": len(ta), "same_names": sorted(ta) == sorted(tb)})
+
+
+COMMANDS = {"make-wide": make_wide, "perturb": perturb, "peft-load": peft_load, "compare-params": compare_params}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])
