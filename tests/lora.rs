@@ -287,3 +287,23 @@ fn bad_lora_values_exit_2_naming_the_key() {
     let err = stderr(&run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--set", "model.kind=mlp", "--set", "lora.rank=4"]), 2));
     assert!(err.contains("lora") && err.contains("Mlp"), "{err}");
 }
+
+#[test]
+fn lora_starts_from_the_base_exactly_in_fp32_and_in_bf16_with_the_base_stored_in_bf16() {
+    // B starts at zero: the first loss is the base model's, bit for bit; in bf16 the
+    // frozen block matrices are stored in bf16, the values autocast would use anyway.
+    let dir = tempfile::tempdir().unwrap();
+    let model = qwen2(dir.path());
+    let cache = dir.path().join("cache");
+    for (name, extra) in
+        [("fp32", vec![]), ("bf16", vec!["train.precision=bf16"]), ("bf16-chunks", vec!["train.precision=bf16", "train.loss_chunk=16"])]
+    {
+        let first = |lora: &str| {
+            let run_dir = dir.path().join(format!("{name}-{lora}"));
+            let args = qwen2_lora(&model, &cache, &[&extra[..], &[lora]].concat());
+            run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--run-dir"]).arg(&run_dir).args(args), 0);
+            summary(&run_dir)["first_loss"].as_f64().unwrap()
+        };
+        assert_eq!(first("lora.rank=4").to_bits(), first("lora.enabled=false").to_bits(), "{name}: LoRA's first loss vs the base's");
+    }
+}
