@@ -9,6 +9,9 @@ enum Format {
     /// Hugging Face transformers: config.json and model.safetensors (plus the run's
     /// tokenizer files), for `AutoModelForCausalLM.from_pretrained(OUT)`.
     Hf,
+    /// peft: a LoRA run's adapters, adapter_config.json and adapter_model.safetensors,
+    /// for `peft.PeftModel.from_pretrained(base, OUT)`.
+    Peft,
 }
 
 /// Export a gpt or llama checkpoint so that another library loads it.
@@ -21,6 +24,12 @@ enum Format {
 /// family it came from (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 /// MistralForCausalLM; a tied head written once), with the init_from directory's
 /// generation_config.json.
+///
+/// A LoRA run ([lora]) checkpoints only its adapters: `--format peft` writes
+/// OUT/adapter_config.json and OUT/adapter_model.safetensors, which
+/// `peft.PeftModel.from_pretrained(base, OUT)` loads over the base model
+/// (model.init_from); `--format hf --merge` writes the full model with the adapters
+/// merged into the base weights instead.
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// A checkpoint directory, or a run directory (its newest valid checkpoint); with
@@ -41,12 +50,26 @@ pub struct ExportArgs {
     /// longer be read is an error, exit 2).
     #[arg(long)]
     no_tokenizer: bool,
+    /// --format hf of a LoRA run: merge the adapters into the base weights.
+    #[arg(long)]
+    merge: bool,
 }
 
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
-    let Format::Hf = args.format;
     let checkpoint = pick(&args.checkpoint, args.run_dir.as_deref())?;
-    let done = ptrain_core::model::hf::export(&checkpoint, &args.out, !args.no_tokenizer)?;
+    if let Format::Peft = args.format {
+        if args.merge {
+            let message = "--merge writes a full model: use it with --format hf".to_string();
+            return Err(ptrain_core::ConfigError { origin: "--merge".into(), key: String::new(), message }.into());
+        }
+        let done = ptrain_core::model::hf::export_peft(&checkpoint, &args.out)?;
+        let files =
+            [ptrain_core::model::hf::ADAPTER_CONFIG.to_string(), format!("{} ({} tensors)", ptrain_core::model::hf::ADAPTER_WEIGHTS, done.tensors)];
+        outln!("exported the LoRA adapters of step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));
+        outln!("load them with peft.PeftModel.from_pretrained(base_model, {:?})", done.out.display().to_string());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let done = ptrain_core::model::hf::export(&checkpoint, &args.out, !args.no_tokenizer, args.merge)?;
     let mut files = vec!["config.json".to_string(), format!("model.safetensors ({} tensors)", done.tensors)];
     files.extend(done.tokenizer_files.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()));
     outln!("exported step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));

@@ -57,8 +57,9 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<ExitCode> {
     };
     let run = recorded.as_deref().map(ptrain_core::config::run_dir_of);
     let mut config = ptrain_core::ConfigBuilder::layered(&files, &args.set)?.weights_from(run).build()?;
-    if recorded.is_some() {
+    if recorded.is_some() && config.lora().is_none() {
         // The checkpoint has every weight: model.init_from's are not read (it may be gone).
+        // A LoRA checkpoint has the adapters only: the base is model.init_from's.
         config.model.init_from.clear();
     }
     let batch = match (&args.inputs, args.split) {

@@ -12,7 +12,8 @@ const EXIT_CODES: &str = "Exit codes:
            \"failed\" and the error; the sinks are drained, the newest checkpoint is kept), or stopped
            (non-finite losses, a save error with on_save_error = \"stop\", a plugin's request_failure_stop)
   2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin
-           options, a checkpoint given to --resume that cannot be used (of another model: the differing key is named),
+           options, a checkpoint given to --resume that cannot be used (of another model: the differing key is named;
+           LoRA adapters trained on another base model: the base weights' hashes differ),
            a run directory another run holds, or one holding checkpoints without --auto-resume/--resume/--overwrite
   3        the run completed, but a plugin failed and --strict-plugins (run.strict_plugins) is set
   130/143  interrupted by SIGINT/SIGTERM after saving an emergency checkpoint";
@@ -30,7 +31,9 @@ pub struct RunArgs {
     #[arg(short, long, value_delimiter = ',', value_name = "A,B")]
     plugins: Option<Vec<String>>,
     /// Override one key, e.g. `--set optim.lr=3e-4` or `--set plugins.flops.every=500`
-    /// (a relative path is relative to the working directory).
+    /// (a relative path is relative to the working directory). `--set lora.rank=8` trains
+    /// LoRA adapters on a frozen base (the [lora] table: rank, alpha, dropout, targets;
+    /// see docs/memory.md).
     #[arg(short, long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
     /// Optimizer steps (`train.steps`).

@@ -7,6 +7,7 @@
 mod data;
 mod debug;
 mod dist;
+mod lora;
 mod model;
 mod optim;
 mod origins;
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 pub use data::{DataConfig, DataKind, DatasetSpec, Overflow, TrainOn};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
+pub use lora::LoraConfig;
 pub use model::{Activation, LlamaArgs, ModelConfig, ModelKind, RopeScaling, TaskKind};
 pub use optim::{OptimConfig, OptimName, Schedule};
 pub use origins::KeyOrigins;
@@ -55,6 +57,9 @@ pub struct Config {
     pub optim: OptimConfig,
     pub dist: DistConfig,
     pub debug: DebugConfig,
+    /// `[lora]`: absent (the default) = full fine-tuning; see [`Config::lora`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
     /// `[plugins.<name>]` tables, interpreted by the plugin host.
     pub plugins: BTreeMap<String, toml::Table>,
     /// Which file or `--set` set each key, for errors found after layering.
@@ -301,10 +306,43 @@ impl Config {
         self.validate_instruction()?;
         self.validate_loss_chunk()?;
         self.validate_activation_checkpointing()?;
+        self.validate_lora()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });
             }
+        }
+        Ok(())
+    }
+
+    /// The LoRA settings when the run trains adapters (`[lora]` present and enabled).
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref().filter(|l| l.enabled)
+    }
+
+    /// LoRA's checks: adapters for the linear layers the model kind has.
+    fn validate_lora(&self) -> Result<(), Error> {
+        let Some(lora) = self.lora() else { return Ok(()) };
+        let bad = |key: String, message: String| -> Error { ConfigError { origin: "configuration".into(), key, message }.into() };
+        let kind = self.model.kind;
+        let own = lora::modules(kind);
+        if own.is_empty() {
+            return Err(bad("lora".into(), format!("model.kind = {kind:?} has no linear layers LoRA adapts: use \"gpt\" or \"llama\"")));
+        }
+        for (i, target) in lora.targets.iter().enumerate() {
+            if own.contains(&target.as_str()) {
+                continue;
+            }
+            let key = format!("lora.targets[{i}]");
+            let every = lora::LLAMA_MODULES.iter().chain(lora::GPT_MODULES);
+            let message = match every.clone().any(|m| m == target) {
+                true => format!("model.kind = {kind:?} has no module `{target}`; its linear layers: {}", own.join(", ")),
+                false => match suggest::closest(target, every.copied()) {
+                    Some(near) => format!("unknown module `{target}`: did you mean `{near}`? (model.kind = {kind:?} has {})", own.join(", ")),
+                    None => format!("unknown module `{target}` (model.kind = {kind:?} has {})", own.join(", ")),
+                },
+            };
+            return Err(bad(key, message));
         }
         Ok(())
     }

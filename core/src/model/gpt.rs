@@ -5,7 +5,12 @@ use std::sync::Arc;
 
 use tch::{nn, Kind, Tensor};
 
-use super::{checkpointing::Checkpoints, kv_cache::KvCache, Layer, LayerKind, Model, Task};
+use super::{
+    checkpointing::Checkpoints,
+    kv_cache::KvCache,
+    lora::{self, Targets},
+    Layer, LayerKind, Model, Task,
+};
 use crate::{
     config::{ModelConfig, TrainConfig},
     data::Segments,
@@ -15,8 +20,8 @@ use crate::{
 // The forward pass uses tch's `f_` functions, so a libtorch error (a bad shape,
 // out of memory) comes back as an error, not a panic.
 
-fn linear(l: &nn::Linear, x: &Tensor) -> Result<Tensor> {
-    Ok(x.f_linear(&l.ws, l.bs.as_ref())?)
+fn linear(l: &lora::Linear, x: &Tensor, train: bool) -> Result<Tensor> {
+    l.forward(x, train)
 }
 
 fn norm(l: &nn::LayerNorm, x: &Tensor, eps: f64) -> Result<Tensor> {
@@ -27,9 +32,9 @@ fn embed(e: &nn::Embedding, ids: &Tensor) -> Result<Tensor> {
     Ok(Tensor::f_embedding(&e.ws, ids, -1, false, false)?)
 }
 
-fn init_linear(vs: nn::Path, inp: i64, out: i64, bias: bool, stdev: f64) -> nn::Linear {
-    let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
-    nn::linear(vs, inp, out, config)
+/// The module's name (`c_attn`, ...) picks whether LoRA adapts it.
+fn init_linear(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, stdev: f64, targets: Targets) -> lora::Linear {
+    lora::Linear::new(vs, module, inp, out, bias, stdev, targets)
 }
 
 fn layer_norm(vs: nn::Path, d: i64, eps: f64) -> nn::LayerNorm {
@@ -38,11 +43,11 @@ fn layer_norm(vs: nn::Path, d: i64, eps: f64) -> nn::LayerNorm {
 
 struct Block {
     ln_1: nn::LayerNorm,
-    c_attn: nn::Linear,
-    attn_proj: nn::Linear,
+    c_attn: lora::Linear,
+    attn_proj: lora::Linear,
     ln_2: nn::LayerNorm,
-    c_fc: nn::Linear,
-    mlp_proj: nn::Linear,
+    c_fc: lora::Linear,
+    mlp_proj: lora::Linear,
     n_head: i64,
     dropout: f64,
     eps: f64,
@@ -56,17 +61,17 @@ struct Block {
 unsafe impl Sync for Block {}
 
 impl Block {
-    fn new(vs: nn::Path, c: &ModelConfig) -> Block {
+    fn new(vs: nn::Path, c: &ModelConfig, lo: Targets) -> Block {
         let d = c.n_embd;
         // GPT-2's scaled init of residual projections.
         let proj_std = 0.02 / (2.0 * c.n_layer as f64).sqrt();
         Block {
             ln_1: layer_norm(&vs / "ln_1", d, c.layer_norm_eps),
-            c_attn: init_linear(&vs / "attn" / "c_attn", d, 3 * d, c.bias, 0.02),
-            attn_proj: init_linear(&vs / "attn" / "c_proj", d, d, c.bias, proj_std),
+            c_attn: init_linear(&vs / "attn" / "c_attn", "c_attn", d, 3 * d, c.bias, 0.02, lo),
+            attn_proj: init_linear(&vs / "attn" / "c_proj", "c_proj", d, d, c.bias, proj_std, lo),
             ln_2: layer_norm(&vs / "ln_2", d, c.layer_norm_eps),
-            c_fc: init_linear(&vs / "mlp" / "c_fc", d, 4 * d, c.bias, 0.02),
-            mlp_proj: init_linear(&vs / "mlp" / "c_proj", 4 * d, d, c.bias, proj_std),
+            c_fc: init_linear(&vs / "mlp" / "c_fc", "c_fc", d, 4 * d, c.bias, 0.02, lo),
+            mlp_proj: init_linear(&vs / "mlp" / "c_proj", "c_proj", 4 * d, d, c.bias, proj_std, lo),
             n_head: c.n_head,
             dropout: c.dropout,
             eps: c.layer_norm_eps,
@@ -79,7 +84,7 @@ impl Block {
     fn forward(&self, x: &Tensor, train: bool, cache: Option<(&mut KvCache, usize)>, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, t, d) = x.size3()?;
         let heads = |z: &Tensor| z.f_view([b, t, self.n_head, d / self.n_head])?.f_transpose(1, 2);
-        let qkv = linear(&self.c_attn, &norm(&self.ln_1, x, self.eps)?)?.f_split(d, 2)?;
+        let qkv = linear(&self.c_attn, &norm(&self.ln_1, x, self.eps)?, train)?.f_split(d, 2)?;
         let p = if train { self.dropout } else { 0.0 };
         let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
         let y = match (cache, mask) {
@@ -91,9 +96,9 @@ impl Block {
             }
         };
         let y = y.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, d])?;
-        let x = x.f_add(&linear(&self.attn_proj, &y)?.f_dropout(self.dropout, train)?)?;
-        let h = linear(&self.c_fc, &norm(&self.ln_2, &x, self.eps)?)?.f_gelu(self.gelu)?;
-        Ok(x.f_add(&linear(&self.mlp_proj, &h)?.f_dropout(self.dropout, train)?)?)
+        let x = x.f_add(&linear(&self.attn_proj, &y, train)?.f_dropout(self.dropout, train)?)?;
+        let h = linear(&self.c_fc, &norm(&self.ln_2, &x, self.eps)?, train)?.f_gelu(self.gelu)?;
+        Ok(x.f_add(&linear(&self.mlp_proj, &h, train)?.f_dropout(self.dropout, train)?)?)
     }
 
     /// The training forward over `[x]` or `[x, mask]`, as a checkpoint recomputes it.
@@ -109,19 +114,27 @@ pub struct Gpt {
     ln_f: nn::LayerNorm,
     config: ModelConfig,
     checkpoints: Checkpoints,
+    /// LoRA's adapters draw dropout.
+    lora_draws: bool,
 }
 
 impl Gpt {
     pub fn new(vs: &nn::Path, c: &ModelConfig) -> Gpt {
+        Gpt::with_lora(vs, c, Targets::NONE)
+    }
+
+    /// With LoRA adapters on the linear layers `targets` names.
+    pub fn with_lora(vs: &nn::Path, c: &ModelConfig, targets: Targets) -> Gpt {
         let t = vs / "transformer";
         let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
         Gpt {
             wte: nn::embedding(&t / "wte", c.vocab_size, c.n_embd, emb),
             wpe: nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb),
-            blocks: (0..c.n_layer).map(|i| Arc::new(Block::new(&t / "h" / i, c))).collect(),
+            blocks: (0..c.n_layer).map(|i| Arc::new(Block::new(&t / "h" / i, c, targets))).collect(),
             ln_f: layer_norm(&t / "ln_f", c.n_embd, c.layer_norm_eps),
             config: c.clone(),
             checkpoints: Checkpoints::default(),
+            lora_draws: targets.draws(),
         }
     }
 
@@ -195,7 +208,7 @@ impl Model for Gpt {
     }
 
     fn uses_randomness(&self) -> bool {
-        self.config.dropout > 0.0
+        self.config.dropout > 0.0 || self.lora_draws
     }
 
     fn layers(&self, seq_len: i64) -> Vec<Layer> {

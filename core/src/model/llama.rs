@@ -11,6 +11,7 @@ use tch::{nn, Kind, Tensor};
 use super::{
     checkpointing::Checkpoints,
     kv_cache::KvCache,
+    lora::{self, Targets},
     rope::{self, Rope},
     Layer, LayerKind, Model, Task,
 };
@@ -26,13 +27,13 @@ const INIT_STD: f64 = 0.02;
 // The forward pass uses tch's `f_` functions, so a libtorch error (a bad shape, out
 // of memory) comes back as an error, not a panic.
 
-fn apply(l: &nn::Linear, x: &Tensor) -> Result<Tensor> {
-    Ok(x.f_linear(&l.ws, l.bs.as_ref())?)
+fn apply(l: &lora::Linear, x: &Tensor, train: bool) -> Result<Tensor> {
+    l.forward(x, train)
 }
 
-fn linear(vs: nn::Path, inp: i64, out: i64, bias: bool) -> nn::Linear {
-    let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: INIT_STD }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
-    nn::linear(vs, inp, out, config)
+/// The module's name (`q_proj`, ...) picks whether LoRA adapts it.
+fn linear(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, targets: Targets) -> lora::Linear {
+    lora::Linear::new(&vs / module, module, inp, out, bias, INIT_STD, targets)
 }
 
 /// `LlamaRMSNorm`: normalised in float32, cast back to the input's type, then
@@ -68,16 +69,16 @@ struct Dims {
 #[derive(Debug)]
 struct DecoderLayer {
     input_norm: RmsNorm,
-    q_proj: nn::Linear,
-    k_proj: nn::Linear,
-    v_proj: nn::Linear,
-    o_proj: nn::Linear,
+    q_proj: lora::Linear,
+    k_proj: lora::Linear,
+    v_proj: lora::Linear,
+    o_proj: lora::Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     post_norm: RmsNorm,
-    gate_proj: nn::Linear,
-    up_proj: nn::Linear,
-    down_proj: nn::Linear,
+    gate_proj: lora::Linear,
+    up_proj: lora::Linear,
+    down_proj: lora::Linear,
     dims: Dims,
 }
 
@@ -87,23 +88,23 @@ struct DecoderLayer {
 unsafe impl Sync for DecoderLayer {}
 
 impl DecoderLayer {
-    fn new(vs: nn::Path, m: &ModelConfig, dims: Dims) -> DecoderLayer {
+    fn new(vs: nn::Path, m: &ModelConfig, dims: Dims, lo: Targets) -> DecoderLayer {
         let (a, d) = (&m.llama, m.n_embd);
         let attn = &vs / "self_attn";
         let mlp = &vs / "mlp";
         let (q_width, kv_width, inner) = (dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim, a.mlp_width(d));
         DecoderLayer {
             input_norm: RmsNorm::new(&vs / "input_layernorm", d, a.rms_norm_eps),
-            q_proj: linear(&attn / "q_proj", d, q_width, a.qkv_bias),
-            k_proj: linear(&attn / "k_proj", d, kv_width, a.qkv_bias),
-            v_proj: linear(&attn / "v_proj", d, kv_width, a.qkv_bias),
-            o_proj: linear(&attn / "o_proj", q_width, d, a.o_bias),
+            q_proj: linear(attn.clone(), "q_proj", d, q_width, a.qkv_bias, lo),
+            k_proj: linear(attn.clone(), "k_proj", d, kv_width, a.qkv_bias, lo),
+            v_proj: linear(attn.clone(), "v_proj", d, kv_width, a.qkv_bias, lo),
+            o_proj: linear(attn.clone(), "o_proj", q_width, d, a.o_bias, lo),
             q_norm: a.qk_norm.then(|| RmsNorm::new(&attn / "q_norm", dims.head_dim, a.rms_norm_eps)),
             k_norm: a.qk_norm.then(|| RmsNorm::new(&attn / "k_norm", dims.head_dim, a.rms_norm_eps)),
             post_norm: RmsNorm::new(&vs / "post_attention_layernorm", d, a.rms_norm_eps),
-            gate_proj: linear(&mlp / "gate_proj", d, inner, a.mlp_bias),
-            up_proj: linear(&mlp / "up_proj", d, inner, a.mlp_bias),
-            down_proj: linear(&mlp / "down_proj", inner, d, a.mlp_bias),
+            gate_proj: linear(mlp.clone(), "gate_proj", d, inner, a.mlp_bias, lo),
+            up_proj: linear(mlp.clone(), "up_proj", d, inner, a.mlp_bias, lo),
+            down_proj: linear(mlp, "down_proj", inner, d, a.mlp_bias, lo),
             dims,
         }
     }
@@ -131,9 +132,9 @@ impl DecoderLayer {
     ) -> Result<Tensor> {
         let (b, t, _) = x.size3()?;
         let h = self.input_norm.forward(x)?;
-        let q = self.heads(apply(&self.q_proj, &h)?, self.dims.heads, self.q_norm.as_ref())?;
-        let k = self.heads(apply(&self.k_proj, &h)?, self.dims.kv_heads, self.k_norm.as_ref())?;
-        let v = self.heads(apply(&self.v_proj, &h)?, self.dims.kv_heads, None)?;
+        let q = self.heads(apply(&self.q_proj, &h, train)?, self.dims.heads, self.q_norm.as_ref())?;
+        let k = self.heads(apply(&self.k_proj, &h, train)?, self.dims.kv_heads, self.k_norm.as_ref())?;
+        let v = self.heads(apply(&self.v_proj, &h, train)?, self.dims.kv_heads, None)?;
         let (q, k) = (rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?);
         let p = if train { self.dims.dropout } else { 0.0 };
         let y = match (cache, mask) {
@@ -145,10 +146,10 @@ impl DecoderLayer {
             }
         };
         let y = y.f_transpose(1, 2)?.f_reshape([b, t, self.dims.heads * self.dims.head_dim])?;
-        let x = x.f_add(&apply(&self.o_proj, &y)?)?;
+        let x = x.f_add(&apply(&self.o_proj, &y, train)?)?;
         let h = self.post_norm.forward(&x)?;
-        let gated = apply(&self.gate_proj, &h)?.f_silu()?.f_mul(&apply(&self.up_proj, &h)?)?;
-        Ok(x.f_add(&apply(&self.down_proj, &gated)?)?)
+        let gated = apply(&self.gate_proj, &h, train)?.f_silu()?.f_mul(&apply(&self.up_proj, &h, train)?)?;
+        Ok(x.f_add(&apply(&self.down_proj, &gated, train)?)?)
     }
 
     /// The training forward over `[x, cos, sin]` or `[x, cos, sin, mask]`, as a
@@ -167,10 +168,17 @@ pub struct Llama {
     rope: Rope,
     config: ModelConfig,
     checkpoints: Checkpoints,
+    /// LoRA's adapters draw dropout.
+    lora_draws: bool,
 }
 
 impl Llama {
     pub fn new(vs: &nn::Path, m: &ModelConfig) -> Llama {
+        Llama::with_lora(vs, m, Targets::NONE)
+    }
+
+    /// With LoRA adapters on the linear layers `targets` names.
+    pub fn with_lora(vs: &nn::Path, m: &ModelConfig, targets: Targets) -> Llama {
         let a: &LlamaArgs = &m.llama;
         let dims = Dims { heads: m.n_head, kv_heads: a.kv_heads(m.n_head), head_dim: a.head_width(m.n_embd, m.n_head), dropout: m.dropout };
         let model = vs / "model";
@@ -179,12 +187,13 @@ impl Llama {
             (!a.tie_embeddings).then(|| (vs / "lm_head").var("weight", &[m.vocab_size, m.n_embd], nn::Init::Randn { mean: 0.0, stdev: INIT_STD }));
         Llama {
             embed_tokens: nn::embedding(&model / "embed_tokens", m.vocab_size, m.n_embd, emb),
-            layers: (0..m.n_layer).map(|i| Arc::new(DecoderLayer::new(&model / "layers" / i, m, dims))).collect(),
+            layers: (0..m.n_layer).map(|i| Arc::new(DecoderLayer::new(&model / "layers" / i, m, dims, targets))).collect(),
             norm: RmsNorm::new(&model / "norm", m.n_embd, a.rms_norm_eps),
             lm_head,
             rope: Rope::new(a, dims.head_dim, m.block_size, vs.device()),
             config: m.clone(),
             checkpoints: Checkpoints::default(),
+            lora_draws: targets.draws(),
         }
     }
 
@@ -269,7 +278,7 @@ impl Model for Llama {
     }
 
     fn uses_randomness(&self) -> bool {
-        self.config.dropout > 0.0
+        self.config.dropout > 0.0 || self.lora_draws
     }
 
     fn layers(&self, seq_len: i64) -> Vec<Layer> {

@@ -8,6 +8,7 @@ mod gpt;
 pub mod hf;
 mod kv_cache;
 mod llama;
+pub mod lora;
 mod mlp;
 pub mod pretrained;
 pub mod probe;
@@ -168,12 +169,24 @@ pub fn packed_attention_mask(ids: &Tensor) -> Result<Tensor> {
     Ok(same.f_logical_and(&causal)?.f_unsqueeze(1)?)
 }
 
-/// Builds the configured model with its parameters under `vs`.
+/// Builds the configured model with its parameters in `vs` ([`from_config`]); with
+/// `[lora]`, every parameter but the adapters is frozen (see [`lora`]).
+pub fn build(config: &Config, vs: &nn::VarStore, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
+    let model = from_config(config, &vs.root(), dataset)?;
+    if config.lora().is_some() {
+        lora::freeze_base(vs);
+    }
+    Ok(model)
+}
+
+/// Builds the configured model with its parameters under `vs`; with `[lora]`,
+/// with adapters beside the linear layers it targets (not frozen: see [`build`]).
 pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
     let m = &config.model;
+    let targets = lora::Targets { lora: config.lora(), kind: m.kind };
     Ok(match m.kind {
         ModelKind::Gpt => {
-            let mut gpt = Gpt::new(vs, m);
+            let mut gpt = Gpt::with_lora(vs, m, targets);
             gpt.checkpoint_blocks(&config.train)?;
             if !m.init_from.is_empty() {
                 hf::load_weights(vs, m)?;
@@ -181,7 +194,7 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
             Box::new(gpt)
         }
         ModelKind::Llama => {
-            let mut llama = Llama::new(vs, m);
+            let mut llama = Llama::with_lora(vs, m, targets);
             llama.checkpoint_blocks(&config.train)?;
             if !m.init_from.is_empty() {
                 hf::load_weights(vs, m)?;

@@ -48,17 +48,18 @@ impl Pretrained {
             let set = [format!("model.init_from={}", source.display())];
             let config = ConfigBuilder::layered(&[], &set)?.build()?;
             let vars = nn::VarStore::new(device);
-            let model = super::from_config(&config, &vars.root(), &NoData)?;
+            let model = super::build(&config, &vars, &NoData)?;
             let tokenizer_path = source.join("tokenizer.json");
             let eos = eos_ids_in(source);
             return Pretrained::with_tokenizer(model, vars, config, tokenizer_path.is_file().then_some(tokenizer_path), eos);
         }
         let checkpoint = hf::resolve_checkpoint(source)?;
         let mut config = hf::recorded_config(&checkpoint)?;
-        // The checkpoint holds every weight: build the model bare, then load them.
-        let init_from = std::mem::take(&mut config.model.init_from);
+        // The checkpoint holds every weight: build the model bare, then load them. A
+        // LoRA checkpoint holds the adapters: the base comes from model.init_from.
+        let init_from = if config.lora().is_some() { config.model.init_from.clone() } else { std::mem::take(&mut config.model.init_from) };
         let vars = nn::VarStore::new(device);
-        let model = super::from_config(&config, &vars.root(), &NoData)?;
+        let model = super::build(&config, &vars, &NoData)?;
         super::probe::load_checkpoint_weights(&vars, &checkpoint)?;
         config.model.init_from = init_from;
         let tokenizer = config.tokenizes().then(|| PathBuf::from(&config.data.tokenizer));
@@ -126,11 +127,11 @@ impl Pretrained {
 }
 
 /// Building a language model needs no data.
-struct NoData;
+pub(crate) struct NoData;
 
 impl crate::data::Dataset for NoData {
     fn batch(&self, _split: crate::data::Split, _key: crate::data::BatchKey) -> Result<crate::data::Batch> {
-        Err(Error::Other("generation draws no batches".into()))
+        Err(Error::Other("a model outside a run draws no batches".into()))
     }
     fn dataset_names(&self) -> Vec<String> {
         Vec::new()

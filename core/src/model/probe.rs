@@ -70,7 +70,7 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
     tch::manual_seed(config.run.seed as i64);
     let dataset = crate::data::from_config(config)?;
     let vs = nn::VarStore::new(Device::Cpu);
-    let mut model = super::from_config(config, &vs.root(), dataset.as_ref())?;
+    let mut model = super::build(config, &vs, dataset.as_ref())?;
     if let Some(dir) = checkpoint {
         load_checkpoint_weights(&vs, dir)?;
     }
@@ -86,14 +86,15 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
     Ok(Probe { inputs, targets, logits, loss })
 }
 
-/// Copies a ptrain checkpoint's `model.safetensors` into every variable of `vs`.
+/// Copies a ptrain checkpoint's `model.safetensors` into every trainable variable of
+/// `vs` (with LoRA, the adapters: the frozen base is not in checkpoints).
 pub(crate) fn load_checkpoint_weights(vs: &nn::VarStore, dir: &Path) -> Result<()> {
     let dir = super::hf::resolve_checkpoint(dir)?;
     ptrain_checkpoint::validate(&dir).map_err(|e| Error::Checkpoint { path: dir.clone(), message: e.to_string() })?;
     let path = dir.join(ptrain_checkpoint::MODEL_FILE);
     let saved: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&path)?.into_iter().collect();
     tch::no_grad(|| -> Result<()> {
-        for (name, mut var) in vs.variables() {
+        for (name, mut var) in vs.variables().into_iter().filter(|(_, v)| v.requires_grad()) {
             let t = saved.get(&name).ok_or_else(|| Error::Checkpoint { path: path.clone(), message: format!("no weights for `{name}`") })?;
             if t.size() != var.size() {
                 let message = format!("`{name}` has shape {:?}, the model {:?}", t.size(), var.size());

@@ -49,6 +49,10 @@ pub(super) struct RunEnv {
     /// The run as plugins are told about it.
     pub run_data: Arc<RunData>,
     pub resumed_from: Option<String>,
+    /// LoRA: the hash of the frozen base weights, kept in every checkpoint.
+    pub lora_base: Option<String>,
+    /// Every parameter, trainable or frozen (LoRA's base).
+    pub all_params: u64,
     pub setup_s: f64,
     /// Unix time when training (not set-up) started.
     pub unix_start: f64,

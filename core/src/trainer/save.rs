@@ -26,6 +26,7 @@ impl Run {
             nonfinite_run: self.nonfinite.run,
             eval: self.tally.evals.last().map(|e| EvalRecord { step: e.step, loss: e.loss }),
             shard: self.learner.optimizer.shard().map(|s| s.checkpoint_layout()),
+            lora_base_sha256: self.env.lora_base.clone(),
             ..TrainState::new(step, self.env.config.run.seed, self.env.world)
         }
     }

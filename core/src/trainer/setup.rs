@@ -102,14 +102,26 @@ impl Run {
         let vs = nn::VarStore::new(device);
         let model = match model_factory {
             Some(factory) => factory(&vs.root(), dataset.as_ref())?,
-            // The checkpoint has every weight: model.init_from's may be gone.
-            None if checkpoint.is_some() => {
+            // The checkpoint has every weight: model.init_from's may be gone. A LoRA
+            // checkpoint has only the adapters: the base comes from model.init_from.
+            None if checkpoint.is_some() && config.lora().is_none() => {
                 let mut without = config.clone();
                 without.model.init_from.clear();
-                model::from_config(&without, &vs.root(), dataset.as_ref())?
+                model::build(&without, &vs, dataset.as_ref())?
             }
-            None => model::from_config(&config, &vs.root(), dataset.as_ref())?,
+            None => model::build(&config, &vs, dataset.as_ref())?,
         };
+        let lora_base = match config.lora() {
+            Some(_) => {
+                let hash = model::lora::base_hash(&vs)?;
+                if config.train.precision == Precision::Bf16 {
+                    model::lora::store_base_bf16(&vs)?;
+                }
+                Some(hash)
+            }
+            None => None,
+        };
+        let all_params = vs.variables().values().map(|t| t.numel() as u64).sum();
         let mut params: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         params.sort_by(|a, b| a.0.cmp(&b.0));
         if params.is_empty() {
@@ -129,6 +141,9 @@ impl Run {
             }
             _ => config.train.steps,
         };
+        if let Some(ckpt) = &checkpoint {
+            state::check_lora_base(ckpt, lora_base.as_deref())?;
+        }
         let restored = match &checkpoint {
             Some(ckpt) => state::restore(ckpt, &mut params, &mut optimizer)?,
             None => TrainState::new(0, config.run.seed, world),
@@ -231,6 +246,8 @@ impl Run {
         let env = RunEnv {
             _lock: lock,
             resumed_from: checkpoint.as_ref().map(|c| c.path.display().to_string()),
+            lora_base,
+            all_params,
             setup_s: started.elapsed().as_secs_f64(),
             unix_start: unix_now(),
             config,

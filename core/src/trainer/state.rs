@@ -35,6 +35,9 @@ pub struct TrainState {
     /// How a sharded run cut its optimizer state (absent when unsharded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ckpt::ShardLayout>,
+    /// LoRA: SHA-256 of the frozen base weights the adapters were trained on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_base_sha256: Option<String>,
 }
 
 /// Where the data stream resumes: batches are keyed by (seed, step, micro-batch,
@@ -74,6 +77,7 @@ impl TrainState {
             eval: None,
             ptrain_version: env!("CARGO_PKG_VERSION").into(),
             shard: None,
+            lora_base_sha256: None,
         }
     }
 
@@ -139,6 +143,24 @@ pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimiz
     let sizes = optimizer.param_sizes().to_vec();
     optimizer.load_state(&CheckpointState::new(checkpoint, &sizes)).map_err(unusable)?;
     serde_json::from_value(checkpoint.state.clone()).map_err(|e| bad(format!("{}: {e}", ckpt::STATE_FILE)))
+}
+
+/// A LoRA checkpoint's adapters fit only the base they were trained on: resuming
+/// on another `model.init_from` (other weights of the same shapes) is refused, as is
+/// resuming a LoRA run without `[lora]` or the other way round.
+pub fn check_lora_base(checkpoint: &Checkpoint, live: Option<&str>) -> Result<()> {
+    let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
+    let saved = checkpoint.state.get("lora_base_sha256").and_then(serde_json::Value::as_str);
+    match (saved, live) {
+        (None, None) => Ok(()),
+        (Some(a), Some(b)) if a == b => Ok(()),
+        (Some(a), Some(b)) => Err(bad(format!(
+            "its LoRA adapters were trained on other base weights (sha256 {a}) than model.init_from's (sha256 {b}): resume with the \
+             base model it was trained on"
+        ))),
+        (Some(_), None) => Err(bad("it holds LoRA adapters only: resume with its [lora] table and base model".into())),
+        (None, Some(_)) => Err(bad("it is a full fine-tuning checkpoint: resume it without [lora]".into())),
+    }
 }
 
 /// `[model]` keys that may change on resume: where the weights first came from

@@ -82,7 +82,10 @@ pub struct Summary {
     pub gradient_bytes: Vec<u64>,
     pub gradient_peak_bytes: Vec<u64>,
     pub model: String,
+    /// Every parameter of the model, and those trained (with LoRA, the adapters'
+    /// only: the base is frozen and has no gradient nor optimizer state).
     pub parameters: u64,
+    pub trainable_parameters: u64,
     pub nonfinite_steps: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<String>,

@@ -71,11 +71,13 @@ fn elem_size(dtype: Dtype) -> usize {
 }
 
 /// Writes `out/config.json`, `out/model.safetensors` (GPT-2 names and layouts) and
-/// the run's tokenizer files, from the checkpoint at (or newest under) `path`.
+/// the run's tokenizer files, from the checkpoint at (or newest under) `path`. A
+/// LoRA checkpoint (adapters only) needs `merge`: its adapters are merged into the
+/// base weights of `model.init_from` (`W + alpha / r * B A`), a full model.
 /// With `with_tokenizer`, a run whose tokenizer can no longer be read is refused
 /// before anything is written (an export without it loads a one-token vocabulary in
 /// `AutoTokenizer`); without, no tokenizer file is written.
-pub fn export(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported> {
+pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Result<Exported> {
     let checkpoint = resolve_checkpoint(path)?;
     let manifest = ptrain_checkpoint::validate(&checkpoint).map_err(|e| checkpoint_error(&checkpoint, e.to_string()))?;
     let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
@@ -89,7 +91,15 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported>
         return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only a gpt or a llama exports to the Hugging Face format", m.kind)));
     }
     let weights_path = checkpoint.join(ptrain_checkpoint::MODEL_FILE);
-    let bytes = std::fs::read(&weights_path).map_err(|e| Error::Io { path: weights_path.clone(), source: e })?;
+    let bytes = match (config.lora().is_some(), merge) {
+        (false, false) => std::fs::read(&weights_path).map_err(|e| Error::Io { path: weights_path.clone(), source: e })?,
+        (true, true) => super::super::lora::merged(&config, &checkpoint)?,
+        (true, false) => {
+            let message = "a LoRA checkpoint holds only the adapters: export them with --format peft, or a full model with --format hf --merge";
+            return Err(checkpoint_error(&checkpoint, message));
+        }
+        (false, true) => return Err(checkpoint_error(&checkpoint, "--merge merges LoRA adapters, and this run trained none ([lora])")),
+    };
     let st = SafeTensors::deserialize(&bytes).map_err(|e| checkpoint_error(&weights_path, e.to_string()))?;
 
     let params = names::params(m);

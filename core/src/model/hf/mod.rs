@@ -11,6 +11,7 @@ mod export;
 mod llama_config;
 mod load;
 pub mod names;
+mod peft;
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,7 @@ pub use config::Gpt2Arch;
 pub use export::{export, recorded_config, resolve_checkpoint, Exported, GENERATION_CONFIG};
 pub use llama_config::LlamaArch;
 pub use load::load_weights;
+pub use peft::{export_peft, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 
 use crate::error::{ConfigError, Error, Result};
 

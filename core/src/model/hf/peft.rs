@@ -1,0 +1,79 @@
+//! `ptrain export --format peft`: a LoRA checkpoint's adapters as the directory
+//! `peft.PeftModel.from_pretrained(base, OUT)` loads: `adapter_config.json` and
+//! `adapter_model.safetensors`, the tensors named as `peft` saves them
+//! (`base_model.model.<module>.lora_A.weight`). ptrain's parameter names are the
+//! Hugging Face module paths for both kinds, so an export is a rename.
+
+use std::{collections::HashMap, path::Path};
+
+use safetensors::{tensor::TensorView, SafeTensors};
+use serde_json::json;
+
+use super::export::{recorded_config, resolve_checkpoint, Exported};
+use crate::{
+    config::ModelKind,
+    error::{Error, Result},
+    model::lora::ADAPTER,
+};
+
+pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+
+/// Writes `out/adapter_config.json` and `out/adapter_model.safetensors` from the
+/// LoRA checkpoint at (or newest under) `path`; a checkpoint of a run without
+/// `[lora]` is refused ([`Error::Checkpoint`]: exit 2).
+pub fn export_peft(path: &Path, out: &Path) -> Result<Exported> {
+    let checkpoint = resolve_checkpoint(path)?;
+    let bad = |message: String| Error::Checkpoint { path: checkpoint.clone(), message };
+    let manifest = ptrain_checkpoint::validate(&checkpoint).map_err(|e| bad(e.to_string()))?;
+    let config = recorded_config(&checkpoint)?;
+    let Some(lora) = config.lora() else {
+        return Err(bad("--format peft exports LoRA adapters, and this run trained none ([lora]): export it with --format hf".into()));
+    };
+    let weights_path = checkpoint.join(ptrain_checkpoint::MODEL_FILE);
+    let bytes = std::fs::read(&weights_path).map_err(|e| Error::Io { path: weights_path.clone(), source: e })?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let mut names = st.names();
+    names.sort();
+    let mut views = Vec::with_capacity(names.len());
+    for name in names {
+        if !name.contains(ADAPTER) {
+            return Err(bad(format!("tensor `{name}` is not a LoRA adapter's")));
+        }
+        let view = st.tensor(name).map_err(|e| bad(e.to_string()))?;
+        let view = TensorView::new(view.dtype(), view.shape().to_vec(), view.data()).map_err(|e| bad(e.to_string()))?;
+        views.push((format!("base_model.model.{name}"), view));
+    }
+    std::fs::create_dir_all(out).map_err(|e| Error::Io { path: out.to_owned(), source: e })?;
+    let tensors = views.len();
+    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    let weights_out = out.join(ADAPTER_WEIGHTS);
+    safetensors::serialize_to_file(views, Some(metadata), &weights_out)
+        .map_err(|e| Error::Other(format!("writing {}: {e}", weights_out.display())))?;
+
+    // GPT-2's Conv1D stores weights [in, out]: peft's fan_in_fan_out says so when merging.
+    let adapter_config = json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": config.model.init_from,
+        "inference_mode": true,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": lora.targets(config.model.kind),
+        "fan_in_fan_out": config.model.kind == ModelKind::Gpt,
+        "bias": "none",
+        "use_rslora": false,
+        "use_dora": false,
+        "init_lora_weights": true,
+        "modules_to_save": null,
+        "layers_to_transform": null,
+        "layers_pattern": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    });
+    let config_out = out.join(ADAPTER_CONFIG);
+    let text = serde_json::to_string_pretty(&adapter_config).expect("JSON serializes") + "\n";
+    std::fs::write(&config_out, text).map_err(|e| Error::Io { path: config_out, source: e })?;
+    Ok(Exported { checkpoint: checkpoint.clone(), step: manifest.step, out: out.to_owned(), tensors, tokenizer_files: Vec::new() })
+}

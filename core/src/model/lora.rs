@@ -1,0 +1,165 @@
+//! LoRA (low-rank adapters): a linear layer `y = x W^T + b + (alpha / r) B A x`
+//! whose base `W`, `b` are frozen and whose `A` `[r, in]` and `B` `[out, r]` are
+//! trained. Named as `peft` names them (`<module>.lora_A.weight`,
+//! `<module>.lora_B.weight`), initialised as `peft` initialises them (A uniform with
+//! bound `1/sqrt(in)`, i.e. Kaiming-uniform with `a = sqrt(5)`; B zero: training
+//! starts from the base model exactly), so an export is a rename.
+
+use sha2::{Digest, Sha256};
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::{
+    config::{LoraConfig, ModelKind},
+    error::Result,
+};
+
+/// The marker of an adapter tensor in a parameter's name.
+pub const ADAPTER: &str = ".lora_";
+
+/// A linear layer, with an adapter when LoRA targets it.
+#[derive(Debug)]
+pub struct Linear {
+    pub base: nn::Linear,
+    adapter: Option<Adapter>,
+}
+
+#[derive(Debug)]
+struct Adapter {
+    a: Tensor,
+    b: Tensor,
+    scaling: f64,
+    dropout: f64,
+}
+
+/// The adapters a model gets: the `[lora]` settings and the model kind they apply to.
+#[derive(Debug, Clone, Copy)]
+pub struct Targets<'a> {
+    pub lora: Option<&'a LoraConfig>,
+    pub kind: ModelKind,
+}
+
+impl Targets<'_> {
+    pub const NONE: Targets<'static> = Targets { lora: None, kind: ModelKind::Gpt };
+
+    /// Whether anything draws random numbers: adapter dropout.
+    pub fn draws(&self) -> bool {
+        self.lora.is_some_and(|l| l.dropout > 0.0)
+    }
+}
+
+impl Linear {
+    /// `base` at `vs` (`weight` `[out, in]`, `bias`), with an adapter beside it when
+    /// `targets` names `module`.
+    pub fn new(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, stdev: f64, targets: Targets) -> Linear {
+        let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
+        let base = nn::linear(&vs, inp, out, config);
+        let adapter = targets.lora.filter(|l| l.adapts(targets.kind, module)).map(|l| {
+            let bound = 1.0 / (inp as f64).sqrt();
+            Adapter {
+                a: (&vs / "lora_A").var("weight", &[l.rank, inp], nn::Init::Uniform { lo: -bound, up: bound }),
+                b: (&vs / "lora_B").var("weight", &[out, l.rank], nn::Init::Const(0.0)),
+                scaling: l.scaling(),
+                dropout: l.dropout,
+            }
+        });
+        Linear { base, adapter }
+    }
+
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let y = x.f_linear(&self.base.ws, self.base.bs.as_ref())?;
+        let Some(ad) = &self.adapter else { return Ok(y) };
+        let h = match ad.dropout > 0.0 && train {
+            true => x.f_dropout(ad.dropout, true)?,
+            false => x.shallow_clone(),
+        };
+        let low = h.f_linear::<Tensor>(&ad.a, None)?.f_linear::<Tensor>(&ad.b, None)?;
+        Ok(y.f_add(&low.f_mul_scalar(ad.scaling)?)?)
+    }
+}
+
+/// The frozen base weights of `vs` (every parameter but the adapters), by name.
+fn base_of(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut base: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(n, _)| !n.contains(ADAPTER)).collect();
+    base.sort_by(|a, b| a.0.cmp(&b.0));
+    base
+}
+
+/// Freezes every parameter of `vs` but the adapters: no gradient, so no optimizer
+/// state and nothing all-reduced.
+pub fn freeze_base(vs: &nn::VarStore) {
+    for (_, t) in base_of(vs) {
+        let _ = t.set_requires_grad(false);
+    }
+}
+
+/// Under `train.precision = "bf16"` the frozen matrices of the blocks are stored in
+/// bf16: autocast casts them to bf16 for every matmul anyway (the same values), so
+/// only their memory changes. Embeddings and the head keep their type, as the
+/// activations and the loss depend on it.
+pub fn store_base_bf16(vs: &nn::VarStore) -> Result<()> {
+    tch::no_grad(|| {
+        for (name, mut t) in base_of(vs) {
+            if t.dim() == 2 && (name.contains(".layers.") || name.contains(".h.")) {
+                let half = t.f_to_kind(Kind::BFloat16)?;
+                t.f_set_data(&half)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// SHA-256 over the frozen weights' names, shapes, types and bytes (on the host),
+/// sorted by name: a resumed LoRA run checks it is on the base it was trained on.
+pub fn base_hash(vs: &nn::VarStore) -> Result<String> {
+    let mut h = Sha256::new();
+    for (name, t) in base_of(vs) {
+        let t = t.f_to_device(Device::Cpu)?.f_contiguous()?;
+        h.update(format!("{name} {:?} {:?}\n", t.size(), t.kind()).as_bytes());
+        let n = t.numel();
+        let mut bytes = vec![0u8; n * t.kind().elt_size_in_bytes()];
+        t.f_copy_data_u8(&mut bytes, n)?;
+        h.update(&bytes);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The full model of a LoRA checkpoint, as `model.safetensors` bytes in ptrain's
+/// names: `model.init_from`'s base with the checkpoint's adapters merged in
+/// (`W + alpha / r * B A`), the adapters left out.
+pub fn merged(config: &crate::config::Config, checkpoint: &std::path::Path) -> Result<Vec<u8>> {
+    let lora = config.lora().ok_or_else(|| crate::error::Error::Other("not a LoRA run".into()))?;
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _model = super::build(config, &vs, &super::pretrained::NoData)?;
+    super::probe::load_checkpoint_weights(&vs, checkpoint)?;
+    let vars = vs.variables();
+    let mut out: Vec<(String, Tensor)> = Vec::new();
+    tch::no_grad(|| -> Result<()> {
+        for (name, w) in &vars {
+            if name.contains(ADAPTER) {
+                continue;
+            }
+            let module = name.strip_suffix(".weight").unwrap_or(name);
+            let w = match (vars.get(&format!("{module}.lora_A.weight")), vars.get(&format!("{module}.lora_B.weight"))) {
+                (Some(a), Some(b)) => w.f_add(&b.f_matmul(a)?.f_mul_scalar(lora.scaling())?)?,
+                _ => w.shallow_clone(),
+            };
+            out.push((name.clone(), w.f_to_kind(Kind::Float)?.f_contiguous()?));
+        }
+        Ok(())
+    })?;
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    let bytes = out
+        .iter()
+        .map(|(n, t)| {
+            let mut b = vec![0u8; t.numel() * 4];
+            t.f_copy_data_u8(&mut b, t.numel())?;
+            Ok((n.clone(), t.size().iter().map(|&d| d as usize).collect::<Vec<_>>(), b))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let views = bytes
+        .iter()
+        .map(|(n, shape, b)| safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| crate::error::Error::Other(format!("merging LoRA adapters: {e}")))?;
+    safetensors::serialize(views, None).map_err(|e| crate::error::Error::Other(format!("merging LoRA adapters: {e}")))
+}

@@ -1,0 +1,96 @@
+"""The `peft` side of tests/lora.rs: loads what `ptrain export --format peft` wrote with
+the real `peft` and compares its logits with ptrain's. Models come from chat.py's
+make_model and hf.py's make-model. Each command prints one JSON object.
+
+  lora.py make-wide DIR            a random Qwen2 1024 wide (1 layer, intermediate 2816,
+                                   GQA 8:2, vocab 300, tied), its tokenizer and chat.jsonl:
+                                   wide enough that rank-8 adapters are ~1% of the parameters
+  lora.py perturb SRC DST TENSOR     a copy of the model SRC in DST with TENSOR changed a little:
+                                   another base of the same shapes
+  lora.py peft-load BASE ADAPTER PROBE
+                                   PeftModel.from_pretrained(BASE, ADAPTER): the adapter keys the
+                                   model has and the file lacks (missing) and the other way round
+                                   (unexpected), peft's warnings, the largest |lora_B|, and the
+                                   logits on PROBE's inputs vs ptrain's (`ptrain logits`)
+  lora.py compare-params A B        the largest difference, relative to the tensor's largest value,
+                                   between two safetensors files of the same tensors
+"""
+import json
+import os
+import random
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import chat  # noqa: E402
+
+
+def out(obj):
+    print(json.dumps(obj))
+
+
+def make_wide(d):
+    rng = random.Random(7)
+    tok = chat.make_model(d, rng, 300, 128, True, hidden_size=1024, intermediate_size=2816, num_hidden_layers=1,
+                          num_attention_heads=8, num_key_value_heads=2)
+    with open(f"{d}/chat.jsonl", "w") as f:
+        for _ in range(16):
+            f.write(json.dumps({"messages": chat.conversation(rng)}) + "\n")
+    out({"vocab": tok.get_vocab_size()})
+
+
+def perturb(src, dst, name):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(f"{src}/model.safetensors")
+    tensors[name] = tensors[name] + 0.01 * torch.randn_like(tensors[name])
+    save_file(tensors, f"{dst}/model.safetensors", metadata={"format": "pt"})
+    out({"perturbed": name})
+
+
+def peft_load(base, adapter, probe_path):
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        peft_model = PeftModel.from_pretrained(model, adapter)
+    peft_model.eval()
+    saved = set(load_file(f"{adapter}/adapter_model.safetensors"))
+    # peft keeps adapters under their name ("default"); it saves them without it.
+    live = {k.replace(".default", "") for k in peft_model.state_dict() if "lora_" in k}
+    probe = load_file(probe_path)
+    with torch.no_grad():
+        logits = peft_model(probe["inputs"]).logits
+    lora_b = max(p.abs().max().item() for n, p in peft_model.named_parameters() if "lora_B" in n)
+    out({
+        "missing": sorted(live - saved),
+        "unexpected": sorted(saved - live),
+        "adapters": len(saved),
+        "warnings": [str(w.message) for w in caught],
+        "max_lora_b": lora_b,
+        "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
+        "logit_scale": logits.abs().max().item(),
+    })
+
+
+def compare_params(a, b):
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(a), load_file(b)
+    rel = max((ta[k] - tb[k]).abs().max().item() / max(ta[k].abs().max().item(), 1e-12) for k in ta)
+    out({"max_rel": rel, "tensors": len(ta), "same_names": sorted(ta) == sorted(tb)})
+
+
+COMMANDS = {"make-wide": make_wide, "perturb": perturb, "peft-load": peft_load, "compare-params": compare_params}
+
+if __name__ == "__main__":
+    COMMANDS[sys.argv[1]](*sys.argv[2:])
