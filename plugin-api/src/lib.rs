@@ -19,6 +19,7 @@
 mod abi;
 mod checkpoint;
 mod context;
+mod dtype;
 mod error;
 pub mod export;
 mod host;
@@ -28,6 +29,7 @@ mod schedule;
 #[cfg(feature = "tch")]
 mod tensor;
 pub mod testing;
+pub mod unknown_key;
 
 pub use abi::{FfiPlugin, FfiPlugin_TO, PluginBox, PluginMod, PluginModRef, ROOT_MODULE_NAME};
 pub use checkpoint::{CheckpointPayload, CheckpointReason, DType, NamedBlob, TensorBlob};

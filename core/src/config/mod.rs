@@ -16,7 +16,6 @@ mod ranges;
 mod resolve;
 mod run;
 mod standalone;
-mod suggest;
 mod train;
 
 use std::{
@@ -36,6 +35,8 @@ pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, O
 pub use run::{DeviceChoice, RunConfig};
 pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR};
 pub use train::{NanPolicy, Precision, TrainConfig};
+
+use ptrain_plugin_api::unknown_key;
 
 use crate::error::{ConfigError, Error};
 
@@ -238,32 +239,8 @@ fn deserialize(table: &toml::Table) -> Result<Config, ConfigError> {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let message = inner.message().trim().to_string();
-        // serde reports an unknown field at its parent's path; name the key itself.
-        // Depending on the deserializer, an unknown field's path ends at its parent
-        // or at the field itself; always name the field.
-        let key = match message.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
-            Some(field) if path == "." || path.is_empty() => field.to_string(),
-            Some(field) if path == field || path.ends_with(&format!(".{field}")) => path,
-            Some(field) => format!("{path}.{field}"),
-            None => path,
-        };
-        ConfigError { origin: "configuration".into(), key, message: with_suggestion(message) }
+        ConfigError { origin: "configuration".into(), key: unknown_key::key(&path, &message), message: unknown_key::with_suggestion(message) }
     })
-}
-
-/// serde's "unknown field `minlr`, expected one of `lr`, `min_lr`, ..." with the
-/// nearest expected name first: "did you mean `min_lr`?".
-fn with_suggestion(message: String) -> String {
-    let Some(rest) = message.strip_prefix("unknown field `") else { return message };
-    let Some((field, expected)) = rest.split_once('`') else { return message };
-    let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
-    match suggest::closest(field, names.iter().copied()) {
-        Some(near) => {
-            let all: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
-            format!("unknown field `{field}`: did you mean `{near}`? (expected one of {})", all.join(", "))
-        }
-        None => message,
-    }
 }
 
 impl Config {
