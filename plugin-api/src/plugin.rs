@@ -12,12 +12,12 @@ use abi_stable::std_types::{RResult, RSlice, RString, RVec};
 
 use crate::{
     abi::FfiPlugin,
+    attachment::{Descriptor, StepWindows},
     checkpoint::CheckpointPayload,
     context::{RunEnd, RunInfo, StepContext},
     error::{PluginError, PluginResult},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
-    schedule::{Descriptor, StepWindows},
 };
 
 /// A ptrain plugin. Implement it, then `ptrain_plugin_api::export_plugin!(MyPlugin);`.

@@ -29,7 +29,7 @@ pub use data::{DataConfig, DataKind, DatasetSpec, Overflow, TrainOn};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use model::{Activation, LlamaArgs, ModelConfig, ModelKind, RopeScaling, TaskKind};
-pub use optim::{OptimConfig, OptimName, Schedule};
+pub use optim::{LrScheduleKind, OptimConfig, OptimName};
 pub use origins::KeyOrigins;
 pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
@@ -40,8 +40,10 @@ use ptrain_plugin_api::unknown_key;
 
 use crate::error::{ConfigError, Error};
 
-/// The commented default configuration, embedded in the binary.
-pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
+/// The commented default configuration, embedded in the binary. The crate owns
+/// this copy; `configs/default.toml`, the one users read, must stay equal to it
+/// (a test in `config/tests.rs` says so when they differ).
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
 
 /// `data.tokenizer = "bytes"`: the data is raw bytes (ids 0-255), said explicitly.
 pub const BYTES_TOKENIZER: &str = "bytes";

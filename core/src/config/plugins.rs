@@ -10,7 +10,7 @@ use ptrain_plugin_api::unknown_key::{closest, edit_distance};
 use super::origins::KeyOrigins;
 use crate::{
     error::{ConfigError, Error},
-    hooks::Cadence,
+    schedule::Cadence,
 };
 
 /// Keys of a plugin table that override a cadence; with `queue` and `on_full` the
