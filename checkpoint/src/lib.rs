@@ -25,6 +25,8 @@
 //! every part is there (see [`shard`]).
 
 mod commit;
+pub mod dtype;
+mod find;
 pub mod pause;
 mod read;
 pub mod shard;
@@ -33,7 +35,8 @@ mod write;
 use std::path::{Path, PathBuf};
 
 pub use commit::{commit_best, commit_latest, delete, read_best, read_latest};
-pub use read::{checkpoints_in, find_resumable, list, read, resolve, validate, Checkpoint, Tensor};
+pub use find::{checkpoints_in, find_resumable, list, resolve};
+pub use read::{read, read_model, validate, Checkpoint, Tensor};
 pub use shard::{part_name, write_part, write_sharded, ShardEntry, ShardLayout, ShardSet};
 pub use write::write;
 

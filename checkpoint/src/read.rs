@@ -8,7 +8,7 @@ use std::{
 use ptrain_plugin_api::DType;
 use safetensors::SafeTensors;
 
-use crate::{parse_dir_name, Error, Manifest, Result, ShardEntry, ShardSet};
+use crate::{Error, Manifest, Result, ShardEntry, ShardSet};
 
 /// A tensor read back from a checkpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,11 +73,18 @@ fn tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
     st.tensors()
         .into_iter()
         .map(|(name, view)| {
-            let dtype = DType::from_safetensors_name(&format!("{:?}", view.dtype()))
-                .ok_or_else(|| Error::invalid(path, format!("unsupported dtype {:?} of {name}", view.dtype())))?;
+            let dtype = crate::dtype::from_safetensors(view.dtype())
+                .ok_or_else(|| Error::invalid(path, format!("unsupported dtype {} of {name}", view.dtype())))?;
             Ok((name, Tensor { dtype, shape: view.shape().iter().map(|&d| d as i64).collect(), data: view.data().to_vec() }))
         })
         .collect()
+}
+
+/// Validates a checkpoint and reads its weights (`model.safetensors`) alone: what
+/// loading a trained model for export, probing or initialisation needs.
+pub fn read_model(checkpoint: &Path) -> Result<(Manifest, BTreeMap<String, Tensor>)> {
+    let manifest = validate(checkpoint)?;
+    Ok((manifest, tensors(&checkpoint.join(crate::MODEL_FILE))?))
 }
 
 /// Validates and reads a checkpoint.
@@ -112,50 +119,4 @@ impl Checkpoint {
     pub fn read_part(&self, part: &ShardEntry) -> Result<BTreeMap<String, Tensor>> {
         tensors(&self.path.join(&part.path))
     }
-}
-
-/// Committed checkpoint directories under `checkpoints`, by step, oldest first.
-pub fn list(checkpoints: &Path) -> Vec<(u64, PathBuf)> {
-    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(checkpoints)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter_map(|e| Some((parse_dir_name(e.file_name().to_str()?)?, e.path())))
-        .filter(|(_, p)| p.is_dir())
-        .collect();
-    found.sort();
-    found
-}
-
-/// The checkpoints directory `path` names: a run directory's `checkpoints/`, or
-/// `path` itself (a checkpoints directory).
-pub fn checkpoints_in(path: &Path) -> PathBuf {
-    let nested = crate::checkpoints_dir(path);
-    if nested.is_dir() {
-        nested
-    } else {
-        path.to_owned()
-    }
-}
-
-/// The checkpoint `path` names: a checkpoint directory itself, or the newest valid
-/// checkpoint of a run or checkpoints directory (see [`find_resumable`]).
-pub fn resolve(path: &Path) -> (Option<PathBuf>, Vec<String>) {
-    if path.join(crate::MANIFEST_FILE).exists() {
-        return (Some(path.to_owned()), Vec::new());
-    }
-    find_resumable(&checkpoints_in(path))
-}
-
-/// The newest valid checkpoint under `checkpoints`, with a warning for each newer
-/// one that failed validation. `Ok(None)` when there is none at all.
-pub fn find_resumable(checkpoints: &Path) -> (Option<PathBuf>, Vec<String>) {
-    let mut warnings = Vec::new();
-    for (_, path) in list(checkpoints).into_iter().rev() {
-        match validate(&path) {
-            Ok(_) => return (Some(path), warnings),
-            Err(e) => warnings.push(format!("skipping invalid checkpoint {e}")),
-        }
-    }
-    (None, warnings)
 }

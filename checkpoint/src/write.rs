@@ -7,22 +7,9 @@ use std::{
 };
 
 use ptrain_plugin_api::{CheckpointPayload, CheckpointReason, TensorBlob};
-use safetensors::{tensor::TensorView, Dtype};
+use safetensors::tensor::TensorView;
 
 use crate::{commit::fsync_dir, dir_name, Error, FileEntry, Manifest, Result};
-
-fn dtype(blob: &TensorBlob) -> Dtype {
-    use ptrain_plugin_api::DType as D;
-    match blob.dtype {
-        D::F32 => Dtype::F32,
-        D::F64 => Dtype::F64,
-        D::BF16 => Dtype::BF16,
-        D::F16 => Dtype::F16,
-        D::I64 => Dtype::I64,
-        D::I32 => Dtype::I32,
-        D::U8 => Dtype::U8,
-    }
-}
 
 pub(crate) fn reason(r: CheckpointReason) -> &'static str {
     match r {
@@ -50,7 +37,7 @@ pub(crate) fn safetensors_bytes(path: &Path, blobs: &[TensorBlob], step: u64, ex
         .iter()
         .map(|b| {
             let shape: Vec<usize> = b.shape.iter().map(|&d| d as usize).collect();
-            TensorView::new(dtype(b), shape, b.data.as_slice()).map(|v| (b.name.as_str().to_string(), v))
+            TensorView::new(crate::dtype::to_safetensors(b.dtype), shape, b.data.as_slice()).map(|v| (b.name.as_str().to_string(), v))
         })
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::invalid(path, format!("tensor does not match its shape: {e}")))?;

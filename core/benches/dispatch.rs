@@ -14,8 +14,8 @@ use std::{collections::BTreeMap, hint::black_box, path::PathBuf, sync::Arc};
 use abi_stable::std_types::RVec;
 use criterion::{criterion_group, criterion_main, Criterion};
 use ptrain_core::{
-    hooks::{Gate, Hook, Needs, Scheduler, StepPlan},
     host::{Event, HostServices, PluginHost, Reach, RunData},
+    schedule::{Gate, Hook, Needs, Scheduler, StepPlan},
 };
 use ptrain_plugin_api::{DeviceKind, Metric, MetricBatch, Task};
 

@@ -11,12 +11,12 @@ pub mod data;
 pub mod device;
 pub mod dist;
 pub mod error;
-pub mod hooks;
 pub mod host;
 pub mod model;
 pub mod optim;
 pub mod panic;
 pub mod rng;
+pub mod schedule;
 pub mod signals;
 pub mod trainer;
 

@@ -14,11 +14,11 @@ use abi_stable::{
 };
 
 use crate::{
+    attachment::{Descriptor, StepWindows},
     checkpoint::CheckpointPayload,
     context::{RunEnd, RunInfo, StepContext},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
-    schedule::{Descriptor, StepWindows},
 };
 
 /// The root-module name every ptrain plugin library carries; anything else is foreign.

@@ -7,6 +7,7 @@ use abi_stable::{
     StableAbi,
 };
 
+/// The element type of a [`TensorBlob`]; its sizes, names and kinds are in `dtype.rs`.
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DType {
@@ -17,43 +18,6 @@ pub enum DType {
     I64,
     I32,
     U8,
-}
-
-impl DType {
-    pub const fn size(self) -> usize {
-        match self {
-            DType::F64 | DType::I64 => 8,
-            DType::F32 | DType::I32 => 4,
-            DType::BF16 | DType::F16 => 2,
-            DType::U8 => 1,
-        }
-    }
-
-    /// The dtype name used by the safetensors format.
-    pub const fn safetensors_name(self) -> &'static str {
-        match self {
-            DType::F32 => "F32",
-            DType::F64 => "F64",
-            DType::BF16 => "BF16",
-            DType::F16 => "F16",
-            DType::I64 => "I64",
-            DType::I32 => "I32",
-            DType::U8 => "U8",
-        }
-    }
-
-    pub fn from_safetensors_name(name: &str) -> Option<DType> {
-        Some(match name {
-            "F32" => DType::F32,
-            "F64" => DType::F64,
-            "BF16" => DType::BF16,
-            "F16" => DType::F16,
-            "I64" => DType::I64,
-            "I32" => DType::I32,
-            "U8" => DType::U8,
-            _ => return None,
-        })
-    }
 }
 
 /// A tensor copied to host memory, little-endian, row-major.

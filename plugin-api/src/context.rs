@@ -5,7 +5,7 @@ use abi_stable::{
     StableAbi,
 };
 
-use crate::{metrics::Scalar, schedule::Hook};
+use crate::{attachment::Hook, metrics::Scalar};
 
 /// A borrowed handle to a host tensor (a libtorch `at::Tensor*`), valid only for the
 /// duration of the call it was passed to. Null when the tensor was not asked for or

@@ -16,10 +16,10 @@ pub mod __private {
 
     use crate::{
         abi::{FfiPlugin_TO, PluginBox, PluginMod, PluginModRef},
+        attachment::Descriptor,
         error::PluginError,
         host::HostApi,
         plugin::{guard, with_options_of, Adapter, Plugin},
-        schedule::Descriptor,
     };
 
     pub extern "C" fn descriptor<P: Plugin>() -> RResult<Descriptor, RString> {

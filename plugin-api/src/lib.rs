@@ -17,19 +17,22 @@
 //! Libraries are never unloaded: a loaded plugin stays mapped until the process exits.
 
 mod abi;
+mod attachment;
 mod checkpoint;
 mod context;
+mod dtype;
 mod error;
 pub mod export;
 mod host;
 mod metrics;
 mod plugin;
-mod schedule;
 #[cfg(feature = "tch")]
 mod tensor;
 pub mod testing;
+pub mod unknown_key;
 
 pub use abi::{FfiPlugin, FfiPlugin_TO, PluginBox, PluginMod, PluginModRef, ROOT_MODULE_NAME};
+pub use attachment::{Attachment, Cadence, Descriptor, Hook, Needs, StepWindows, Threading};
 pub use checkpoint::{CheckpointPayload, CheckpointReason, DType, NamedBlob, TensorBlob};
 pub use context::{
     DeviceInfo, DeviceKind, LayerKind, LayerSpec, ModelInfo, NamedTensor, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task, TensorRef,
@@ -38,7 +41,6 @@ pub use error::{PluginError, PluginResult};
 pub use host::{HostApi, LogLevel, STOP_FAILURE_PREFIX};
 pub use metrics::{Histogram, Metric, MetricBatch, MetricValue, Outbox, Scalar};
 pub use plugin::{guard, parse_options, Adapter, Plugin};
-pub use schedule::{Attachment, Cadence, Descriptor, Hook, Needs, StepWindows, Threading};
 
 /// Re-exported so that [`export_plugin!`] works without authors naming abi_stable.
 #[doc(hidden)]

@@ -12,12 +12,12 @@ use abi_stable::std_types::{RResult, RSlice, RString, RVec};
 
 use crate::{
     abi::FfiPlugin,
+    attachment::{Descriptor, StepWindows},
     checkpoint::CheckpointPayload,
     context::{RunEnd, RunInfo, StepContext},
     error::{PluginError, PluginResult},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
-    schedule::{Descriptor, StepWindows},
 };
 
 /// A ptrain plugin. Implement it, then `ptrain_plugin_api::export_plugin!(MyPlugin);`.
@@ -98,14 +98,7 @@ pub fn parse_options<T: serde::de::DeserializeOwned>(options: serde_json::Value)
     serde_path_to_error::deserialize(options).map_err(|e| {
         let path = e.path().to_string();
         let message = e.into_inner().to_string();
-        // An unknown field is reported at its parent's path; name the field itself.
-        let field = message.strip_prefix("unknown field `").and_then(|m| m.split('`').next());
-        let key = match (field, path.as_str()) {
-            (Some(field), "." | "") => field.to_string(),
-            (Some(field), _) if path == field || path.ends_with(&format!(".{field}")) => path,
-            (Some(field), _) => format!("{path}.{field}"),
-            (None, _) => path,
-        };
+        let key = crate::unknown_key::key(&path, &message);
         let table = OPTIONS_OF.with(|name| name.borrow().as_ref().map(|n| format!("plugins.{n}")));
         let key = match (table, key.as_str()) {
             (Some(table), "." | "") => table,

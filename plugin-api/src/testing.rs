@@ -8,9 +8,9 @@
 use abi_stable::std_types::RSlice;
 
 use crate::{
+    attachment::Hook,
     context::{DeviceInfo, DeviceKind, ModelInfo, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task},
     metrics::{Metric, MetricBatch, Outbox},
-    schedule::Hook,
 };
 
 pub fn cpu() -> DeviceInfo<'static> {

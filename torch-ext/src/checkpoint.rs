@@ -15,7 +15,7 @@ use std::{
 
 use tch::Tensor;
 
-use super::{check, Raw, TorchError};
+use crate::{error::check, list::Raw, TorchError};
 
 type BlockFn = dyn Fn(&[Tensor]) -> Result<Tensor, String> + Send + Sync;
 type Callback = extern "C" fn(ctx: *mut c_void, inputs: *mut Raw, n: i64, out: *mut Raw) -> *mut c_char;

@@ -5,7 +5,8 @@ use std::{collections::BTreeMap, ffi::c_char};
 
 use tch::Tensor;
 
-use super::{check, Raw, TensorList, TorchError};
+use crate::error::{check, TorchError};
+use crate::list::{Raw, TensorList};
 
 extern "C" {
     fn ptx_attach_flat_grads(params: *const Raw, n: i64, flat: Raw) -> *mut c_char;

@@ -38,7 +38,7 @@
 use std::{f64::consts::PI, path::PathBuf, process::ExitCode, time::Instant};
 
 use ptrain_core::{
-    config::{Config, OptimName, Precision, Schedule},
+    config::{Config, LrScheduleKind, OptimName, Precision},
     data::{BatchKey, Dataset, Split},
     device, model,
     model::{Model, Task},
@@ -98,7 +98,7 @@ fn parse_args() -> Result<Args, Error> {
     Ok(args)
 }
 
-/// ptrain's schedule (core/src/optim/schedule.rs), written out with the same
+/// ptrain's schedule (core/src/optim/lr_schedule.rs), written out with the same
 /// floating-point operations in the same order so the learning rates are equal.
 fn lr_at(config: &Config, step: u64) -> f64 {
     let o = &config.optim;
@@ -106,7 +106,7 @@ fn lr_at(config: &Config, step: u64) -> f64 {
     if step <= warmup {
         return peak * step as f64 / (warmup + 1) as f64;
     }
-    if o.schedule != Schedule::Cosine || total <= warmup {
+    if o.schedule != LrScheduleKind::Cosine || total <= warmup {
         return peak;
     }
     let progress = ((step - warmup) as f64 / (total - warmup) as f64).min(1.0);
@@ -489,7 +489,7 @@ mod tests {
         for (warmup, steps, cosine) in [(20, 450, true), (0, 100, true), (30, 30, true), (10, 200, false)] {
             let mut config = Config::default();
             config.optim.warmup_steps = warmup;
-            config.optim.schedule = if cosine { Schedule::Cosine } else { Schedule::Constant };
+            config.optim.schedule = if cosine { LrScheduleKind::Cosine } else { LrScheduleKind::Constant };
             config.train.steps = steps;
             let ptrain = ptrain_core::optim::LrSchedule::new(&config.optim, steps);
             for step in 1..=steps {

@@ -17,7 +17,6 @@ mod ranges;
 mod resolve;
 mod run;
 mod standalone;
-mod suggest;
 mod train;
 
 use std::{
@@ -32,17 +31,21 @@ pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use lora::LoraConfig;
 pub use model::{Activation, LlamaArgs, ModelConfig, ModelKind, RopeScaling, TaskKind};
-pub use optim::{OptimConfig, OptimName, Schedule};
+pub use optim::{LrScheduleKind, OptimConfig, OptimName};
 pub use origins::KeyOrigins;
 pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
 pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR, TOKENIZER_FILES};
 pub use train::{ActivationCheckpointing, NanPolicy, Precision, TrainConfig};
 
+use ptrain_plugin_api::unknown_key;
+
 use crate::error::{ConfigError, Error};
 
-/// The commented default configuration, embedded in the binary.
-pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
+/// The commented default configuration, embedded in the binary. The crate owns
+/// this copy; `configs/default.toml`, the one users read, must stay equal to it
+/// (a test in `config/tests.rs` says so when they differ).
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
 
 /// `data.tokenizer = "bytes"`: the data is raw bytes (ids 0-255), said explicitly.
 pub const BYTES_TOKENIZER: &str = "bytes";
@@ -243,32 +246,8 @@ fn deserialize(table: &toml::Table) -> Result<Config, ConfigError> {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let message = inner.message().trim().to_string();
-        // serde reports an unknown field at its parent's path; name the key itself.
-        // Depending on the deserializer, an unknown field's path ends at its parent
-        // or at the field itself; always name the field.
-        let key = match message.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
-            Some(field) if path == "." || path.is_empty() => field.to_string(),
-            Some(field) if path == field || path.ends_with(&format!(".{field}")) => path,
-            Some(field) => format!("{path}.{field}"),
-            None => path,
-        };
-        ConfigError { origin: "configuration".into(), key, message: with_suggestion(message) }
+        ConfigError { origin: "configuration".into(), key: unknown_key::key(&path, &message), message: unknown_key::with_suggestion(message) }
     })
-}
-
-/// serde's "unknown field `minlr`, expected one of `lr`, `min_lr`, ..." with the
-/// nearest expected name first: "did you mean `min_lr`?".
-fn with_suggestion(message: String) -> String {
-    let Some(rest) = message.strip_prefix("unknown field `") else { return message };
-    let Some((field, expected)) = rest.split_once('`') else { return message };
-    let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
-    match suggest::closest(field, names.iter().copied()) {
-        Some(near) => {
-            let all: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
-            format!("unknown field `{field}`: did you mean `{near}`? (expected one of {})", all.join(", "))
-        }
-        None => message,
-    }
 }
 
 impl Config {
@@ -337,7 +316,7 @@ impl Config {
             let every = lora::LLAMA_MODULES.iter().chain(lora::GPT_MODULES);
             let message = match every.clone().any(|m| m == target) {
                 true => format!("model.kind = {kind:?} has no module `{target}`; its linear layers: {}", own.join(", ")),
-                false => match suggest::closest(target, every.copied()) {
+                false => match ptrain_plugin_api::unknown_key::closest(target, every.copied()) {
                     Some(near) => format!("unknown module `{target}`: did you mean `{near}`? (model.kind = {kind:?} has {})", own.join(", ")),
                     None => format!("unknown module `{target}` (model.kind = {kind:?} has {})", own.join(", ")),
                 },

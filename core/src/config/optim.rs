@@ -8,7 +8,7 @@ pub struct OptimConfig {
     pub lr: f64,
     pub min_lr: f64,
     pub warmup_steps: u64,
-    pub schedule: Schedule,
+    pub schedule: LrScheduleKind,
     pub weight_decay: f64,
     pub beta1: f64,
     pub beta2: f64,
@@ -28,7 +28,7 @@ pub enum OptimName {
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum Schedule {
+pub enum LrScheduleKind {
     Cosine,
     Constant,
 }

@@ -5,13 +5,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    origins::KeyOrigins,
-    suggest::{closest, edit_distance},
-};
+use ptrain_plugin_api::unknown_key::{closest, edit_distance};
+
+use super::origins::KeyOrigins;
 use crate::{
     error::{ConfigError, Error},
-    hooks::Cadence,
+    schedule::Cadence,
 };
 
 /// Keys of a plugin table that override a cadence; with `queue` and `on_full` the

@@ -224,3 +224,13 @@ fn a_recorded_configuration_is_read_as_it_was() {
     let again = ConfigBuilder::default().toml(&config.to_toml(), "config.toml").unwrap().build_recorded().unwrap();
     assert_eq!(again, config);
 }
+
+#[test]
+fn the_embedded_default_is_configs_default_toml() {
+    // The copy users read and edit beside the sources; absent when the crate is
+    // built on its own (a package), where there is nothing to agree with.
+    let readers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
+    if let Ok(text) = std::fs::read_to_string(&readers) {
+        assert!(text == DEFAULT_TOML, "core/src/config/default.toml and configs/default.toml differ: edit both alike");
+    }
+}

@@ -14,7 +14,7 @@ use super::{
     worker::Drain,
     Failure, PluginHost, RunEndData, Runner,
 };
-use crate::hooks::Owner;
+use crate::schedule::Owner;
 
 /// Which plugins a scheduled event (a step hook, metrics, a checkpoint) reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

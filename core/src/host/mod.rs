@@ -40,7 +40,7 @@ use self::{watchdog::Watchdog, worker::Worker};
 use crate::{
     config::{explain_option_error, KeyOrigins, PluginSettings},
     error::{Error, Result},
-    hooks::{Cadence, Gate, Owner, Scheduler, SlotSpec, StepPlan},
+    schedule::{Cadence, Gate, Owner, Scheduler, SlotSpec, StepPlan},
 };
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -11,7 +11,7 @@ use abi_stable::std_types::{RResult, RStr, RString};
 use ptrain_plugin_api::{HostApi, LogLevel, TensorRef, STOP_FAILURE_PREFIX};
 use tch::Tensor;
 
-use crate::{dist::Collectives, hooks::Gate};
+use crate::{dist::Collectives, schedule::Gate};
 
 /// A plugin's request to end the run (`HostApi::request_stop`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -123,10 +123,10 @@ pub fn base_hash(vs: &nn::VarStore) -> Result<String> {
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The full model of a LoRA checkpoint, as `model.safetensors` bytes in ptrain's
+/// The full model of a LoRA checkpoint, as the tensors of a `model.safetensors` in ptrain's
 /// names: `model.init_from`'s base with the checkpoint's adapters merged in
 /// (`W + alpha / r * B A`), the adapters left out.
-pub fn merged(config: &crate::config::Config, checkpoint: &std::path::Path) -> Result<Vec<u8>> {
+pub fn merged(config: &crate::config::Config, checkpoint: &std::path::Path) -> Result<std::collections::BTreeMap<String, ptrain_checkpoint::Tensor>> {
     let lora = config.lora().ok_or_else(|| crate::error::Error::Other("not a LoRA run".into()))?;
     let vs = nn::VarStore::new(Device::Cpu);
     let _model = super::build(config, &vs, &super::pretrained::NoData)?;
@@ -147,19 +147,11 @@ pub fn merged(config: &crate::config::Config, checkpoint: &std::path::Path) -> R
         }
         Ok(())
     })?;
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    let bytes = out
-        .iter()
-        .map(|(n, t)| {
-            let mut b = vec![0u8; t.numel() * 4];
-            t.f_copy_data_u8(&mut b, t.numel())?;
-            Ok((n.clone(), t.size().iter().map(|&d| d as usize).collect::<Vec<_>>(), b))
+    out.into_iter()
+        .map(|(name, t)| {
+            let mut data = vec![0u8; t.numel() * 4];
+            t.f_copy_data_u8(&mut data, t.numel())?;
+            Ok((name, ptrain_checkpoint::Tensor { dtype: ptrain_plugin_api::DType::F32, shape: t.size(), data }))
         })
-        .collect::<Result<Vec<_>>>()?;
-    let views = bytes
-        .iter()
-        .map(|(n, shape, b)| safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b).map(|v| (n.clone(), v)))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| crate::error::Error::Other(format!("merging LoRA adapters: {e}")))?;
-    safetensors::serialize(views, None).map_err(|e| crate::error::Error::Other(format!("merging LoRA adapters: {e}")))
+        .collect()
 }

@@ -90,16 +90,16 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
 /// `vs` (with LoRA, the adapters: the frozen base is not in checkpoints).
 pub(crate) fn load_checkpoint_weights(vs: &nn::VarStore, dir: &Path) -> Result<()> {
     let dir = super::hf::resolve_checkpoint(dir)?;
-    ptrain_checkpoint::validate(&dir).map_err(|e| Error::Checkpoint { path: dir.clone(), message: e.to_string() })?;
+    let (_, saved) = ptrain_checkpoint::read_model(&dir).map_err(|e| Error::Checkpoint { path: dir.clone(), message: e.to_string() })?;
     let path = dir.join(ptrain_checkpoint::MODEL_FILE);
-    let saved: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&path)?.into_iter().collect();
     tch::no_grad(|| -> Result<()> {
         for (name, mut var) in vs.variables().into_iter().filter(|(_, v)| v.requires_grad()) {
             let t = saved.get(&name).ok_or_else(|| Error::Checkpoint { path: path.clone(), message: format!("no weights for `{name}`") })?;
-            if t.size() != var.size() {
-                let message = format!("`{name}` has shape {:?}, the model {:?}", t.size(), var.size());
+            if t.shape != var.size() {
+                let message = format!("`{name}` has shape {:?}, the model {:?}", t.shape, var.size());
                 return Err(Error::Checkpoint { path: path.clone(), message });
             }
+            let t = Tensor::f_from_data_size(&t.data, &t.shape, t.dtype.kind())?;
             var.f_copy_(&t.to_kind(var.kind()))?;
         }
         Ok(())

@@ -10,8 +10,8 @@
 //! [`SavedState`], which re-cuts the slices when the layout changed.
 
 pub mod layout;
+mod lr_schedule;
 mod saved;
-mod schedule;
 pub mod shard;
 
 use std::collections::HashMap;
@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use ptrain_torch_ext::{self as ext, TensorList};
 use tch::{Kind, Tensor};
 
+pub use lr_schedule::LrSchedule;
 pub use saved::{CheckpointState, SavedState};
-pub use schedule::LrSchedule;
 pub use shard::{Shard, ShardSpec};
 
 use crate::{

@@ -11,7 +11,6 @@ use super::layout::FlatLayout;
 use crate::{
     checkpoint::{Checkpoint, ShardEntry, Tensor as Saved},
     error::{Error, Result},
-    trainer::payload::kind_of as payload_kind,
 };
 
 pub trait SavedState {
@@ -39,7 +38,7 @@ impl<'a> CheckpointState<'a> {
     }
 
     fn tensor(&self, dtype: Option<DType>, bytes: Vec<u8>, len: u64) -> Result<Tensor> {
-        let kind = payload_kind(dtype.unwrap_or(DType::F32));
+        let kind = dtype.unwrap_or(DType::F32).kind();
         Ok(Tensor::f_from_data_size(&bytes, &[len as i64], kind)?)
     }
 
@@ -98,7 +97,7 @@ impl<'a> CheckpointState<'a> {
 }
 
 fn scalar(saved: &Saved) -> Result<Tensor> {
-    Ok(Tensor::f_from_data_size(&saved.data, &saved.shape, payload_kind(saved.dtype))?)
+    Ok(Tensor::f_from_data_size(&saved.data, &saved.shape, saved.dtype.kind())?)
 }
 
 impl SavedState for CheckpointState<'_> {

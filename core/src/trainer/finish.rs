@@ -21,9 +21,9 @@ use super::{
 use crate::{
     device,
     error::{Error, Result},
-    hooks::StepPlan,
     host::RunEndData,
     panic,
+    schedule::StepPlan,
 };
 
 impl Run {

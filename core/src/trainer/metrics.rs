@@ -13,8 +13,8 @@ use super::{clock::unix_now, progress, run::Run};
 use crate::{
     device,
     error::{Error, Result},
-    hooks::StepPlan,
     host::{Event, Reach},
+    schedule::StepPlan,
 };
 
 /// Buckets of the parameter and gradient histograms.

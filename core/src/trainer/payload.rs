@@ -1,38 +1,14 @@
-//! Converting between live tensors and checkpoint blobs.
+//! Converting between live tensors and checkpoint blobs (the dtypes map in
+//! `ptrain_plugin_api`'s `dtype.rs`).
 
 use ptrain_plugin_api::{DType, TensorBlob};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
 
-pub fn dtype_of(kind: Kind) -> Option<DType> {
-    Some(match kind {
-        Kind::Float => DType::F32,
-        Kind::Double => DType::F64,
-        Kind::BFloat16 => DType::BF16,
-        Kind::Half => DType::F16,
-        Kind::Int64 => DType::I64,
-        Kind::Int => DType::I32,
-        Kind::Uint8 => DType::U8,
-        _ => return None,
-    })
-}
-
-pub fn kind_of(dtype: DType) -> Kind {
-    match dtype {
-        DType::F32 => Kind::Float,
-        DType::F64 => Kind::Double,
-        DType::BF16 => Kind::BFloat16,
-        DType::F16 => Kind::Half,
-        DType::I64 => Kind::Int64,
-        DType::I32 => Kind::Int,
-        DType::U8 => Kind::Uint8,
-    }
-}
-
 /// Copies a tensor to host memory (the only part of a save the loop waits for).
 pub fn to_blob(name: &str, tensor: &Tensor) -> Result<TensorBlob> {
-    let dtype = dtype_of(tensor.kind()).ok_or_else(|| Error::Other(format!("cannot checkpoint {name}: dtype {:?}", tensor.kind())))?;
+    let dtype = DType::of_kind(tensor.kind()).ok_or_else(|| Error::Other(format!("cannot checkpoint {name}: dtype {:?}", tensor.kind())))?;
     let host = tensor.detach().to_device(Device::Cpu).contiguous();
     let numel = host.numel();
     let mut data = vec![0u8; numel * dtype.size()];
@@ -45,7 +21,7 @@ pub fn restore(name: &str, live: &mut Tensor, saved: &ptrain_checkpoint::Tensor)
     if saved.shape != live.size() {
         return Err(Error::Other(format!("checkpoint tensor {name} has shape {:?}, the model's is {:?}", saved.shape, live.size())));
     }
-    let value = Tensor::f_from_data_size(&saved.data, &saved.shape, kind_of(saved.dtype))?.to_kind(live.kind()).to_device(live.device());
+    let value = Tensor::f_from_data_size(&saved.data, &saved.shape, saved.dtype.kind())?.to_kind(live.kind()).to_device(live.device());
     tch::no_grad(|| live.f_copy_(&value))?;
     Ok(())
 }

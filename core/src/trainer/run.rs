@@ -11,10 +11,10 @@ use crate::{
     data::{Batch, Dataset, Loader},
     dist::DataParallel,
     error::{Error, Result},
-    hooks::Ticker,
     host::{PluginHost, RunData},
     model::Model,
     optim::{LrSchedule, Optimizer},
+    schedule::Ticker,
 };
 
 /// One training run: set up by [`Run::setup`](super::setup), driven by

@@ -25,10 +25,10 @@ use crate::{
     data::{loader::DrawPlan, Loader},
     device,
     error::{Error, Result},
-    hooks::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, StepWindows, Ticker},
     host::{HostServices, PluginHost, RunData},
     model,
     optim::{LrSchedule, Optimizer, ShardSpec},
+    schedule::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, StepWindows, Ticker},
     signals::Signals,
 };
 
@@ -159,7 +159,7 @@ impl Run {
             d.broadcast_params(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
         }
 
-        let services = HostServices::leak(Arc::new(crate::hooks::Gate::new(0)), dist.as_ref().map(|d| d.collectives()));
+        let services = HostServices::leak(Arc::new(crate::schedule::Gate::new(0)), dist.as_ref().map(|d| d.collectives()));
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {

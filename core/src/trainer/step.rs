@@ -18,8 +18,8 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    hooks::{CoreTask, StepPlan},
     panic,
+    schedule::{CoreTask, StepPlan},
 };
 
 /// How far the loop got: the last step done and the one running.

@@ -6,7 +6,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+use ptrain_plugin_api::DType;
+use safetensors::tensor::TensorView;
 
 use super::{names, Gpt2Arch, HfDir, LlamaArch, CONFIG_JSON, WEIGHTS};
 use crate::{
@@ -31,17 +32,12 @@ pub fn resolve_checkpoint(path: &Path) -> Result<PathBuf> {
     if !path.exists() {
         return Err(Error::MissingFile { what: "checkpoint", path: path.to_owned() });
     }
-    if path.join(ptrain_checkpoint::MANIFEST_FILE).exists() {
-        return Ok(path.to_owned());
+    let (found, warnings) = ptrain_checkpoint::resolve(path);
+    for w in warnings {
+        tracing::warn!("{w}");
     }
-    for dir in [ptrain_checkpoint::checkpoints_dir(path), path.to_owned()] {
-        let (found, warnings) = ptrain_checkpoint::find_resumable(&dir);
-        for w in warnings {
-            tracing::warn!("{w}");
-        }
-        if let Some(found) = found {
-            return Ok(found);
-        }
+    if let Some(found) = found {
+        return Ok(found);
     }
     Err(Error::Checkpoint { path: path.to_owned(), message: "no valid checkpoint here".into() })
 }
@@ -61,15 +57,6 @@ fn checkpoint_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Checkpoint { path: path.to_owned(), message: message.into() }
 }
 
-fn elem_size(dtype: Dtype) -> usize {
-    match dtype {
-        Dtype::F64 | Dtype::I64 => 8,
-        Dtype::F16 | Dtype::BF16 | Dtype::I16 => 2,
-        Dtype::U8 | Dtype::I8 | Dtype::BOOL => 1,
-        _ => 4,
-    }
-}
-
 /// Writes `out/config.json`, `out/model.safetensors` (GPT-2 names and layouts) and
 /// the run's tokenizer files, from the checkpoint at (or newest under) `path`. A
 /// LoRA checkpoint (adapters only) needs `merge`: its adapters are merged into the
@@ -79,7 +66,7 @@ fn elem_size(dtype: Dtype) -> usize {
 /// `AutoTokenizer`); without, no tokenizer file is written.
 pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Result<Exported> {
     let checkpoint = resolve_checkpoint(path)?;
-    let manifest = ptrain_checkpoint::validate(&checkpoint).map_err(|e| checkpoint_error(&checkpoint, e.to_string()))?;
+    let (manifest, mut saved) = ptrain_checkpoint::read_model(&checkpoint).map_err(|e| checkpoint_error(&checkpoint, e.to_string()))?;
     let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
     let config = recorded_config(&checkpoint)?;
     let m = &config.model;
@@ -91,36 +78,38 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Res
         return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only a gpt or a llama exports to the Hugging Face format", m.kind)));
     }
     let weights_path = checkpoint.join(ptrain_checkpoint::MODEL_FILE);
-    let bytes = match (config.lora().is_some(), merge) {
-        (false, false) => std::fs::read(&weights_path).map_err(|e| Error::Io { path: weights_path.clone(), source: e })?,
-        (true, true) => super::super::lora::merged(&config, &checkpoint)?,
+    match (config.lora().is_some(), merge) {
+        (false, false) => {}
+        (true, true) => saved = super::super::lora::merged(&config, &checkpoint)?,
         (true, false) => {
             let message = "a LoRA checkpoint holds only the adapters: export them with --format peft, or a full model with --format hf --merge";
             return Err(checkpoint_error(&checkpoint, message));
         }
         (false, true) => return Err(checkpoint_error(&checkpoint, "--merge merges LoRA adapters, and this run trained none ([lora])")),
-    };
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| checkpoint_error(&weights_path, e.to_string()))?;
+    }
 
     let params = names::params(m);
     let known: BTreeSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
-    if let Some(extra) = st.names().into_iter().find(|n| !known.contains(n)) {
+    if let Some(extra) = saved.keys().find(|n| !known.contains(n.as_str())) {
         return Err(checkpoint_error(&weights_path, format!("tensor `{extra}` has no Hugging Face counterpart")));
     }
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(params.len());
+    let mut tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::with_capacity(params.len());
     for p in &params {
         let shape: Vec<usize> = p.shape.iter().map(|&d| d as usize).collect();
-        let (dtype, data) = match st.tensor(&p.name) {
-            Ok(view) if view.shape() == shape.as_slice() => (view.dtype(), view.data().to_vec()),
-            Ok(view) => return Err(checkpoint_error(&weights_path, format!("`{}` has shape {:?}, expected {shape:?}", p.name, view.shape()))),
-            // Without biases (model.bias = false) the same model has zero biases.
-            Err(_) if !m.bias && p.name.ends_with(".bias") && !p.name.contains(".ln_") => {
-                (Dtype::F32, vec![0u8; shape.iter().product::<usize>() * 4])
+        let (dtype, data) = match saved.remove(&p.name) {
+            Some(t) if t.shape.iter().map(|&d| d as usize).eq(shape.iter().copied()) => (t.dtype, t.data),
+            Some(t) => {
+                let found: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+                return Err(checkpoint_error(&weights_path, format!("`{}` has shape {found:?}, expected {shape:?}", p.name)));
             }
-            Err(_) => return Err(checkpoint_error(&weights_path, format!("no tensor `{}`", p.name))),
+            // Without biases (model.bias = false) the same model has zero biases.
+            None if !m.bias && p.name.ends_with(".bias") && !p.name.contains(".ln_") => {
+                (DType::F32, vec![0u8; shape.iter().product::<usize>() * DType::F32.size()])
+            }
+            None => return Err(checkpoint_error(&weights_path, format!("no tensor `{}`", p.name))),
         };
         let (data, shape) =
-            if p.conv1d { (names::transpose_bytes(&data, shape[0], shape[1], elem_size(dtype)), vec![shape[1], shape[0]]) } else { (data, shape) };
+            if p.conv1d { (names::transpose_bytes(&data, shape[0], shape[1], dtype.size()), vec![shape[1], shape[0]]) } else { (data, shape) };
         tensors.push((p.hf_name().to_string(), dtype, shape, data));
     }
 
@@ -128,7 +117,9 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Res
     let weights_out = out.join(WEIGHTS);
     let views = tensors
         .iter()
-        .map(|(name, dtype, shape, data)| TensorView::new(*dtype, shape.clone(), data).map(|v| (name.clone(), v)))
+        .map(|(name, dtype, shape, data)| {
+            TensorView::new(ptrain_checkpoint::dtype::to_safetensors(*dtype), shape.clone(), data).map(|v| (name.clone(), v))
+        })
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::Other(format!("building {}: {e}", weights_out.display())))?;
     let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();

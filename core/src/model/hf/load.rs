@@ -23,14 +23,9 @@ fn map(path: &Path) -> Result<Mmap> {
     unsafe { Mmap::map(&file) }.map_err(|e| Error::Io { path: path.to_owned(), source: e })
 }
 
+/// The tch kind of a pretrained weight: floating-point types only.
 fn kind(dtype: Dtype) -> Option<Kind> {
-    Some(match dtype {
-        Dtype::F32 => Kind::Float,
-        Dtype::F16 => Kind::Half,
-        Dtype::BF16 => Kind::BFloat16,
-        Dtype::F64 => Kind::Double,
-        _ => return None,
-    })
+    ptrain_checkpoint::dtype::from_safetensors(dtype).filter(|d| d.is_float()).map(|d| d.kind())
 }
 
 /// The variable `transformer.h.0.ln_1.weight` under `vs` (tch paths take one

@@ -3,7 +3,7 @@
 # dist.shard = none / optimizer / gradients, alternating rounds, for
 #   tiny: configs/tiny-gpt.toml (about 0.1M parameters), batch 16 per rank
 #   24m:  a GPT of 6 layers, 8 heads, width 576, context 128 (about 24M parameters), batch 4 per rank
-#   dist/bench/shard.sh [rounds=3] [steps=100]     (24m runs steps/10 steps)
+#   distributed/bench/shard.sh [rounds=3] [steps=100]     (24m runs steps/10 steps)
 # Prints per model and mode: median ms/step, rank 0's collective ms/step, and per-rank
 # optimizer state, gradient held between steps and gradient at the reduction (MiB),
 # all from summary.json.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::hooks::{Cadence, Gate, Hook, Needs, StepWindows};
+use crate::schedule::{Cadence, Gate, Hook, Needs, StepWindows};
 
 fn spec(owner: Owner, hook: Hook, cadence: Cadence) -> SlotSpec {
     SlotSpec { owner, hook, cadence, needs: Needs::NONE, windows: StepWindows::NONE }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step time of the tiny GPT (configs/tiny-gpt.toml) on the CPU: 1 rank vs 2 Gloo ranks
 # with the same per-rank batch (16), one thread per rank, alternating rounds.
-#   dist/bench/tiny-gpt.sh [rounds=5] [steps=200]
+#   distributed/bench/tiny-gpt.sh [rounds=5] [steps=200]
 # Prints the median ms/step of each, and rank 0's collective ms/step for 2 ranks.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

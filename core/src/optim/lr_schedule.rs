@@ -1,6 +1,6 @@
 //! Linear warmup, then cosine decay to `min_lr` (or constant).
 
-use crate::config::{OptimConfig, Schedule};
+use crate::config::{LrScheduleKind, OptimConfig};
 
 #[derive(Debug, Clone)]
 pub struct LrSchedule {
@@ -18,7 +18,7 @@ impl LrSchedule {
             min: config.min_lr,
             warmup: config.warmup_steps,
             total: total_steps,
-            cosine: config.schedule == Schedule::Cosine,
+            cosine: config.schedule == LrScheduleKind::Cosine,
         }
     }
 

@@ -45,15 +45,8 @@ pub fn from_env(config: &Config) -> Result<Option<Box<dyn DataParallel>>, Error>
     let placement = env::placement().map_err(|e| usage("the environment", e.key, e.message))?;
     let Some(p) = placement else { return Ok(None) };
     let d = &config.dist;
-    if d.timeout_s == 0 {
-        return Err(usage("[dist]", "dist.timeout_s", "must be at least 1 second"));
-    }
-    if d.nccl_timeout_s == 0 {
-        return Err(usage("[dist]", "dist.nccl_timeout_s", "must be at least 1 second"));
-    }
-    if !d.bucket_mb.is_finite() || d.bucket_mb < 0.0 {
-        return Err(usage("[dist]", "dist.bucket_mb", format!("{} is not a size in MB", d.bucket_mb)));
-    }
+    // dist.timeout_s, dist.nccl_timeout_s and dist.bucket_mb are in range: the
+    // configuration's checks (core/src/config/ranges.rs) ran before.
     let device = ptrain_core::device::select(config.run.device, p.local_rank as usize)?;
     let backend = match d.backend {
         DistBackend::Gloo => Backend::Gloo,

@@ -1,4 +1,4 @@
-//! Hook points and cadences.
+//! The run's schedule: when each periodic thing is due (hook points and cadences).
 //!
 //! Everything periodic in a run, the core's own work (progress lines, evaluation,
 //! non-finite checks, `empty_cache`) and every plugin attachment, is a slot in one

@@ -1,0 +1,73 @@
+"""The Python side of bench/memory.sh: the model, and the transformers contenders.
+
+  memory.py make DIR LAYERS WIDTH VOCAB POSITIONS
+        a random Qwen2 (LAYERS decoder layers of WIDTH, heads of 64, 2 KV heads, intermediate
+        2.75 x WIDTH, tied head, VOCAB ids), saved with save_pretrained for both sides to load
+  memory.py hf DIR STEPS BATCH SEQ THREADS [--gc] [--lora RANK]
+        a plain loop on transformers' Qwen2ForCausalLM (float32, SDPA): random ids, labels = ids,
+        AdamW on what requires grad; --gc calls activation_checkpointing_enable() (gradient_checkpointing_enable() before transformers 5), --lora wraps the
+        model with peft LoRA (RANK, alpha 2 x RANK, the seven projections). Prints JSON: steps/s
+        (every step, as ptrain's summary.json), the last loss, trainable parameters and the peak RSS.
+"""
+import json
+import resource
+import sys
+import time
+
+
+def out(obj):
+    obj["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(obj))
+
+
+def make(d, layers, width, vocab, positions):
+    import torch
+    import transformers
+
+    config = transformers.Qwen2Config(vocab_size=int(vocab), hidden_size=int(width), intermediate_size=int(width) * 11 // 4,
+                                      num_hidden_layers=int(layers), num_attention_heads=int(width) // 64, num_key_value_heads=2,
+                                      max_position_embeddings=int(positions), tie_word_embeddings=True, bos_token_id=None,
+                                      eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(d)
+    out({"parameters": sum(p.numel() for p in model.parameters())})
+
+
+def hf(d, steps, batch, seq, threads, *flags):
+    import torch
+    import transformers
+
+    torch.set_num_threads(int(threads))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype="float32", attn_implementation="sdpa")
+    if "--gc" in flags:
+        # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias).
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+        model.config.use_cache = False
+    if "--lora" in flags:
+        import peft
+
+        rank = int(flags[flags.index("--lora") + 1])
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets))
+        if "--gc" in flags:
+            model.enable_input_require_grads()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    vocab = model.config.vocab_size
+    loss = None
+    started = time.perf_counter()
+    for _ in range(int(steps)):
+        ids = torch.randint(0, vocab, (int(batch), int(seq)))
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    # Over every step, the first included, as ptrain's summary.json counts steps/s.
+    out({"steps_per_s": int(steps) / (time.perf_counter() - started), "last_loss": loss.item(), "trainable": sum(p.numel() for p in params)})
+
+
+if __name__ == "__main__":
+    {"make": make, "hf": hf}[sys.argv[1]](*sys.argv[2:])

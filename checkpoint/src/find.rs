@@ -1,0 +1,54 @@
+//! Finding a checkpoint: the committed ones of a checkpoints directory, the newest
+//! valid one, and the one a path names (a checkpoint, a run or a checkpoints
+//! directory). Resuming, `ptrain checkpoints`, export, `ptrain logits` and
+//! `model.init_from` all find theirs here.
+
+use std::path::{Path, PathBuf};
+
+use crate::{parse_dir_name, validate};
+
+/// Committed checkpoint directories under `checkpoints`, by step, oldest first.
+pub fn list(checkpoints: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(checkpoints)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| Some((parse_dir_name(e.file_name().to_str()?)?, e.path())))
+        .filter(|(_, p)| p.is_dir())
+        .collect();
+    found.sort();
+    found
+}
+
+/// The checkpoints directory `path` names: a run directory's `checkpoints/`, or
+/// `path` itself (a checkpoints directory).
+pub fn checkpoints_in(path: &Path) -> PathBuf {
+    let nested = crate::checkpoints_dir(path);
+    if nested.is_dir() {
+        nested
+    } else {
+        path.to_owned()
+    }
+}
+
+/// The checkpoint `path` names: a checkpoint directory itself, or the newest valid
+/// checkpoint of a run or checkpoints directory (see [`find_resumable`]).
+pub fn resolve(path: &Path) -> (Option<PathBuf>, Vec<String>) {
+    if path.join(crate::MANIFEST_FILE).exists() {
+        return (Some(path.to_owned()), Vec::new());
+    }
+    find_resumable(&checkpoints_in(path))
+}
+
+/// The newest valid checkpoint under `checkpoints`, with a warning for each newer
+/// one that failed validation. `Ok(None)` when there is none at all.
+pub fn find_resumable(checkpoints: &Path) -> (Option<PathBuf>, Vec<String>) {
+    let mut warnings = Vec::new();
+    for (_, path) in list(checkpoints).into_iter().rev() {
+        match validate(&path) {
+            Ok(_) => return (Some(path), warnings),
+            Err(e) => warnings.push(format!("skipping invalid checkpoint {e}")),
+        }
+    }
+    (None, warnings)
+}
