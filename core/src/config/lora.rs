@@ -1,6 +1,7 @@
 use serde::{Deserialize, Serialize};
 
-use super::ModelKind;
+use super::{Config, ModelKind};
+use crate::error::{ConfigError, Error};
 
 /// `[lora]`: low-rank adapters on the linear layers named by `targets`, the base
 /// weights frozen. The table being present switches LoRA on (`enabled = false`
@@ -59,5 +60,34 @@ pub fn modules(kind: ModelKind) -> &'static [&'static str] {
         ModelKind::Llama => LLAMA_MODULES,
         ModelKind::Gpt => GPT_MODULES,
         ModelKind::Mlp | ModelKind::Torchscript => &[],
+    }
+}
+
+impl Config {
+    /// LoRA's checks: adapters for the linear layers the model kind has.
+    pub(super) fn validate_lora(&self) -> Result<(), Error> {
+        let Some(lora) = self.lora() else { return Ok(()) };
+        let bad = |key: String, message: String| -> Error { ConfigError { origin: "configuration".into(), key, message }.into() };
+        let kind = self.model.kind;
+        let own = modules(kind);
+        if own.is_empty() {
+            return Err(bad("lora".into(), format!("model.kind = {kind:?} has no linear layers LoRA adapts: use \"gpt\" or \"llama\"")));
+        }
+        for (i, target) in lora.targets.iter().enumerate() {
+            if own.contains(&target.as_str()) {
+                continue;
+            }
+            let key = format!("lora.targets[{i}]");
+            let every = LLAMA_MODULES.iter().chain(GPT_MODULES);
+            let message = match every.clone().any(|m| m == target) {
+                true => format!("model.kind = {kind:?} has no module `{target}`; its linear layers: {}", own.join(", ")),
+                false => match ptrain_plugin_api::unknown_key::closest(target, every.copied()) {
+                    Some(near) => format!("unknown module `{target}`: did you mean `{near}`? (model.kind = {kind:?} has {})", own.join(", ")),
+                    None => format!("unknown module `{target}` (model.kind = {kind:?} has {})", own.join(", ")),
+                },
+            };
+            return Err(bad(key, message));
+        }
+        Ok(())
     }
 }

@@ -299,33 +299,6 @@ impl Config {
         self.lora.as_ref().filter(|l| l.enabled)
     }
 
-    /// LoRA's checks: adapters for the linear layers the model kind has.
-    fn validate_lora(&self) -> Result<(), Error> {
-        let Some(lora) = self.lora() else { return Ok(()) };
-        let bad = |key: String, message: String| -> Error { ConfigError { origin: "configuration".into(), key, message }.into() };
-        let kind = self.model.kind;
-        let own = lora::modules(kind);
-        if own.is_empty() {
-            return Err(bad("lora".into(), format!("model.kind = {kind:?} has no linear layers LoRA adapts: use \"gpt\" or \"llama\"")));
-        }
-        for (i, target) in lora.targets.iter().enumerate() {
-            if own.contains(&target.as_str()) {
-                continue;
-            }
-            let key = format!("lora.targets[{i}]");
-            let every = lora::LLAMA_MODULES.iter().chain(lora::GPT_MODULES);
-            let message = match every.clone().any(|m| m == target) {
-                true => format!("model.kind = {kind:?} has no module `{target}`; its linear layers: {}", own.join(", ")),
-                false => match ptrain_plugin_api::unknown_key::closest(target, every.copied()) {
-                    Some(near) => format!("unknown module `{target}`: did you mean `{near}`? (model.kind = {kind:?} has {})", own.join(", ")),
-                    None => format!("unknown module `{target}` (model.kind = {kind:?} has {})", own.join(", ")),
-                },
-            };
-            return Err(bad(key, message));
-        }
-        Ok(())
-    }
-
     /// Every input file the configuration names, with the key that names it.
     pub fn input_files(&self) -> Vec<(&'static str, PathBuf)> {
         let mut files = Vec::new();
