@@ -30,11 +30,13 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) ->
         y = y.f_index_select(0, &trained)?;
     }
     let n = h.size()[0];
-    let (grad_h, grad_w, loss) = tch::no_grad(|| -> Result<(Tensor, Tensor, Tensor)> {
+    // A frozen head (LoRA's tied embedding) gets no gradient: skip its [V, D] GEMM per chunk.
+    let trains_w = weight.requires_grad();
+    let (grad_h, grad_w, loss) = tch::no_grad(|| -> Result<(Tensor, Option<Tensor>, Tensor)> {
         let w = weight.f_detach()?.f_to_kind(h.kind())?;
         let w32 = weight.f_detach()?.f_to_kind(Kind::Float)?;
         let grad_h = Tensor::f_zeros([n, width], (h.kind(), h.device()))?;
-        let mut grad_w = Tensor::f_zeros(weight.size(), (Kind::Float, h.device()))?;
+        let mut grad_w = if trains_w { Some(Tensor::f_zeros(weight.size(), (Kind::Float, h.device()))?) } else { None };
         let mut loss = Tensor::f_zeros([], (Kind::Float, h.device()))?;
         let mut start = 0;
         while start < n {
@@ -53,17 +55,19 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) ->
             let _ = logits.f_mul_(&valid.f_unsqueeze(1)?)?;
             grad_h.f_narrow(0, start, len)?.f_copy_(&logits.f_matmul(&w32)?)?;
             // grad_W += g^T h, in place: no [V, D] temporary per chunk.
-            let _ = grad_w.f_addmm_(&logits.f_tr()?, &hc.f_to_kind(Kind::Float)?)?;
+            if let Some(grad_w) = grad_w.as_mut() {
+                let _ = grad_w.f_addmm_(&logits.f_tr()?, &hc.f_to_kind(Kind::Float)?)?;
+            }
             start += len;
         }
         Ok((grad_h, grad_w, loss))
     })?;
     // Dot products: no [V, D] temporary in the forward pass.
     let flat = |t: &Tensor| t.f_reshape([-1]);
-    let surrogate = flat(&h)?
-        .f_dot(&flat(&grad_h)?)?
-        .f_to_kind(Kind::Float)?
-        .f_add(&flat(weight)?.f_dot(&flat(&grad_w.f_to_kind(weight.kind())?)?)?.f_to_kind(Kind::Float)?)?;
+    let mut surrogate = flat(&h)?.f_dot(&flat(&grad_h)?)?.f_to_kind(Kind::Float)?;
+    if let Some(grad_w) = grad_w {
+        surrogate = surrogate.f_add(&flat(weight)?.f_dot(&flat(&grad_w.f_to_kind(weight.kind())?)?)?.f_to_kind(Kind::Float)?)?;
+    }
     Ok(surrogate.f_sub(&surrogate.f_detach()?)?.f_add(&loss)?)
 }
 
