@@ -109,6 +109,14 @@ fn peft_loads_the_exported_adapters_and_transformers_the_merged_model_with_ptrai
     assert_eq!((config["r"].as_i64(), config["lora_alpha"].as_f64()), (Some(4), Some(8.0)), "{config}");
     assert_eq!(config["target_modules"].as_array().unwrap().len(), 7, "every projection by default: {config}");
     assert_peft_loads(&model, &adapter, &probe_file, "qwen2");
+    // The run's tokenizer travels with the adapters (as TRL's save_model writes it).
+    let r = lora_py(&[&"same-tokenizer", &adapter, &model]);
+    assert_eq!((&r["same_template"], &r["same_ids"], &r["same_eos"]), (&true.into(), &true.into(), &true.into()), "{r}");
+    run_expect(
+        ptrain().args(["export", "--format", "peft", "--no-tokenizer", "--checkpoint"]).arg(&run_dir).arg("--out").arg(dir.path().join("bare")),
+        0,
+    );
+    assert!(!dir.path().join("bare/tokenizer.json").exists() && dir.path().join("bare/adapter_model.safetensors").is_file());
 
     let merged = dir.path().join("merged");
     run_expect(ptrain().args(["export", "--format", "hf", "--merge", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&merged), 0);

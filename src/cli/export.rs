@@ -46,8 +46,8 @@ pub struct ExportArgs {
     /// Output directory (created; files in it are replaced).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
-    /// Export without the run's tokenizer files (otherwise a tokenizer that can no
-    /// longer be read is an error, exit 2).
+    /// Export without the run's tokenizer files (hf and peft export them by default;
+    /// a tokenizer that can no longer be read is then an error, exit 2).
     #[arg(long)]
     no_tokenizer: bool,
     /// --format hf of a LoRA run: merge the adapters into the base weights.
@@ -62,9 +62,12 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
             let message = "--merge writes a full model: use it with --format hf".to_string();
             return Err(ptrain_core::ConfigError { origin: "--merge".into(), key: String::new(), message }.into());
         }
-        let done = ptrain_core::model::hf::export_peft(&checkpoint, &args.out)?;
-        let files =
-            [ptrain_core::model::hf::ADAPTER_CONFIG.to_string(), format!("{} ({} tensors)", ptrain_core::model::hf::ADAPTER_WEIGHTS, done.tensors)];
+        let done = ptrain_core::model::hf::export_peft(&checkpoint, &args.out, !args.no_tokenizer)?;
+        let mut files = vec![
+            ptrain_core::model::hf::ADAPTER_CONFIG.to_string(),
+            format!("{} ({} tensors)", ptrain_core::model::hf::ADAPTER_WEIGHTS, done.tensors),
+        ];
+        files.extend(done.tokenizer_files.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()));
         outln!("exported the LoRA adapters of step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));
         outln!("load them with peft.PeftModel.from_pretrained(base_model, {:?})", done.out.display().to_string());
         return Ok(ExitCode::SUCCESS);

@@ -12,6 +12,8 @@ make_model and hf.py's make-model. Each command prints one JSON object.
                                    model has and the file lacks (missing) and the other way round
                                    (unexpected), peft's warnings, the largest |lora_B|, and the
                                    logits on PROBE's inputs vs ptrain's (`ptrain logits`)
+  lora.py same-tokenizer A B       AutoTokenizer of A and of B: the same chat template, the same ids for
+                                   a rendered conversation, the same eos token
   lora.py compare-params A B        the largest difference, relative to the tensor's largest value,
                                    between two safetensors files of the same tensors
 """
@@ -90,7 +92,17 @@ def compare_params(a, b):
     out({"max_rel": rel, "tensors": len(ta), "same_names": sorted(ta) == sorted(tb)})
 
 
-COMMANDS = {"make-wide": make_wide, "perturb": perturb, "peft-load": peft_load, "compare-params": compare_params}
+def same_tokenizer(a, b):
+    from transformers import AutoTokenizer
+
+    ta, tb = AutoTokenizer.from_pretrained(a), AutoTokenizer.from_pretrained(b)
+    messages = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "general kenobi"}]
+    ids = [t.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"] for t in (ta, tb)]
+    out({"same_template": ta.chat_template == tb.chat_template and ta.chat_template is not None,
+         "same_ids": ids[0] == ids[1], "ids": len(ids[0]), "same_eos": ta.eos_token == tb.eos_token})
+
+
+COMMANDS = {"make-wide": make_wide, "same-tokenizer": same_tokenizer, "perturb": perturb, "peft-load": peft_load, "compare-params": compare_params}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])

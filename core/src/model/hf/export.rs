@@ -70,9 +70,8 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Res
     let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
     let config = recorded_config(&checkpoint)?;
     let m = &config.model;
-    let tokenizer = Path::new(&config.data.tokenizer);
-    if with_tokenizer && config.tokenizes() && !tokenizer.is_file() {
-        return Err(Error::MissingFile { what: "the run's data.tokenizer (export --no-tokenizer exports without it)", path: tokenizer.to_owned() });
+    if with_tokenizer {
+        tokenizer_readable(&config)?;
     }
     if !matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) {
         return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only a gpt or a llama exports to the Hugging Face format", m.kind)));
@@ -140,16 +139,31 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Res
     if let Some(generation) = source.as_ref().map(|d| d.dir.join(GENERATION_CONFIG)).filter(|p| p.is_file()) {
         std::fs::copy(&generation, out.join(GENERATION_CONFIG)).map_err(|e| Error::Io { path: generation.clone(), source: e })?;
     }
-    let tokenizer_files = if with_tokenizer { copy_tokenizer(&config, out, &mut json)? } else { Vec::new() };
+    let tokenizer_files = if with_tokenizer { copy_tokenizer(&config, out)? } else { Vec::new() };
+    if with_tokenizer && config.tokenizes() && !config.data.eos_token.is_empty() {
+        if let Some(id) = crate::data::tokenize::load_tokenizer(Path::new(&config.data.tokenizer))?.token_to_id(&config.data.eos_token) {
+            json.insert("eos_token_id".into(), id.into());
+        }
+    }
     let json_path = out.join(CONFIG_JSON);
     let text = serde_json::to_string_pretty(&json).expect("JSON serializes") + "\n";
     std::fs::write(&json_path, text).map_err(|e| Error::Io { path: json_path, source: e })?;
     Ok(Exported { checkpoint, step: manifest.step, out: out.to_owned(), tensors: tensors.len(), tokenizer_files })
 }
 
+/// Refuses, before anything is written, a run whose tokenizer can no longer be read:
+/// an export without it loads a one-token vocabulary in `AutoTokenizer`.
+pub(super) fn tokenizer_readable(config: &Config) -> Result<()> {
+    let tokenizer = Path::new(&config.data.tokenizer);
+    if config.tokenizes() && !tokenizer.is_file() {
+        return Err(Error::MissingFile { what: "the run's data.tokenizer (export --no-tokenizer exports without it)", path: tokenizer.to_owned() });
+    }
+    Ok(())
+}
+
 /// Copies `data.tokenizer` (as `tokenizer.json`) and the files beside it that go
-/// with it ([`TOKENIZER_FILES`]); records `data.eos_token`'s id.
-fn copy_tokenizer(config: &Config, out: &Path, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<Vec<PathBuf>> {
+/// with it ([`TOKENIZER_FILES`]); nothing for a run that tokenizes no text.
+pub(super) fn copy_tokenizer(config: &Config, out: &Path) -> Result<Vec<PathBuf>> {
     let source = Path::new(&config.data.tokenizer);
     if !config.tokenizes() {
         return Ok(Vec::new());
@@ -167,11 +181,6 @@ fn copy_tokenizer(config: &Config, out: &Path, json: &mut serde_json::Map<String
     for &name in beside {
         if dir.join(name).is_file() {
             copy(&dir.join(name), name)?;
-        }
-    }
-    if !config.data.eos_token.is_empty() {
-        if let Some(id) = crate::data::tokenize::load_tokenizer(source)?.token_to_id(&config.data.eos_token) {
-            json.insert("eos_token_id".into(), id.into());
         }
     }
     Ok(copied)

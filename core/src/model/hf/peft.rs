@@ -6,10 +6,10 @@
 
 use std::{collections::HashMap, path::Path};
 
-use safetensors::{tensor::TensorView, SafeTensors};
+use safetensors::tensor::TensorView;
 use serde_json::json;
 
-use super::export::{recorded_config, resolve_checkpoint, Exported};
+use super::export::{copy_tokenizer, recorded_config, resolve_checkpoint, tokenizer_readable, Exported};
 use crate::{
     config::ModelKind,
     error::{Error, Result},
@@ -20,36 +20,38 @@ pub const ADAPTER_CONFIG: &str = "adapter_config.json";
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 
 /// Writes `out/adapter_config.json` and `out/adapter_model.safetensors` from the
-/// LoRA checkpoint at (or newest under) `path`; a checkpoint of a run without
-/// `[lora]` is refused ([`Error::Checkpoint`]: exit 2).
-pub fn export_peft(path: &Path, out: &Path) -> Result<Exported> {
+/// LoRA checkpoint at (or newest under) `path`, and with `with_tokenizer` the run's
+/// tokenizer files beside them (as TRL's `save_model` does, so the directory is a
+/// complete chat model with its base); a checkpoint of a run without `[lora]` is
+/// refused ([`Error::Checkpoint`]: exit 2).
+pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported> {
     let checkpoint = resolve_checkpoint(path)?;
     let bad = |message: String| Error::Checkpoint { path: checkpoint.clone(), message };
-    let manifest = ptrain_checkpoint::validate(&checkpoint).map_err(|e| bad(e.to_string()))?;
+    let (manifest, saved) = ptrain_checkpoint::read_model(&checkpoint).map_err(|e| bad(e.to_string()))?;
     let config = recorded_config(&checkpoint)?;
     let Some(lora) = config.lora() else {
         return Err(bad("--format peft exports LoRA adapters, and this run trained none ([lora]): export it with --format hf".into()));
     };
-    let weights_path = checkpoint.join(ptrain_checkpoint::MODEL_FILE);
-    let bytes = std::fs::read(&weights_path).map_err(|e| Error::Io { path: weights_path.clone(), source: e })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-    let mut names = st.names();
-    names.sort();
-    let mut views = Vec::with_capacity(names.len());
-    for name in names {
+    if with_tokenizer {
+        tokenizer_readable(&config)?;
+    }
+    let mut views = Vec::with_capacity(saved.len());
+    for (name, t) in &saved {
         if !name.contains(ADAPTER) {
             return Err(bad(format!("tensor `{name}` is not a LoRA adapter's")));
         }
-        let view = st.tensor(name).map_err(|e| bad(e.to_string()))?;
-        let view = TensorView::new(view.dtype(), view.shape().to_vec(), view.data()).map_err(|e| bad(e.to_string()))?;
+        let shape = t.shape.iter().map(|&d| d as usize).collect();
+        let view = TensorView::new(ptrain_checkpoint::dtype::to_safetensors(t.dtype), shape, &t.data).map_err(|e| bad(e.to_string()))?;
         views.push((format!("base_model.model.{name}"), view));
     }
     std::fs::create_dir_all(out).map_err(|e| Error::Io { path: out.to_owned(), source: e })?;
     let tensors = views.len();
     let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
     let weights_out = out.join(ADAPTER_WEIGHTS);
-    safetensors::serialize_to_file(views, Some(metadata), &weights_out)
-        .map_err(|e| Error::Other(format!("writing {}: {e}", weights_out.display())))?;
+    let tmp = out.join(format!(".{ADAPTER_WEIGHTS}.tmp-{}", std::process::id()));
+    safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| Error::Other(format!("writing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, &weights_out).map_err(|e| Error::Io { path: weights_out.clone(), source: e })?;
+    let tokenizer_files = if with_tokenizer { copy_tokenizer(&config, out)? } else { Vec::new() };
 
     // GPT-2's Conv1D stores weights [in, out]: peft's fan_in_fan_out says so when merging.
     let adapter_config = json!({
@@ -75,5 +77,5 @@ pub fn export_peft(path: &Path, out: &Path) -> Result<Exported> {
     let config_out = out.join(ADAPTER_CONFIG);
     let text = serde_json::to_string_pretty(&adapter_config).expect("JSON serializes") + "\n";
     std::fs::write(&config_out, text).map_err(|e| Error::Io { path: config_out, source: e })?;
-    Ok(Exported { checkpoint: checkpoint.clone(), step: manifest.step, out: out.to_owned(), tensors, tokenizer_files: Vec::new() })
+    Ok(Exported { checkpoint: checkpoint.clone(), step: manifest.step, out: out.to_owned(), tensors, tokenizer_files })
 }
