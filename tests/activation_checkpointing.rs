@@ -171,4 +171,9 @@ fn bad_values_exit_2_naming_the_key() {
     let out =
         run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--set", "model.kind=mlp", "--set", "train.activation_checkpointing=full"]), 2);
     assert!(stderr(&out).contains("train.activation_checkpointing"), "{}", stderr(&out));
+    // every_n past the model's depth would checkpoint no block: refused before training, not ignored.
+    let deeper = ["--set", "train.activation_checkpointing=every_n", "--set", "train.activation_checkpointing_every=3"];
+    let out = run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--set", "model.kind=gpt", "--set", "model.n_layer=2"]).args(deeper), 2);
+    assert!(stderr(&out).contains("train.activation_checkpointing_every") && stderr(&out).contains("2 blocks"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }

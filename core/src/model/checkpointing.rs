@@ -8,8 +8,8 @@ use ptrain_torch_ext::{Checkpoint, TorchError};
 use tch::Tensor;
 
 use crate::{
-    config::TrainConfig,
-    error::{Error, Result},
+    config::{ActivationCheckpointing, TrainConfig},
+    error::{ConfigError, Error, Result},
 };
 
 /// One [`Checkpoint`] per checkpointed block, made once with the model: a step
@@ -39,6 +39,19 @@ impl Checkpoints {
                 None
             };
             out.push(made);
+        }
+        // every_n with N above the depth would checkpoint nothing and look as if it did.
+        if train.activation_checkpointing == ActivationCheckpointing::EveryN && out.iter().all(Option::is_none) {
+            return Err(Error::Config(ConfigError {
+                origin: "configuration".into(),
+                key: "train.activation_checkpointing_every".into(),
+                message: format!(
+                    "{} is more than the model's {} blocks: no block would be checkpointed (at most {}, or activation_checkpointing = \"full\")",
+                    train.activation_checkpointing_every,
+                    blocks.len(),
+                    blocks.len()
+                ),
+            }));
         }
         Ok(Checkpoints(out))
     }
