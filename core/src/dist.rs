@@ -1,11 +1,18 @@
-//! Data parallelism as the trainer sees it. The `ptrain-dist` crate implements it
-//! on libtorch's c10d process groups (Gloo on CPU, NCCL on CUDA).
+//! Data parallelism as the trainer sees it: a [`DataParallel`] is how this process
+//! takes part in training, always present. [`SingleRank`] is the one-process run
+//! (every collective is the identity); the `ptrain-dist` crate implements it on
+//! libtorch's c10d process groups (Gloo on CPU, NCCL on CUDA).
+//!
+//! The optimizer ([`crate::optim::Optimizer`], replicated or sharded) drives the
+//! gradient and parameter collectives through this interface; it hands over
+//! tensors, never its own buffers' layout, so the data-parallel layer knows
+//! nothing of how an optimizer keeps its state.
 
 use std::sync::Arc;
 
 use tch::{Device, Tensor};
 
-use crate::optim::Optimizer;
+use crate::{config::Config, device, error::Result};
 
 /// In-place collectives over the run's process group.
 pub trait Collectives: Send + Sync {
@@ -16,34 +23,100 @@ pub trait Collectives: Send + Sync {
 pub trait DataParallel: Send {
     fn rank(&self) -> u32;
     fn world_size(&self) -> u32;
-    /// The device this rank trains on (chosen when the group was formed: the
-    /// backend depends on it).
-    fn device(&self) -> Device;
+    /// The device this rank trains on: a process group chose it when it formed
+    /// (the backend depends on it); a single rank takes `run.device`.
+    fn device(&self, config: &Config) -> Result<Device>;
+    /// The collectives, for plugins (see [`crate::host`]).
     fn collectives(&self) -> Arc<dyn Collectives>;
+    /// Sums `tensor` over the ranks, in place.
+    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<(), String>;
+    /// Sums host values over the ranks, in place (a round trip through the
+    /// device on a group; nothing on one rank).
+    fn sum_host(&self, values: &mut [f64]) -> Result<(), String>;
     /// Makes every rank start from rank 0's parameters.
     fn broadcast_params(&self, params: &[Tensor]) -> Result<(), String>;
     /// Averages gradients across ranks, in place, before the optimizer step.
     /// `found_inf` (a float device scalar, 1 when this rank's loss was not finite)
     /// becomes 1 on every rank if it was on any: otherwise the ranks that saw a
     /// finite loss would apply the NaN gradients the others skip, and diverge.
-    ///
-    /// Sharded ([`Optimizer::shard`]), each rank ends with the averaged gradient of
-    /// its own slice, and the global sum of squares and the flag are agreed in one
-    /// all-reduce of [`Shard::stats`](crate::optim::Shard::stats).
-    fn all_reduce_grads(&mut self, optimizer: &Optimizer, found_inf: &Tensor) -> Result<(), String>;
-    /// After the optimizer step: a sharded run all-gathers the updated slices.
-    fn after_update(&mut self, _optimizer: &Optimizer) -> Result<(), String> {
-        Ok(())
-    }
+    /// The tensors live for the whole run (buffers may be built from them once).
+    fn all_reduce_grads(&mut self, grads: &[Tensor], found_inf: &Tensor) -> Result<(), String>;
+    /// Averages `flat`, a 1-D tensor of `world_size` equal chunks, across ranks.
+    /// With `own` (one chunk's elements), only this rank's chunk of the average is
+    /// needed: it is written to `own`, and `flat` may be left partly reduced.
+    fn reduce_flat(&mut self, flat: &Tensor, own: Option<&Tensor>) -> Result<(), String>;
+    /// Every rank's chunk of `flat` (as in [`DataParallel::reduce_flat`]) to every
+    /// rank, in place.
+    fn all_gather_flat(&mut self, flat: &Tensor) -> Result<(), String>;
     /// Bytes of gradient copies this layer keeps between steps (buckets).
     fn gradient_buffer_bytes(&self) -> u64 {
         0
     }
-    /// Gradient bytes held at the reduction, the high point of a step (measured
-    /// at the first step).
-    fn gradient_peak_bytes(&self) -> u64 {
-        0
-    }
     /// Seconds spent waiting in collectives so far.
     fn collective_secs(&self) -> f64;
+}
+
+/// The one-process run: rank 0 of 1, where every collective leaves its tensors
+/// as they are (a sum or mean over one rank is the value itself).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SingleRank;
+
+impl Collectives for SingleRank {
+    fn all_reduce_sum(&self, _tensor: &mut Tensor) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn broadcast(&self, _tensor: &mut Tensor, _root: u32) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl DataParallel for SingleRank {
+    fn rank(&self) -> u32 {
+        0
+    }
+
+    fn world_size(&self) -> u32 {
+        1
+    }
+
+    fn device(&self, config: &Config) -> Result<Device> {
+        device::select(config.run.device, 0)
+    }
+
+    fn collectives(&self) -> Arc<dyn Collectives> {
+        Arc::new(SingleRank)
+    }
+
+    fn all_reduce_sum(&self, _tensor: &mut Tensor) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn sum_host(&self, _values: &mut [f64]) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn broadcast_params(&self, _params: &[Tensor]) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn all_reduce_grads(&mut self, _grads: &[Tensor], _found_inf: &Tensor) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn reduce_flat(&mut self, flat: &Tensor, own: Option<&Tensor>) -> Result<(), String> {
+        // One chunk, this rank's: the average over one rank is the gradient itself.
+        if let Some(own) = own {
+            own.shallow_clone().f_copy_(flat).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn all_gather_flat(&mut self, _flat: &Tensor) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn collective_secs(&self) -> f64 {
+        0.0
+    }
 }

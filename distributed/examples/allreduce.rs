@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ptrain_core::dist::DataParallel;
 use ptrain_dist::{C10dDataParallel, Group, GroupSpec};
 use tch::{Device, Kind, Tensor};
 
@@ -29,7 +30,7 @@ fn main() {
                     let mut out = Vec::with_capacity(iters);
                     for i in 0..iters + 20 {
                         let t = Instant::now();
-                        dp.all_reduce(&grads, &found_inf).unwrap();
+                        dp.all_reduce_grads(&grads, &found_inf).unwrap();
                         if i >= 20 {
                             out.push(t.elapsed().as_secs_f64() * 1e6);
                         }

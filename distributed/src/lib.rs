@@ -6,10 +6,9 @@
 //! ```no_run
 //! # fn main() -> Result<(), ptrain_core::Error> {
 //! let config = ptrain_core::Config::default();
-//! let mut trainer = ptrain_core::Trainer::new(config.clone());
-//! if let Some(dp) = ptrain_dist::from_env(&config)? {
-//!     trainer = trainer.data_parallel(dp);
-//! }
+//! // One rank of several under torchrun, or the single-rank run without it.
+//! let dp = ptrain_dist::from_env(&config)?;
+//! let trainer = ptrain_core::Trainer::new(config.clone()).data_parallel(dp);
 //! # Ok(()) }
 //! ```
 
@@ -17,9 +16,9 @@ mod buckets;
 mod data_parallel;
 pub mod env;
 mod ffi;
+mod flat;
 pub mod group;
 pub mod launch;
-mod shard;
 #[cfg(test)]
 mod tests;
 
@@ -27,7 +26,7 @@ use std::time::Duration;
 
 use ptrain_core::{
     config::{Config, DistBackend},
-    dist::DataParallel,
+    dist::{DataParallel, SingleRank},
     ConfigError, Error,
 };
 
@@ -38,12 +37,12 @@ fn usage(origin: &str, key: &str, message: impl Into<String>) -> Error {
     Error::Config(ConfigError { origin: origin.into(), key: key.into(), message: message.into() })
 }
 
-/// Joins the process group the environment describes, or `None` for a
-/// single-process run. Bad variables or settings are usage errors (exit 2,
+/// Joins the process group the environment describes, or, without one, the
+/// single-rank run ([`SingleRank`]). Bad variables or settings are usage errors (exit 2,
 /// nothing contacted); a failed rendezvous is [`Error::Dist`].
-pub fn from_env(config: &Config) -> Result<Option<Box<dyn DataParallel>>, Error> {
+pub fn from_env(config: &Config) -> Result<Box<dyn DataParallel>, Error> {
     let placement = env::placement().map_err(|e| usage("the environment", e.key, e.message))?;
-    let Some(p) = placement else { return Ok(None) };
+    let Some(p) = placement else { return Ok(Box::new(SingleRank)) };
     let d = &config.dist;
     // dist.timeout_s, dist.nccl_timeout_s and dist.bucket_mb are in range: the
     // configuration's checks (core/src/config/ranges.rs) ran before.
@@ -87,5 +86,5 @@ pub fn from_env(config: &Config) -> Result<Option<Box<dyn DataParallel>>, Error>
             p.rank, p.master_addr, p.master_port, d.timeout_s
         ))
     })?;
-    Ok(Some(Box::new(C10dDataParallel::new(group, d.bucket_mb))))
+    Ok(Box::new(C10dDataParallel::new(group, d.bucket_mb)))
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use ptrain_core::{
     config::{Config, ShardMode},
     dist::{Collectives, DataParallel},
-    optim::{Optimizer, ShardSpec},
+    optim::{Optimizer, ShardSpec, Sharded},
 };
 use tch::{Device, Kind, Tensor};
 
@@ -50,14 +50,14 @@ fn gradients_are_averaged_across_buckets_and_the_inf_flag_is_shared() {
             Tensor::full([5], 10.0 * r, (Kind::Float, Device::Cpu)),
         ];
         let found_inf = Tensor::from(r as f32);
-        dp.all_reduce(&grads, &found_inf).expect("all-reduce");
+        dp.all_reduce_grads(&grads, &found_inf).expect("all-reduce");
         let first = (grads.iter().map(values).collect::<Vec<_>>(), found_inf.double_value(&[]));
         // A second step reuses the buckets; nobody saw inf this time.
         for g in &grads {
             let _ = g.shallow_clone().fill_(r + 1.0);
         }
         let _ = found_inf.shallow_clone().fill_(0.0);
-        dp.all_reduce(&grads, &found_inf).expect("all-reduce");
+        dp.all_reduce_grads(&grads, &found_inf).expect("all-reduce");
         (first, values(&grads[2]), found_inf.double_value(&[]))
     });
     for (rank, ((grads, inf), second, inf2)) in out.into_iter().enumerate() {
@@ -103,9 +103,9 @@ fn parameters_start_from_rank_zeros_values() {
     }
 }
 
-/// A rank's view after a sharded step: owned averaged gradient, [sum of squares,
-/// flag], the flag, a parameter after the all-gather.
-type StepView = (Vec<f32>, Vec<f32>, f64, Vec<f32>);
+/// A rank's view after a sharded step: owned averaged gradient, the global
+/// gradient norm, the flag, a parameter after the all-gather.
+type StepView = (Vec<f32>, f64, f64, Vec<f32>);
 
 /// One sharded step's collectives on two ranks: parameters of 6 + 4 + 5 = 15
 /// elements (slices [0, 8) and [8, 15), buffers padded to 16), rank r's flat
@@ -118,28 +118,31 @@ fn sharded_step(mode: ShardMode, reduce_scatter: bool, bucket_mb: f64) -> Vec<St
             .map(|(i, shape)| (format!("p{i}"), Tensor::zeros(shape.as_slice(), (Kind::Float, Device::Cpu)).set_requires_grad(true)))
             .collect();
         let spec = ShardSpec { mode, rank, world: 2, save_id: 1, launch_secs: 0 };
-        let mut optimizer = Optimizer::sharded(&Config::default().optim, &params, spec).expect("sharded optimizer");
+        let mut config = Config::default().optim;
+        config.grad_clip = 0.0;
+        let mut optimizer = Sharded::new(&config, &params, spec).expect("sharded optimizer");
         optimizer.zero_grad().expect("zero_grad");
-        let shard = optimizer.shard().expect("sharded");
-        let flat = shard.flat_grads().expect("a flat gradient").shallow_clone();
-        // The parameters' `.grad` are views of the flat gradient.
-        assert_eq!(params[1].1.grad().data_ptr(), flat.narrow(0, 6, 4).data_ptr());
-        flat.narrow(0, 0, 15).copy_(&(Tensor::arange(15, (Kind::Float, Device::Cpu)) * (rank as f64 + 1.0)));
+        // The parameters' `.grad` are views of one flat gradient: fill it through them.
+        for (i, (_, p)) in params.iter().enumerate() {
+            let start = [0i64, 6, 10][i];
+            let g = Tensor::arange_start(start, start + p.numel() as i64, (Kind::Float, Device::Cpu)) * (rank as f64 + 1.0);
+            p.grad().copy_(&g.view(p.size().as_slice()));
+        }
         let found_inf = Tensor::from(rank as f32);
-        dp.reduce_sharded(&optimizer, &found_inf, Some(reduce_scatter)).expect("reduce");
-        let shard = optimizer.shard().expect("sharded");
-        let owned = values(shard.owned_grads());
-        let stats = values(shard.stats());
-        let _ = shard.flat_params().narrow(0, rank as i64 * 8, 8).fill_(rank as f64 + 1.0);
-        dp.after_update(&optimizer).expect("all-gather");
-        (owned, stats, found_inf.double_value(&[]), values(&params[2].1))
+        dp.set_reduce_scatter(reduce_scatter);
+        optimizer.reduce_gradients(dp, &found_inf).expect("reduce");
+        let owned = values(optimizer.owned_grads());
+        let norm = optimizer.clip_grad_norm().expect("norm").double_value(&[]);
+        let _ = optimizer.flat_params().narrow(0, rank as i64 * 8, 8).fill_(rank as f64 + 1.0);
+        optimizer.sync_params(dp).expect("all-gather");
+        (owned, norm, found_inf.double_value(&[]), values(&params[2].1))
     })
 }
 
 #[test]
 fn sharded_gradients_reduce_to_each_ranks_slice_by_every_path() {
     let mean = |range: std::ops::Range<i32>| range.map(|i| 1.5 * i as f32).collect::<Vec<_>>();
-    let sumsq: f32 = (0..15).map(|i| (1.5 * i as f32).powi(2)).sum();
+    let norm = (0..15).map(|i| (1.5 * i as f64).powi(2)).sum::<f64>().sqrt();
     // Buckets of 2 elements (1 per rank's slice), and one bucket for everything.
     for (mode, reduce_scatter, bucket_mb) in [
         (ShardMode::Gradients, true, 8e-6),
@@ -148,11 +151,11 @@ fn sharded_gradients_reduce_to_each_ranks_slice_by_every_path() {
         (ShardMode::Optimizer, false, 8e-6),
     ] {
         let out = sharded_step(mode, reduce_scatter, bucket_mb);
-        for (rank, (owned, stats, flag, p2)) in out.into_iter().enumerate() {
+        for (rank, (owned, global_norm, flag, p2)) in out.into_iter().enumerate() {
             let case = format!("{mode:?}, reduce-scatter {reduce_scatter}, {bucket_mb} MB, rank {rank}");
             assert_eq!(owned, if rank == 0 { mean(0..8) } else { mean(8..15) }, "{case}");
-            assert!((stats[0] - sumsq).abs() <= 1e-4 * sumsq, "{case}: {stats:?}");
-            assert_eq!((stats[1], flag), (1.0, 1.0), "{case}");
+            assert!((global_norm - norm).abs() <= 1e-4 * norm, "{case}: the global norm {global_norm}, not {norm}");
+            assert_eq!(flag, 1.0, "{case}: rank 1's non-finite loss must skip the step everywhere");
             // p2 is flat [10, 15): rank 0's slice ends at 8, so all of it is rank 1's.
             assert_eq!(p2, vec![2.0; 5], "{case}");
         }

@@ -116,13 +116,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         (None, true) => Some(Resume::Auto),
         _ => None,
     };
-    // One rank of several (torchrun, Slurm, `ptrain launch`): join the process group.
+    // One rank of several (torchrun, Slurm, `ptrain launch`) joins the process
+    // group; without one, the single-rank run.
     let dist = ptrain_dist::from_env(&config)?;
-    let rank = dist.as_ref().map_or(0, |d| d.rank());
-    let mut trainer = Trainer::new(config).resume(resume).overwrite(args.overwrite).handle_signals(true).progress(!args.quiet);
-    if let Some(dist) = dist {
-        trainer = trainer.data_parallel(dist);
-    }
+    let rank = dist.rank();
+    let trainer = Trainer::new(config).resume(resume).overwrite(args.overwrite).handle_signals(true).progress(!args.quiet).data_parallel(dist);
     let outcome = trainer.run()?;
     let s = &outcome.summary;
     if let Some(error) = &s.error {

@@ -12,64 +12,33 @@
 //! gradient buffer is allocated when a step starts, backward accumulates into it,
 //! and once it is reduced into this rank's `grad_shard` it is released: between
 //! steps a rank holds only the reduced gradient of its own slice.
+//!
+//! The collectives see flat tensors of `world` equal chunks only: the gradient
+//! reduction ([`DataParallel::reduce_flat`]), one all-reduce of the owned
+//! gradient's sum of squares with the non-finite flag (the exact global norm and
+//! an agreed flag), and after the update [`DataParallel::all_gather_flat`].
 
-use ptrain_torch_ext::{grads, TensorList};
-use tch::{Device, Kind, Tensor};
+use ptrain_torch_ext::{self as ext, grads, TensorList};
+use tch::{Kind, Tensor};
 
-use super::{layout::FlatLayout, torch_err, Group};
+use super::{layout::FlatLayout, load_step, names_and_sizes, state_kinds, torch_err, update, Group, Optimizer, SavedState, ShardSpec};
 use crate::{
     checkpoint::ShardLayout,
-    config::{OptimConfig, OptimName, ShardMode},
+    config::{OptimConfig, ShardMode},
     dist::DataParallel,
     error::{Error, Result},
 };
 
-/// What a sharded run agreed on at set-up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardSpec {
-    pub mode: ShardMode,
-    pub rank: u32,
-    pub world: u32,
-    /// Rank 0's random number for this launch: names the staging directory of
-    /// sharded checkpoints, so a crashed launch's parts are never taken for ours.
-    pub save_id: u64,
-    /// Rank 0's clock at set-up (names a default run directory the same on all ranks).
-    pub launch_secs: u64,
-}
-
-impl ShardSpec {
-    /// The sharding to use: `None` for `shard = "none"`, and, with one warning, for
-    /// a run without peers. Ranks agree on rank 0's save id and clock (one
-    /// broadcast).
-    pub fn agree(mode: ShardMode, dist: Option<&dyn DataParallel>) -> Result<Option<ShardSpec>> {
-        if mode == ShardMode::None {
-            return Ok(None);
-        }
-        let Some(dist) = dist.filter(|d| d.world_size() > 1) else {
-            tracing::warn!("dist.shard = \"{}\" needs more than one rank; training unsharded", mode.name());
-            return Ok(None);
-        };
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let nonce = (u64::from(std::process::id()) << 32) ^ now.subsec_nanos() as u64 ^ now.as_secs().rotate_left(17);
-        let mut agreed = Tensor::from_slice(&[(nonce >> 1) as i64, now.as_secs() as i64]).to_device(dist.device());
-        dist.collectives().broadcast(&mut agreed, 0).map_err(Error::Dist)?;
-        let v = Vec::<i64>::try_from(agreed.to_device(Device::Cpu)).map_err(|e| Error::Other(e.to_string()))?;
-        Ok(Some(ShardSpec { mode, rank: dist.rank(), world: dist.world_size(), save_id: v[0] as u64, launch_secs: v[1] as u64 }))
-    }
-}
-
-/// The state kinds an optimizer keeps per element.
-pub(super) fn state_kinds(config: &OptimConfig) -> &'static [&'static str] {
-    match config.name {
-        OptimName::Adamw => &["exp_avg", "exp_avg_sq"],
-        OptimName::Sgd if config.momentum > 0.0 => &["momentum"],
-        OptimName::Sgd => &[],
-    }
-}
-
-pub struct Shard {
-    pub spec: ShardSpec,
-    pub layout: FlatLayout,
+pub struct Sharded {
+    config: OptimConfig,
+    spec: ShardSpec,
+    layout: FlatLayout,
+    /// Update groups over views of this rank's slice.
+    groups: Vec<Group>,
+    /// Optimizer steps taken (float, on the device, as torch keeps `state_steps`).
+    step: Tensor,
+    /// Every parameter's name and element count, in the trainer's order.
+    sizes: Vec<(String, u64)>,
     /// The live parameters, in the trainer's order.
     params: TensorList,
     flat_params: Tensor,
@@ -81,16 +50,22 @@ pub struct Shard {
     /// The reduced gradient of the owned slice (a view).
     owned_grads: Tensor,
     /// Flat state buffers of the owned slice, by kind.
-    pub(super) state: Vec<(&'static str, Tensor)>,
+    state: Vec<(&'static str, Tensor)>,
     /// Sum of squares of the owned gradient and the non-finite flag, all-reduced
     /// together.
     stats: Tensor,
+    /// Gradient bytes held at the first reduction (0 before it).
+    peak_gradient_bytes: u64,
 }
 
-impl Shard {
-    /// Moves the parameters into a flat buffer and builds the update groups over
-    /// this rank's slice. `params` must be in the trainer's order.
-    pub(super) fn build(config: &OptimConfig, params: &[(String, Tensor)], spec: ShardSpec, step: &Tensor) -> Result<(Shard, Vec<Group>)> {
+impl Sharded {
+    /// An optimizer for this rank's slice only. The parameters move into one flat
+    /// buffer; `params` must be sorted by name.
+    pub fn new(config: &OptimConfig, params: &[(String, Tensor)], spec: ShardSpec) -> Result<Sharded> {
+        if params.is_empty() {
+            return Err(Error::Other("the model has no trainable parameters".into()));
+        }
+        let step = Tensor::zeros([], (Kind::Float, params[0].1.device()));
         let (kind, device) = (params[0].1.kind(), params[0].1.device());
         if let Some((name, p)) = params.iter().find(|(_, p)| p.kind() != kind || p.device() != device) {
             return Err(Error::Other(format!(
@@ -149,15 +124,26 @@ impl Shard {
                 exp_avgs: of_kind("exp_avg"),
                 exp_avg_sqs: of_kind("exp_avg_sq"),
                 momentum: of_kind("momentum"),
-                steps: TensorList::repeat(step, pieces.len()),
+                steps: TensorList::repeat(&step, pieces.len()),
             });
         }
         let stats = Tensor::zeros([2], (Kind::Float, device));
-        Ok((Shard { spec, layout, params: live, flat_params, flat_grads, grad_shard, owned_grads, state, stats }, groups))
-    }
-
-    pub fn mode(&self) -> ShardMode {
-        self.spec.mode
+        Ok(Sharded {
+            config: config.clone(),
+            spec,
+            layout,
+            groups,
+            step,
+            sizes: names_and_sizes(params),
+            params: live,
+            flat_params,
+            flat_grads,
+            grad_shard,
+            owned_grads,
+            state,
+            stats,
+            peak_gradient_bytes: 0,
+        })
     }
 
     /// The padded flat parameter buffer; this rank's slice starts at `rank * chunk`.
@@ -165,30 +151,21 @@ impl Shard {
         &self.flat_params
     }
 
-    /// The full-size flat gradient, while it exists.
-    pub fn flat_grads(&self) -> Option<&Tensor> {
-        self.flat_grads.as_ref()
-    }
-
-    /// `gradients`: the buffer this rank's reduced gradient goes to (`chunk` elements).
-    pub fn grad_shard(&self) -> Option<&Tensor> {
-        self.grad_shard.as_ref()
-    }
-
     /// The reduced gradient of the owned slice.
     pub fn owned_grads(&self) -> &Tensor {
         &self.owned_grads
     }
 
-    /// `[sum of squares of the owned gradient, non-finite flag]`, all-reduced by
-    /// the data-parallel layer before clipping.
-    pub fn stats(&self) -> &Tensor {
-        &self.stats
+    /// Gradient tensors this rank holds (the parameters' `.grad` count separately).
+    fn gradient_buffers(&self) -> Vec<Tensor> {
+        self.flat_grads.iter().chain(&self.grad_shard).map(Tensor::shallow_clone).collect()
     }
+}
 
-    /// Before a step's first backward: zeroes the gradient (`optimizer`), or
-    /// allocates it and makes it every parameter's `.grad` (`gradients`).
-    pub(super) fn zero_grad(&mut self) -> Result<()> {
+impl Optimizer for Sharded {
+    /// Zeroes the gradient (`optimizer`), or allocates it and makes it every
+    /// parameter's `.grad` (`gradients`).
+    fn zero_grad(&mut self) -> Result<()> {
         match (&self.flat_grads, self.spec.mode) {
             (Some(flat), ShardMode::Optimizer) => {
                 let _ = flat.shallow_clone().zero_();
@@ -202,44 +179,102 @@ impl Shard {
         Ok(())
     }
 
-    /// `gradients`: drops the full-size gradient once it has been reduced.
-    pub(super) fn release_full_grads(&mut self) -> Result<()> {
-        if self.spec.mode == ShardMode::Gradients && self.flat_grads.take().is_some() {
-            grads::detach(&self.params).map_err(torch_err)?;
+    /// Reduces the step's gradient into what this rank keeps, then agrees on the
+    /// global sum of squares and the non-finite flag in one all-reduce.
+    fn reduce_gradients(&mut self, dp: &mut dyn DataParallel, found_inf: &Tensor) -> Result<()> {
+        let flat = self.flat_grads.as_ref().ok_or_else(|| Error::Dist("no gradient to reduce (zero_grad was not called this step)".into()))?;
+        if self.peak_gradient_bytes == 0 {
+            self.peak_gradient_bytes = self.gradient_bytes()?;
         }
+        dp.reduce_flat(flat, self.grad_shard.as_ref()).map_err(Error::Dist)?;
+        tch::no_grad(|| {
+            let owned = &self.owned_grads;
+            self.stats.get(0).copy_(&owned.dot(owned).to_kind(Kind::Float));
+            self.stats.get(1).copy_(found_inf);
+        });
+        dp.all_reduce_sum(&mut self.stats).map_err(Error::Dist)?;
+        // The flag is now the number of ranks that saw a non-finite loss.
+        found_inf.shallow_clone().copy_(&self.stats.get(1).clamp_max(1.0));
         Ok(())
     }
 
     /// The global norm from the all-reduced sum of squares, clipping the gradient
     /// this rank uses (all of it with `optimizer`, so replicas stay equal) as
     /// `clip_grad_norm_` would.
-    pub(super) fn clip(&self, max_norm: f64) -> Tensor {
+    fn clip_grad_norm(&self) -> Result<Tensor> {
+        let max_norm = self.config.grad_clip;
         let norm = self.stats.get(0).sqrt();
         if max_norm > 0.0 {
             let coef = (norm.g_add_scalar(1e-6).reciprocal() * max_norm).clamp_max(1.0);
             let target = match (&self.grad_shard, &self.flat_grads) {
                 (Some(shard), _) => shard,
                 (None, Some(flat)) => flat,
-                (None, None) => return norm,
+                (None, None) => return Ok(norm),
             };
             let _ = target.shallow_clone().g_mul_(&coef);
         }
-        norm
+        Ok(norm)
     }
 
-    /// What `state.json` records about the cut.
-    pub fn checkpoint_layout(&self) -> ShardLayout {
-        ShardLayout {
+    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+        // `gradients`: reduced into this rank's slice by now, the full-size gradient can go.
+        if self.spec.mode == ShardMode::Gradients && self.flat_grads.take().is_some() {
+            grads::detach(&self.params).map_err(torch_err)?;
+        }
+        update(&self.config, &self.groups, &mut self.step, lr, found_inf)
+    }
+
+    /// Every rank's updated slice to every rank, in place.
+    fn sync_params(&mut self, dp: &mut dyn DataParallel) -> Result<()> {
+        dp.all_gather_flat(&self.flat_params).map_err(Error::Dist)
+    }
+
+    /// `step`, then the owned slice's flat `exp_avg`, `exp_avg_sq`, `momentum`.
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![("step".to_string(), self.step.shallow_clone())];
+        out.extend(self.state.iter().map(|(k, t)| (k.to_string(), t.shallow_clone())));
+        out
+    }
+
+    fn load_state(&mut self, saved: &dyn SavedState) -> Result<()> {
+        let (step, values) = saved.load(state_kinds(&self.config), self.layout.range(self.spec.rank))?;
+        load_step(&mut self.step, &step)?;
+        tch::no_grad(|| {
+            for ((_, live), value) in self.state.iter_mut().zip(values) {
+                live.copy_(&value.to_device(live.device()));
+            }
+        });
+        Ok(())
+    }
+
+    fn param_sizes(&self) -> &[(String, u64)] {
+        &self.sizes
+    }
+
+    fn state_bytes(&self) -> Result<u64> {
+        ext::grads::held_bytes(self.state().iter().map(|(_, t)| t), []).map_err(torch_err)
+    }
+
+    /// The parameters' `.grad` and the flat gradient buffers.
+    fn gradient_bytes(&self) -> Result<u64> {
+        ext::grads::held_bytes(&self.gradient_buffers(), self.params.tensors()).map_err(torch_err)
+    }
+
+    fn gradient_peak_bytes(&self) -> Option<u64> {
+        Some(self.peak_gradient_bytes)
+    }
+
+    fn shard_mode(&self) -> ShardMode {
+        self.spec.mode
+    }
+
+    fn checkpoint_layout(&self) -> Option<ShardLayout> {
+        Some(ShardLayout {
             mode: self.spec.mode.name().into(),
             world_size: self.spec.world,
             numel: self.layout.numel,
             ranges: self.layout.ranges().into_iter().map(|r| [r.start, r.end]).collect(),
             save_id: format!("{:016x}", self.spec.save_id),
-        }
-    }
-
-    /// Gradient tensors this rank holds (the parameters' `.grad` count separately).
-    pub(super) fn gradient_buffers(&self) -> Vec<Tensor> {
-        self.flat_grads.iter().chain(&self.grad_shard).map(Tensor::shallow_clone).collect()
+        })
     }
 }

@@ -119,11 +119,12 @@ impl Run {
         }
         timer.book(Phase::Data);
         self.tally.trained_tokens += count.max(0) as u64;
-        let Some(dist) = &self.dist else {
+        if self.env.world == 1 {
+            // The count is this rank's alone, known on the host: no device scalar.
             return Ok(LossScale::PerTokenHost(1.0 / count.max(1) as f64));
-        };
+        }
         let mut all = Tensor::from(count as f64).f_to_device(self.env.device)?;
-        dist.collectives().all_reduce_sum(&mut all).map_err(Error::Dist)?;
+        self.dist.all_reduce_sum(&mut all).map_err(Error::Dist)?;
         let total = match self.staged.trained_all_ranks.take() {
             Some(t) => t.f_add(&all)?,
             None => all.shallow_clone(),

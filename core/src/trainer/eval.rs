@@ -61,9 +61,7 @@ impl Run {
             }
             Ok(acc)
         })?;
-        if let Some(d) = &self.dist {
-            d.collectives().all_reduce_sum(&mut sums).map_err(Error::Dist)?;
-        }
+        self.dist.all_reduce_sum(&mut sums).map_err(Error::Dist)?;
         // A failed read is an error, never an eval loss of 0.
         let [loss_sum, correct, count] = <[f64; 3]>::try_from(Vec::<f64>::try_from(sums.f_to_device(Device::Cpu)?)?)
             .map_err(|v| Error::Other(format!("evaluation read {} values, not 3", v.len())))?;

@@ -139,8 +139,8 @@ impl Run {
             device_name: env.run_data.device_name.clone(),
             precision: env.run_data.precision.clone(),
             world_size: env.world,
-            collective_s: self.dist.as_ref().map_or(0.0, |d| d.collective_secs()),
-            shard: self.learner.optimizer.shard().map_or("none", |s| s.mode().name()).into(),
+            collective_s: self.dist.collective_secs(),
+            shard: self.learner.optimizer.shard_mode().name().into(),
             optimizer_state_bytes: memory.optimizer_state_bytes,
             gradient_bytes: memory.gradient_bytes,
             gradient_peak_bytes: memory.gradient_peak_bytes,
@@ -171,9 +171,10 @@ impl Run {
         // its checkpoint and summary. Each rank counts itself and the host reads
         // the count: NCCL's wait only orders streams, the read blocks until the
         // all-reduce is done on every rank.
-        if let (Some(d), true) = (&self.dist, collective) {
+        // (One rank alone has no one to wait for.)
+        if collective && env.world > 1 {
             let mut done = Tensor::ones([1], (Kind::Float, env.device));
-            d.collectives().all_reduce_sum(&mut done).map_err(Error::Dist)?;
+            self.dist.all_reduce_sum(&mut done).map_err(Error::Dist)?;
             let ranks = done.double_value(&[0]);
             if ranks != f64::from(env.world) {
                 return Err(Error::Dist(format!("the end-of-run barrier counted {ranks} ranks, not {}", env.world)));
@@ -189,8 +190,8 @@ impl Run {
             return Ok((None, None));
         };
         let mut both = Tensor::stack(&[first.to_kind(Kind::Double), last.to_kind(Kind::Double)], 0);
-        if let (Some(d), true) = (&self.dist, collective) {
-            d.collectives().all_reduce_sum(&mut both).map_err(Error::Dist)?;
+        if collective {
+            self.dist.all_reduce_sum(&mut both).map_err(Error::Dist)?;
             both /= self.env.world as f64;
         }
         let v = Vec::<f64>::try_from(both.to_device(Device::Cpu)).unwrap_or_default();

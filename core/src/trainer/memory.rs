@@ -26,13 +26,13 @@ impl Run {
     pub(super) fn memory_figures(&self, collective: bool) -> Result<MemoryFigures> {
         let optimizer = &self.learner.optimizer;
         let state = optimizer.state_bytes()?;
-        let gradient = optimizer.gradient_bytes()? + self.dist.as_ref().map_or(0, |d| d.gradient_buffer_bytes());
-        let peak = self.dist.as_ref().map_or(gradient, |d| d.gradient_peak_bytes());
+        let gradient = optimizer.gradient_bytes()? + self.dist.gradient_buffer_bytes();
+        let peak = optimizer.gradient_peak_bytes().unwrap_or(gradient);
         let world = self.env.world as i64;
         let mut all = Tensor::zeros([world, 3], (Kind::Int64, self.env.device));
         all.get(self.env.rank as i64).copy_(&Tensor::from_slice(&[state as i64, gradient as i64, peak as i64]).to_device(self.env.device));
-        if let (Some(d), true) = (&self.dist, collective) {
-            d.collectives().all_reduce_sum(&mut all).map_err(Error::Dist)?;
+        if collective {
+            self.dist.all_reduce_sum(&mut all).map_err(Error::Dist)?;
         }
         let rows = Vec::<i64>::try_from(all.to_device(Device::Cpu).flatten(0, -1)).map_err(|e| Error::Other(e.to_string()))?;
         let column = |c: usize| rows.chunks(3).map(|r| r[c] as u64).collect();

@@ -76,10 +76,9 @@ impl Run {
         let (tally, world) = (&self.tally, self.env.world as u64);
         let secs = since.elapsed().as_secs_f64().max(1e-9);
         let mut names = vec!["train/loss"];
-        if let Some(d) = &self.dist {
-            let mut t = Tensor::f_from_slice(&values)?.f_to_device(self.env.device)?;
-            d.collectives().all_reduce_sum(&mut t).map_err(Error::Dist)?;
-            values = Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?.iter().map(|v| v / world as f64).collect();
+        self.dist.sum_host(&mut values).map_err(Error::Dist)?;
+        for v in &mut values {
+            *v /= world as f64;
         }
         let tokens = tally.step_tokens * world * steps;
         let samples = tally.step_samples * world * steps;
@@ -137,11 +136,9 @@ impl Run {
     pub(super) fn show_progress(&mut self, step: u64, lr: f64) -> Result<()> {
         let (since, since_step) = self.metrics.last_progress;
         let mut loss = self.tally.take_mean_loss(1, step - since_step);
-        if let Some(d) = &self.dist {
-            let mut t = Tensor::f_from_slice(&[loss])?.f_to_device(self.env.device)?;
-            d.collectives().all_reduce_sum(&mut t).map_err(Error::Dist)?;
-            loss = t.f_to_device(Device::Cpu)?.f_double_value(&[0])? / self.env.world as f64;
-        }
+        let mut sum = [loss];
+        self.dist.sum_host(&mut sum).map_err(Error::Dist)?;
+        loss = sum[0] / self.env.world as f64;
         let secs = since.elapsed().as_secs_f64().max(1e-9);
         let steps = (step - since_step).max(1);
         let tokens_per_s = (self.tally.step_tokens * self.env.world as u64 * steps) as f64 / secs;

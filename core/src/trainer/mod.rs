@@ -56,7 +56,13 @@ pub(crate) use progress::eprint_line;
 pub use state::{DataPosition, EvalRecord, RngScheme, TrainState};
 pub use summary::{EvalPoint, PhaseSummary, Summary};
 
-use crate::{config::Config, data::Dataset, dist::DataParallel, error::Result, model::Model};
+use crate::{
+    config::Config,
+    data::Dataset,
+    dist::{DataParallel, SingleRank},
+    error::Result,
+    model::Model,
+};
 
 /// Builds a model under a `VarStore` path, given the dataset it will train on.
 pub type ModelFactory = Box<dyn FnOnce(&nn::Path, &dyn Dataset) -> Result<Box<dyn Model>>>;
@@ -93,12 +99,22 @@ pub struct Trainer {
     overwrite: bool,
     handle_signals: bool,
     progress: bool,
-    dist: Option<Box<dyn DataParallel>>,
+    /// How this process takes part: one rank alone unless told otherwise.
+    dist: Box<dyn DataParallel>,
 }
 
 impl Trainer {
     pub fn new(config: Config) -> Trainer {
-        Trainer { config, model: None, dataset: None, resume: None, overwrite: false, handle_signals: false, progress: true, dist: None }
+        Trainer {
+            config,
+            model: None,
+            dataset: None,
+            resume: None,
+            overwrite: false,
+            handle_signals: false,
+            progress: true,
+            dist: Box::new(SingleRank),
+        }
     }
 
     /// Trains your own model instead of `[model]`'s.
@@ -140,7 +156,7 @@ impl Trainer {
 
     /// Data-parallel training over a process group (see [`crate::dist`]).
     pub fn data_parallel(mut self, dist: Box<dyn DataParallel>) -> Trainer {
-        self.dist = Some(dist);
+        self.dist = dist;
         self
     }
 

@@ -23,7 +23,8 @@ pub(super) struct Run {
     pub env: RunEnv,
     pub learner: Learner,
     pub host: PluginHost,
-    pub dist: Option<Box<dyn DataParallel>>,
+    /// This process's part in data-parallel training ([`crate::dist::SingleRank`] alone).
+    pub dist: Box<dyn DataParallel>,
     pub tally: Tally,
     pub metrics: MetricsProcessor,
     pub nonfinite: NonFinite,
@@ -66,7 +67,8 @@ pub(super) struct Learner {
     pub model: Box<dyn Model>,
     /// Trainable parameters, sorted by name.
     pub params: Vec<(String, Tensor)>,
-    pub optimizer: Optimizer,
+    /// Replicated or sharded across the ranks.
+    pub optimizer: Box<dyn Optimizer>,
     pub schedule: LrSchedule,
     pub task: Task,
     pub dataset: Arc<dyn Dataset>,

@@ -12,6 +12,7 @@ use super::{
     state::{EvalRecord, TrainState},
 };
 use crate::{
+    config::ShardMode,
     error::Result,
     host::{Event, Reach},
 };
@@ -25,7 +26,7 @@ impl Run {
             nonfinite_total: self.nonfinite.total,
             nonfinite_run: self.nonfinite.run,
             eval: self.tally.evals.last().map(|e| EvalRecord { step: e.step, loss: e.loss }),
-            shard: self.learner.optimizer.shard().map(|s| s.checkpoint_layout()),
+            shard: self.learner.optimizer.checkpoint_layout(),
             lora_base_sha256: self.env.lora_base.clone(),
             ..TrainState::new(step, self.env.config.run.seed, self.env.world)
         }
@@ -35,7 +36,7 @@ impl Run {
     /// over its optimizer slice, rank 0 also the rest). A scheduled save reaches
     /// the checkpoint plugins due now, an emergency save every checkpoint plugin.
     pub(super) fn save(&mut self, step: u64, reason: CheckpointReason) -> Result<()> {
-        let sharded = self.learner.optimizer.shard().is_some();
+        let sharded = self.learner.optimizer.shard_mode() != ShardMode::None;
         if (self.env.rank != 0 && !sharded) || !self.host.has_checkpointer() {
             return Ok(());
         }

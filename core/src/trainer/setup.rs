@@ -27,7 +27,7 @@ use crate::{
     error::{Error, Result},
     host::{HostServices, PluginHost, RunData},
     model,
-    optim::{LrSchedule, Optimizer, ShardSpec},
+    optim::{self, LrSchedule, ShardSpec},
     schedule::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, StepWindows, Ticker},
     signals::Signals,
 };
@@ -66,8 +66,8 @@ impl Run {
     pub fn setup(trainer: Trainer) -> Result<Run> {
         let started = Instant::now();
         let Trainer { config, model: model_factory, dataset, resume, overwrite, handle_signals, progress, dist } = trainer;
-        let (rank, world) = dist.as_ref().map_or((0, 1), |d| (d.rank(), d.world_size()));
-        let shard = ShardSpec::agree(config.dist.shard, dist.as_deref())?;
+        let (rank, world) = (dist.rank(), dist.world_size());
+        let shard = ShardSpec::agree(config.dist.shard, dist.as_ref())?;
         let run_dir = run_dir(&config, shard.as_ref().map(|s| s.launch_secs));
         // Rank 0 holds the lock for the launch: the other ranks write under it. A
         // single run named by default takes a name no other run has.
@@ -88,10 +88,7 @@ impl Run {
             tch::set_num_threads(config.run.threads as i32);
         }
         tch::manual_seed(config.run.seed as i64);
-        let device = match &dist {
-            Some(d) => d.device(),
-            None => device::select(config.run.device, 0)?,
-        };
+        let device = dist.device(&config)?;
         // bf16 autocasts the forward pass on the CPU as on CUDA (libtorch supports both).
         let autocast = (config.train.precision == Precision::Bf16).then_some(device.is_cuda());
 
@@ -127,10 +124,7 @@ impl Run {
         if params.is_empty() {
             return Err(Error::Other("the model has no trainable parameters".into()));
         }
-        let mut optimizer = match shard {
-            Some(spec) => Optimizer::sharded(&config.optim, &params, spec)?,
-            None => Optimizer::new(&config.optim, &params)?,
-        };
+        let mut optimizer = optim::build(&config.optim, &params, shard)?;
 
         let total_steps = match config.train.epochs {
             e if e > 0.0 => {
@@ -145,7 +139,7 @@ impl Run {
             state::check_lora_base(ckpt, lora_base.as_deref())?;
         }
         let restored = match &checkpoint {
-            Some(ckpt) => state::restore(ckpt, &mut params, &mut optimizer)?,
+            Some(ckpt) => state::restore(ckpt, &mut params, optimizer.as_mut())?,
             None => TrainState::new(0, config.run.seed, world),
         };
         let start_step = restored.step;
@@ -155,11 +149,9 @@ impl Run {
             }
             tracing::info!("resuming from {} (step {start_step})", ckpt.path.display());
         }
-        if let Some(d) = &dist {
-            d.broadcast_params(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
-        }
+        dist.broadcast_params(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
 
-        let services = HostServices::leak(Arc::new(crate::schedule::Gate::new(0)), dist.as_ref().map(|d| d.collectives()));
+        let services = HostServices::leak(Arc::new(crate::schedule::Gate::new(0)), Some(dist.collectives()));
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {

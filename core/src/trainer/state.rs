@@ -130,7 +130,7 @@ pub fn read(path: &Path) -> Result<Checkpoint> {
 /// Every way a checkpoint does not fit the run (a missing tensor, a wrong shape or
 /// dtype, optimizer state of another optimizer) is [`Error::Checkpoint`]: one kind
 /// of mistake, one exit code (2, refused before training).
-pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimizer: &mut Optimizer) -> Result<TrainState> {
+pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimizer: &mut dyn Optimizer) -> Result<TrainState> {
     let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
     let unusable = |e: Error| match e {
         Error::Checkpoint { .. } => e,

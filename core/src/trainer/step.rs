@@ -17,7 +17,7 @@ use super::{
     Outcome,
 };
 use crate::{
-    error::{Error, Result},
+    error::Result,
     panic,
     schedule::{CoreTask, StepPlan},
 };
@@ -110,16 +110,12 @@ impl Run {
         }
         let dump = self.dumps_tensors_at(step).then(|| self.tensors_before_update());
         let found_inf = self.nonfinite.flag(step, &mut step_loss);
-        if let Some(dist) = self.dist.as_mut() {
-            dist.all_reduce_grads(&self.learner.optimizer, found_inf).map_err(Error::Dist)?;
-        }
+        self.learner.optimizer.reduce_gradients(self.dist.as_mut(), found_inf)?;
         if self.env.config.optim.grad_clip > 0.0 || detailed {
             self.tally.last_grad_norm = Some(self.learner.optimizer.clip_grad_norm()?);
         }
         self.learner.optimizer.step(lr, Some(found_inf))?;
-        if let Some(dist) = self.dist.as_mut() {
-            dist.after_update(&self.learner.optimizer).map_err(Error::Dist)?;
-        }
+        self.learner.optimizer.sync_params(self.dist.as_mut())?;
         if plan.is_empty() {
             timer.book(Phase::Optimizer);
         } else {
@@ -182,8 +178,8 @@ impl Run {
         let mut stop = None;
         if plan.core(CoreTask::NonFiniteCheck) {
             stop = self.nonfinite.check(step);
-            if let (None, Some(dist)) = (&stop, &self.dist) {
-                stop = self.stop.agree(dist.as_ref(), self.env.device)?;
+            if stop.is_none() {
+                stop = self.stop.agree(self.dist.as_ref())?;
             }
         }
         if plan.core(CoreTask::Eval) && stop.is_none() {

@@ -1,7 +1,5 @@
 //! Why a run stops before its last step, and how ranks agree to stop together.
 
-use tch::{Device, Tensor};
-
 use super::failure::RunError;
 use crate::{
     dist::DataParallel,
@@ -60,15 +58,15 @@ impl StopControl {
     /// any stop for a failure", at a step every rank checks (the non-finite check
     /// is step-based, so ranks agree on it). Every rank then ends alike: a plugin's
     /// normal stop (early stopping) exits 0 everywhere, a failure 1 everywhere.
-    pub fn agree(&mut self, dist: &dyn DataParallel, device: Device) -> Result<Option<Stop>> {
+    /// A single rank has nothing pending ([`StopControl::before_step`] stops it at
+    /// once): no stop, and no collective.
+    pub fn agree(&mut self, dist: &dyn DataParallel) -> Result<Option<Stop>> {
         let failure = |stop: &Stop| !matches!(stop, Stop::Requested(r) if !r.failure);
-        let flags = match &self.pending {
+        let mut flags = match &self.pending {
             None => [0.0f64, 0.0],
             Some(stop) => [1.0, if failure(stop) { 1.0 } else { 0.0 }],
         };
-        let mut flags = Tensor::from_slice(&flags).to_device(device);
-        dist.collectives().all_reduce_sum(&mut flags).map_err(Error::Dist)?;
-        let flags = Vec::<f64>::try_from(flags.to_device(Device::Cpu)).map_err(|e| Error::Dist(e.to_string()))?;
+        dist.sum_host(&mut flags).map_err(Error::Dist)?;
         if flags[0] < 0.5 {
             return Ok(None);
         }

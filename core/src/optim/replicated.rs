@@ -1,0 +1,148 @@
+//! The optimizer every rank holds in full (and the only one of a single rank):
+//! per-parameter state, the gradients all-reduced in place before the update.
+
+use std::collections::HashMap;
+
+use ptrain_torch_ext::{self as ext, TensorList};
+use tch::{Kind, Tensor};
+
+use super::{live, load_step, names_and_sizes, state_kinds, torch_err, update, Group, Optimizer, SavedState};
+use crate::{
+    checkpoint::ShardLayout,
+    config::{OptimConfig, OptimName, ShardMode},
+    dist::DataParallel,
+    error::{Error, Result},
+};
+
+pub struct Replicated {
+    config: OptimConfig,
+    groups: Vec<Group>,
+    /// Every parameter's gradient, in a fixed order, for the whole run (backward
+    /// accumulates into these tensors in place).
+    all_grads: TensorList,
+    /// Optimizer steps taken (float, on the device, as torch keeps `state_steps`).
+    step: Tensor,
+    /// Every parameter's name and element count, in the trainer's order.
+    params: Vec<(String, u64)>,
+    /// The parameters themselves (their `.grad` is measured for memory figures).
+    live: Vec<Tensor>,
+}
+
+impl Replicated {
+    /// `params` must be sorted by name; every parameter gets a defined (zero)
+    /// gradient here so gradient handles can be kept for the whole run.
+    pub fn new(config: &OptimConfig, params: &[(String, Tensor)]) -> Result<Replicated> {
+        let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
+        // Defines every `.grad` (zeros); backward then accumulates into them in place.
+        let touch = params.iter().map(|(_, p)| p.sum(Kind::Float) * 0.0).fold(Tensor::zeros([], (Kind::Float, device)), |a, b| a + b);
+        touch.backward();
+        let step = Tensor::zeros([], (Kind::Float, device));
+        let mut groups = Vec::new();
+        for decay in [true, false] {
+            let members: Vec<&(String, Tensor)> = params.iter().filter(|(_, p)| (p.dim() >= 2) == decay).collect();
+            if members.is_empty() {
+                continue;
+            }
+            let tensors = |f: &dyn Fn(&Tensor) -> Tensor| TensorList::new(members.iter().map(|(_, p)| f(p)).collect());
+            let stateful = |needed: bool| if needed { tensors(&|p| p.zeros_like().set_requires_grad(false)) } else { TensorList::new(Vec::new()) };
+            groups.push(Group {
+                weight_decay: if decay { config.weight_decay } else { 0.0 },
+                names: members.iter().map(|(n, _)| n.clone()).collect(),
+                params: tensors(&|p| p.shallow_clone()),
+                grads: tensors(&|p| p.grad()),
+                exp_avgs: stateful(config.name == OptimName::Adamw),
+                exp_avg_sqs: stateful(config.name == OptimName::Adamw),
+                momentum: stateful(config.name == OptimName::Sgd && config.momentum > 0.0),
+                steps: TensorList::repeat(&step, members.len()),
+            });
+        }
+        let all_grads = TensorList::new(groups.iter().flat_map(|g| g.grads.tensors().iter().map(Tensor::shallow_clone)).collect());
+        Ok(Replicated { config: config.clone(), groups, all_grads, step, params: names_and_sizes(params), live: live(params) })
+    }
+}
+
+impl Optimizer for Replicated {
+    fn zero_grad(&mut self) -> Result<()> {
+        ext::zero_all(&self.all_grads).map_err(torch_err)
+    }
+
+    fn reduce_gradients(&mut self, dp: &mut dyn DataParallel, found_inf: &Tensor) -> Result<()> {
+        dp.all_reduce_grads(self.all_grads.tensors(), found_inf).map_err(Error::Dist)
+    }
+
+    fn clip_grad_norm(&self) -> Result<Tensor> {
+        ext::clip_grad_norm(&self.all_grads, self.config.grad_clip).map_err(torch_err)
+    }
+
+    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+        update(&self.config, &self.groups, &mut self.step, lr, found_inf)
+    }
+
+    fn sync_params(&mut self, _dp: &mut dyn DataParallel) -> Result<()> {
+        // Every rank applied the same averaged gradient to the same parameters.
+        Ok(())
+    }
+
+    /// `step`, then `exp_avg.<param>`, `exp_avg_sq.<param>`, `momentum.<param>`.
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![("step".to_string(), self.step.shallow_clone())];
+        for g in &self.groups {
+            for (prefix, list) in [("exp_avg", &g.exp_avgs), ("exp_avg_sq", &g.exp_avg_sqs), ("momentum", &g.momentum)] {
+                out.extend(g.names.iter().zip(list.tensors()).map(|(n, t)| (format!("{prefix}.{n}"), t.shallow_clone())));
+            }
+        }
+        out
+    }
+
+    fn load_state(&mut self, saved: &dyn SavedState) -> Result<()> {
+        let kinds = state_kinds(&self.config);
+        let (step, values) = saved.load(kinds, 0..self.params.iter().map(|(_, n)| n).sum())?;
+        load_step(&mut self.step, &step)?;
+        let mut offsets = HashMap::new();
+        let mut offset = 0;
+        for (name, n) in &self.params {
+            offsets.insert(name.as_str(), offset);
+            offset += n;
+        }
+        tch::no_grad(|| {
+            for g in &mut self.groups {
+                let lists = [&g.exp_avgs, &g.exp_avg_sqs, &g.momentum];
+                let by_kind = ["exp_avg", "exp_avg_sq", "momentum"];
+                for (kind, value) in kinds.iter().zip(&values) {
+                    let list = lists[by_kind.iter().position(|k| k == kind).expect("a known kind")];
+                    for (name, live) in g.names.iter().zip(list.tensors()) {
+                        let at = offsets[name.as_str()] as i64;
+                        let piece = value.narrow(0, at, live.numel() as i64).view(live.size().as_slice());
+                        live.shallow_clone().copy_(&piece.to_device(live.device()));
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn param_sizes(&self) -> &[(String, u64)] {
+        &self.params
+    }
+
+    fn state_bytes(&self) -> Result<u64> {
+        ext::grads::held_bytes(self.state().iter().map(|(_, t)| t), []).map_err(torch_err)
+    }
+
+    /// The parameters' `.grad`.
+    fn gradient_bytes(&self) -> Result<u64> {
+        ext::grads::held_bytes(&[] as &[Tensor], &self.live).map_err(torch_err)
+    }
+
+    fn gradient_peak_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    fn shard_mode(&self) -> ShardMode {
+        ShardMode::None
+    }
+
+    fn checkpoint_layout(&self) -> Option<ShardLayout> {
+        None
+    }
+}

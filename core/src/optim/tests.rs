@@ -1,0 +1,57 @@
+//! The two implementations of [`Optimizer`] over the one-rank data-parallel
+//! layer: a sharded optimizer of one rank must train exactly as the replicated one.
+
+use tch::{Device, Kind, Tensor};
+
+use super::{Optimizer, Replicated, ShardSpec, Sharded};
+use crate::{
+    config::{Config, ShardMode},
+    dist::{DataParallel, SingleRank},
+};
+
+fn params() -> Vec<(String, Tensor)> {
+    let values = |n: i64, shape: &[i64]| (Tensor::arange(n, (Kind::Float, Device::Cpu)) * 0.25 - 1.0).view(shape).set_requires_grad(true);
+    vec![("a".into(), values(6, &[3, 2])), ("b".into(), values(4, &[4]))]
+}
+
+/// Three steps of `loss = sum(a^2) + sum(3 b)`: the parameters after them, and
+/// the gradient norm of each step.
+fn train(optimizer: &mut dyn Optimizer, params: &[(String, Tensor)]) -> (Vec<f32>, Vec<f64>) {
+    let mut dp = SingleRank;
+    let mut norms = Vec::new();
+    for _ in 0..3 {
+        optimizer.zero_grad().expect("zero_grad");
+        let loss = params[0].1.square().sum(Kind::Float) + (&params[1].1 * 3.0).sum(Kind::Float);
+        loss.backward();
+        let found_inf = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        optimizer.reduce_gradients(&mut dp, &found_inf).expect("reduce");
+        norms.push(optimizer.clip_grad_norm().expect("clip").double_value(&[]));
+        optimizer.step(0.1, Some(&found_inf)).expect("step");
+        optimizer.sync_params(&mut dp).expect("sync");
+    }
+    let flat = Tensor::cat(&params.iter().map(|(_, p)| p.detach().flatten(0, -1)).collect::<Vec<_>>(), 0);
+    (Vec::try_from(flat).expect("f32"), norms)
+}
+
+#[test]
+fn a_sharded_optimizer_of_one_rank_trains_as_the_replicated_one() {
+    let mut config = Config::default().optim;
+    config.grad_clip = 1.0;
+    let replicated_params = params();
+    let (expected, expected_norms) = train(&mut Replicated::new(&config, &replicated_params).expect("replicated"), &replicated_params);
+    assert!(expected_norms[0] > 1.0, "the test clips: {expected_norms:?}");
+    for mode in [ShardMode::Optimizer, ShardMode::Gradients] {
+        let sharded_params = params();
+        let spec = ShardSpec { mode, rank: 0, world: SingleRank.world_size(), save_id: 0, launch_secs: 0 };
+        let mut sharded = Sharded::new(&config, &sharded_params, spec).expect("sharded");
+        let (got, norms) = train(&mut sharded, &sharded_params);
+        for (g, e) in got.iter().zip(&expected) {
+            assert!((g - e).abs() <= 1e-6, "{mode:?}: {got:?} vs {expected:?}");
+        }
+        for (n, e) in norms.iter().zip(&expected_norms) {
+            assert!((n - e).abs() <= 1e-5 * e, "{mode:?}: norms {norms:?} vs {expected_norms:?}");
+        }
+        assert_eq!(sharded.shard_mode(), mode);
+        assert!(sharded.checkpoint_layout().is_some(), "{mode:?}: state.json records the cut");
+    }
+}
