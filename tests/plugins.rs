@@ -70,7 +70,7 @@ fn a_plugin_of_another_plugin_api_version_is_refused_for_the_version_even_with_i
     let line = error_line(&out);
     assert!(line.contains(&newer.display().to_string()), "{line}");
     assert!(
-        line.contains("built against ptrain-plugin-api 0.2.0")
+        line.contains("built against ptrain-plugin-api 0.3.0")
             && line.contains(&format!("this ptrain uses ptrain-plugin-api {API_VERSION}"))
             && line.contains("the versions are incompatible"),
         "{line}"
@@ -227,6 +227,71 @@ fn a_slow_sink_with_a_full_queue_drops_the_oldest_and_counts_it() {
     assert_eq!(received + dropped, 60, "every batch was either delivered or counted as dropped");
     let steps: Vec<u64> = s["plugins"]["worker-faults"]["steps"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
     assert_eq!(*steps.last().unwrap(), 60, "the newest batch survives");
+}
+
+#[test]
+fn a_worker_timer_ticks_on_the_worker_thread_between_events_even_while_its_queue_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("worker-faults").display().to_string();
+    run_expect(
+        ptrain()
+            .args(with_plugins(20, &faults))
+            // The sink holds its first batch until step 20's tensors are written, so
+            // the other 19 batches and the run's end wait in the queue: it is never
+            // empty while they are handled, 2 ms each, with a tick due every 1 ms.
+            .args(["--set", "plugins.worker-faults.timer_ms=1", "--set", "plugins.worker-faults.sleep_ms=2"])
+            .args(["--set", "debug.dump_tensors_at=[20]", "--set"])
+            .arg(format!("plugins.worker-faults.wait_for={:?}", dir.path().join("tensors-step20.rank0.safetensors").display().to_string()))
+            .arg("--run-dir")
+            .arg(dir.path()),
+        0,
+    );
+    let s = summary(dir.path());
+    let faults = &s["plugins"]["worker-faults"];
+    assert_eq!(faults["received"], 20, "{s}");
+    // Each batch takes longer than the interval, so a tick comes between each batch and
+    // the next, though the next is already waiting.
+    let tick_after: Vec<u64> = faults["tick_after"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    for received in 1..20 {
+        assert!(tick_after.contains(&received), "no tick between batches {received} and {}: a busy queue held the timer back: {s}", received + 1);
+    }
+    assert_eq!(faults["ticks_outside_run"], 0, "ticks only between on_run_start and on_run_end: {s}");
+    // The worker's thread, `ptrain-plugin-worker-faults` as Linux keeps it (15 bytes).
+    assert_eq!(faults["tick_threads"], serde_json::json!(["ptrain-plugin-w"]), "{s}");
+    assert_eq!(faults["batch_threads"], faults["tick_threads"], "{s}");
+}
+
+#[test]
+fn a_panicking_timer_disables_the_plugin_naming_the_timer_and_training_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("worker-faults").display().to_string();
+    let out = run_expect(
+        ptrain()
+            .args(with_plugins(10, &format!("{faults},jsonl")))
+            .args(["--set", "plugins.worker-faults.timer_ms=1", "--set", "plugins.worker-faults.timer_panic=true"])
+            .args(["--set", "plugins.worker-faults.sleep_ms=5", "--set", "plugins.jsonl.every=1"])
+            .arg("--run-dir")
+            .arg(dir.path()),
+        0,
+    );
+    let err = stderr(&out);
+    assert!(err.contains("plugin `worker-faults` failed in timer at step"), "{err}");
+    let s = summary(dir.path());
+    assert_eq!(s["plugin_failures"][0]["plugin"], "worker-faults");
+    assert_eq!(s["plugin_failures"][0]["hook"], "timer");
+    assert!(s["plugin_failures"][0]["error"].as_str().unwrap().contains("deliberate panic in a timer tick"), "{s}");
+    assert_eq!(read_jsonl(&dir.path().join("metrics.jsonl")).len(), 10, "jsonl got every step");
+}
+
+#[test]
+fn an_inline_plugin_asking_for_a_timer_is_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let inline = fixture("inline-faults").display().to_string();
+    let run = dir.path().join("run");
+    let out = run_expect(ptrain().args(with_plugins(5, &inline)).args(["--set", "plugins.inline-faults.timer_ms=10"]).arg("--run-dir").arg(&run), 2);
+    let line = error_line(&out);
+    assert!(line.contains("inline-faults") && line.contains("runs inline: only worker plugins get timer calls"), "{line}");
+    assert!(!run.join("summary.json").exists(), "refused before training");
 }
 
 #[test]

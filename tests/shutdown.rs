@@ -93,6 +93,28 @@ fn a_hung_sink_is_abandoned_too_and_the_run_timeout_caps_every_plugin() {
 }
 
 #[test]
+fn a_sink_hung_in_its_timer_is_abandoned_too() {
+    let (s, _) = abandoned_after_timeout(&["plugins.worker-faults.timer_ms=1", "plugins.worker-faults.timer_hang=true", "run.shutdown_timeout_s=2"]);
+    assert!(s["abandoned_plugins"]["worker-faults"].as_u64().unwrap() >= 1, "{s}");
+}
+
+#[test]
+fn a_timer_far_off_does_not_hold_the_end_of_the_run() {
+    // An hour between ticks: the worker must end when its queue is drained, not
+    // wait for the next tick (then the drain would time out and abandon it).
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = sink_run(dir.path(), &["plugins.worker-faults.timer_ms=3600000", "plugins.worker-faults.finish_timeout_s=600"]).spawn().unwrap();
+    let lines = stderr_lines(&mut child);
+    let code = wait_at_most(&mut child, Duration::from_secs(300));
+    let err: String = lines.iter().collect::<Vec<_>>().join("\n");
+    assert_eq!(code, 0, "{err}");
+    let s = summary(dir.path());
+    assert!(s["abandoned_plugins"].get("worker-faults").is_none(), "{s}");
+    assert_eq!(s["plugins"]["worker-faults"]["received"], 4, "{s}");
+    assert_eq!(s["plugins"]["worker-faults"]["ticks"], 0, "{s}");
+}
+
+#[test]
 fn a_signal_during_the_final_drain_ends_it_at_once() {
     let dir = tempfile::tempdir().unwrap();
     // The default finish timeout (30 s) would hold the process; the signal must not.

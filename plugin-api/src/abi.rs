@@ -49,6 +49,17 @@ pub trait FfiPlugin: Send {
     fn step_windows(&self) -> RResult<StepWindows, RString> {
         RResult::ROk(StepWindows::NONE)
     }
+
+    /// Seconds between two [`FfiPlugin::on_timer`] calls; 0: no timer. Asked once,
+    /// after `create`. Added in 0.2.0 (optional in the vtable, like `step_windows`).
+    fn timer_secs(&self) -> RResult<f64, RString> {
+        RResult::ROk(0.0)
+    }
+
+    /// A timer tick, on the worker plugin's own thread (see [`crate::Plugin::on_timer`]).
+    fn on_timer(&mut self) -> RResult<(), RString> {
+        RResult::ROk(())
+    }
 }
 
 pub type PluginBox = FfiPlugin_TO<'static, RBox<()>>;

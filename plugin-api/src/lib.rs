@@ -8,7 +8,9 @@
 //! Plugins declare *attachments*: a [`Hook`] (where in the loop) and a [`Cadence`]
 //! (which steps). The host calls `on_step`, `on_metrics` and `on_checkpoint` only
 //! when one of the plugin's attachments is due; `on_run_start`, `on_run_end`,
-//! `save_state` and `load_state` reach every plugin (see [`Plugin`]).
+//! `save_state` and `load_state` reach every plugin (see [`Plugin`]). A worker plugin
+//! that has periodic work (flushing a file, sending to a server) asks for a timer
+//! ([`Plugin::timer_interval`]) and its worker thread calls [`Plugin::on_timer`].
 //!
 //! A guide from the author's side, with a sink walkthrough, every tensor a step
 //! carries, testing and building: `docs/plugins.md` in ptrain's repository, or

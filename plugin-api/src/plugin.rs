@@ -6,6 +6,7 @@ use std::{
     cell::RefCell,
     panic::{catch_unwind, AssertUnwindSafe},
     sync::Once,
+    time::Duration,
 };
 
 use abi_stable::std_types::{RResult, RSlice, RString, RVec};
@@ -87,6 +88,26 @@ pub trait Plugin: Send + Sized + 'static {
     /// after [`Plugin::new`]; an error there is an option mistake (exit 2).
     fn step_windows(&self) -> PluginResult<StepWindows> {
         Ok(StepWindows::NONE)
+    }
+
+    /// How often [`Plugin::on_timer`] is called (`None`: never), for periodic work
+    /// that no event brings: flushing a buffered file, sending batched rows to a
+    /// server, trying a server again. Asked once, right after [`Plugin::new`]; an
+    /// error there, or a timer on an inline plugin, is an option mistake (exit 2).
+    /// Worker plugins only: their thread calls it, so a plugin needs no thread of its
+    /// own for this.
+    fn timer_interval(&self) -> PluginResult<Option<Duration>> {
+        Ok(None)
+    }
+
+    /// Called on the plugin's worker thread about every [`Plugin::timer_interval`]
+    /// (counted from the end of the previous call), between two events, from the
+    /// end of `on_run_start` until `on_run_end`; never on the training thread, and
+    /// never while another method runs. A busy queue delays a tick by at most the
+    /// event being handled. Ticks are not queued up: one late tick is one call.
+    /// Not called after `on_run_end`, so `on_run_end` must flush what is left.
+    fn on_timer(&mut self) -> PluginResult {
+        Ok(())
     }
 }
 
@@ -200,6 +221,14 @@ impl<P: Plugin> FfiPlugin for Adapter<P> {
 
     fn step_windows(&self) -> RResult<StepWindows, RString> {
         guard(|| self.0.step_windows())
+    }
+
+    fn timer_secs(&self) -> RResult<f64, RString> {
+        guard(|| Ok(self.0.timer_interval()?.map_or(0.0, |every| every.as_secs_f64())))
+    }
+
+    fn on_timer(&mut self) -> RResult<(), RString> {
+        guard(|| self.0.on_timer())
     }
 }
 

@@ -26,6 +26,9 @@ pub enum Event<'a> {
     SaveState { step: u64 },
     /// The state the plugin saved in the checkpoint being resumed.
     LoadState { step: u64, state: &'a [u8] },
+    /// A timer tick of a worker plugin, made by its own thread (never queued); `step`
+    /// is that of the last event it handled, for a failure's report.
+    Timer { step: u64 },
 }
 
 /// An event on its way to a worker thread: only the owned kinds (run start and
@@ -54,7 +57,7 @@ impl Event<'_> {
             Event::Step(ctx) => Some(ctx.hook),
             Event::Metrics(_) => Some(Hook::Metrics),
             Event::Checkpoint(_) => Some(Hook::Checkpoint),
-            Event::RunStart(_) | Event::RunEnd(_) | Event::SaveState { .. } | Event::LoadState { .. } => None,
+            Event::RunStart(_) | Event::RunEnd(_) | Event::SaveState { .. } | Event::LoadState { .. } | Event::Timer { .. } => None,
         }
     }
 
@@ -68,6 +71,7 @@ impl Event<'_> {
             Event::RunEnd(_) => "run_end",
             Event::SaveState { .. } => "save_state",
             Event::LoadState { .. } => "load_state",
+            Event::Timer { .. } => "timer",
         }
     }
 
@@ -79,7 +83,7 @@ impl Event<'_> {
             Event::Metrics(batch) => batch.step,
             Event::Checkpoint(payload) => payload.step,
             Event::RunEnd(end) => end.step,
-            Event::SaveState { step } | Event::LoadState { step, .. } => *step,
+            Event::SaveState { step } | Event::LoadState { step, .. } | Event::Timer { step } => *step,
         }
     }
 
@@ -91,7 +95,7 @@ impl Event<'_> {
             Event::Metrics(batch) => Event::Metrics(batch.clone()),
             Event::Checkpoint(payload) => Event::Checkpoint(payload.clone()),
             Event::RunEnd(end) => Event::RunEnd(end.clone()),
-            Event::Step(_) | Event::SaveState { .. } | Event::LoadState { .. } => return None,
+            Event::Step(_) | Event::SaveState { .. } | Event::LoadState { .. } | Event::Timer { .. } => return None,
         }))
     }
 
@@ -139,6 +143,7 @@ pub fn call(plugin: &mut PluginBox, event: &Event<'_>, needs: Needs, out: &mut O
         Event::RunEnd(end) => end.with_view(|end| plugin.on_run_end(end).into_result().map(|s| Reply::Summary(s.into_string()))),
         Event::SaveState { .. } => plugin.save_state().into_result().map(|bytes| Reply::State(bytes.into_vec())),
         Event::LoadState { state, .. } => done(plugin.load_state((*state).into())),
+        Event::Timer { .. } => done(plugin.on_timer()),
     };
     result.map_err(|e| e.into_string())
 }

@@ -190,6 +190,7 @@ impl PluginHost {
             let runner = if runs_here {
                 let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
                 let windows = plugin.step_windows().into_result().map_err(refused)?;
+                let timer = worker::timer(&plugin, d.threading).map_err(refused)?;
                 if !windows.is_none() {
                     let steps = [Hook::StepStart, Hook::AfterForward, Hook::AfterBackward, Hook::StepEnd];
                     for slot in slots.iter_mut().filter(|s| s.owner == Owner::Plugin(index) && steps.contains(&s.hook)) {
@@ -198,7 +199,7 @@ impl PluginHost {
                 }
                 match d.threading {
                     Threading::Inline => Runner::Inline(plugin),
-                    Threading::Worker => Runner::Worker(Worker::spawn(&name, plugin, settings.queue, settings.on_full)),
+                    Threading::Worker => Runner::Worker(Worker::spawn(&name, plugin, settings.queue, settings.on_full, timer)),
                 }
             } else {
                 Runner::Absent

@@ -9,9 +9,20 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Condvar, Mutex,
     },
+    time::Instant,
 };
 
 use crate::config::OnFull;
+
+/// What [`BoundedQueue::pop_until`] got.
+#[derive(Debug, PartialEq)]
+pub enum Popped<T> {
+    Item(T),
+    /// Nothing came before the deadline.
+    TimedOut,
+    /// Closed and drained: nothing more will come.
+    Closed,
+}
 
 pub trait QueueItem {
     fn droppable(&self) -> bool;
@@ -93,6 +104,25 @@ impl<T: QueueItem> BoundedQueue<T> {
         }
     }
 
+    /// The next item, waiting for one until `deadline` at most.
+    pub fn pop_until(&self, deadline: Instant) -> Popped<T> {
+        let mut state = self.state.lock().expect("queue lock");
+        loop {
+            if let Some(item) = state.items.pop_front() {
+                self.not_full.notify_one();
+                return Popped::Item(item);
+            }
+            if state.closed {
+                return Popped::Closed;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Popped::TimedOut;
+            }
+            state = self.not_empty.wait_timeout(state, deadline - now).expect("queue lock").0;
+        }
+    }
+
     /// No more items will be accepted; the consumer drains what is queued.
     pub fn close(&self) {
         self.state.lock().expect("queue lock").closed = true;
@@ -153,6 +183,21 @@ mod tests {
         assert_eq!(q.pop(), Some(Item(0, false)));
         assert_eq!(q.pop(), Some(Item(2, true)));
         assert_eq!(q.pop(), Some(Item(3, false)));
+    }
+
+    #[test]
+    fn pop_until_returns_items_first_then_times_out_then_reports_closed() {
+        let q = BoundedQueue::new(4, OnFull::DropOldest);
+        q.push(Item(0, true));
+        let past = Instant::now();
+        // An item waiting is handed over even when the deadline has passed.
+        assert_eq!(q.pop_until(past), Popped::Item(Item(0, true)));
+        assert_eq!(q.pop_until(past), Popped::TimedOut);
+        q.push(Item(1, false));
+        q.close();
+        assert_eq!(q.pop_until(past), Popped::Item(Item(1, false)));
+        // Closed is reported at once, without waiting for a deadline far away.
+        assert_eq!(q.pop_until(Instant::now() + std::time::Duration::from_secs(3600)), Popped::Closed);
     }
 
     #[test]

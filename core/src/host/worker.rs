@@ -1,6 +1,8 @@
 //! A worker plugin's thread: it owns the plugin, takes queued events from a
 //! bounded queue and calls the plugin with them, and reports a failure once,
-//! after which it drains events without calling. At the end the host gives it a
+//! after which it drains events without calling. Between events it calls the
+//! plugin's timer, when it asked for one (a flush, an upload), so no plugin
+//! needs a thread of its own for periodic work. At the end the host gives it a
 //! bounded time to drain; past it the thread is abandoned (left to the process's
 //! exit), so a sink that hangs never holds the process.
 
@@ -13,11 +15,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ptrain_plugin_api::{Needs, Outbox, PluginBox};
+use abi_stable::std_types::RString;
+use ptrain_plugin_api::{Needs, Outbox, PluginBox, Threading};
 
 use super::{
     event::{call, Event, Queued, Reply},
-    queue::{BoundedQueue, QueueItem},
+    queue::{BoundedQueue, Popped, QueueItem},
 };
 use crate::config::OnFull;
 
@@ -50,6 +53,20 @@ impl SaveTracker {
         while *n > 0 {
             n = self.done.wait(n).expect("tracker lock");
         }
+    }
+}
+
+/// The plugin's timer interval (`None`: no timer), asked once at load. Only a worker
+/// plugin can have one: its thread makes the calls, and an inline plugin has none.
+pub fn timer(plugin: &PluginBox, threading: Threading) -> Result<Option<Duration>, RString> {
+    let secs = plugin.timer_secs().into_result()?;
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(format!("invalid timer interval: {secs} s (a plugin's timer_interval must be a finite duration)").into());
+    }
+    match (secs > 0.0, threading) {
+        (false, _) => Ok(None),
+        (true, Threading::Worker) => Ok(Some(Duration::from_secs_f64(secs))),
+        (true, Threading::Inline) => Err("asks for a timer (timer_interval) but runs inline: only worker plugins get timer calls".into()),
     }
 }
 
@@ -103,7 +120,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn spawn(name: &str, plugin: PluginBox, capacity: usize, on_full: OnFull) -> Worker {
+    /// Starts the thread; `timer`: how often it calls the plugin's `on_timer`
+    /// (see [`timer`]).
+    pub fn spawn(name: &str, plugin: PluginBox, capacity: usize, on_full: OnFull, timer: Option<Duration>) -> Worker {
         let queue = Arc::new(BoundedQueue::new(capacity, on_full));
         let shared = Arc::new(Shared {
             plugin: Mutex::new(plugin),
@@ -120,7 +139,7 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name(format!("ptrain-plugin-{name}"))
             .spawn(move || {
-                run(&plugin_name, &q, &s);
+                run(&plugin_name, &q, &s, timer);
                 *s.exited.lock().expect("exit lock") = true;
                 s.exit.notify_all();
             })
@@ -214,28 +233,61 @@ impl Drop for Worker {
     }
 }
 
-fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared) {
+fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared, timer: Option<Duration>) {
     // Workers never see step hooks, so nothing is ever emitted here.
     let mut unused = Outbox::new();
-    while let Some(Queued(event)) = queue.pop() {
+    // When the next tick is due: from the end of `on_run_start` to `on_run_end`.
+    let mut next_tick: Option<Instant> = None;
+    let mut step = 0;
+    loop {
+        // The timer is checked before every event, so a busy queue delays a tick by
+        // one event at most.
+        let popped = match next_tick {
+            Some(due) if Instant::now() >= due => Popped::TimedOut,
+            Some(due) => queue.pop_until(due),
+            None => queue.pop().map_or(Popped::Closed, Popped::Item),
+        };
+        let event = match popped {
+            Popped::Item(Queued(event)) => event,
+            Popped::Closed => break,
+            Popped::TimedOut => {
+                if shared.abandoned.load(Ordering::SeqCst) {
+                    break;
+                }
+                next_tick = handle(name, shared, &Event::Timer { step }, &mut unused).then(|| Instant::now() + timer.unwrap_or_default());
+                continue;
+            }
+        };
         if shared.abandoned.load(Ordering::SeqCst) {
             break;
         }
-        if !shared.failed.load(Ordering::Relaxed) {
-            shared.busy.store(true, Ordering::SeqCst);
-            let result = call(&mut shared.plugin.lock().expect("plugin lock"), &event, Needs::NONE, &mut unused);
-            shared.busy.store(false, Ordering::SeqCst);
-            match result {
-                Ok(Reply::Summary(summary)) => *shared.summary.lock().expect("summary lock") = Some(summary),
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::error!("plugin `{name}` failed in {} at step {} and was disabled: {error}", event.name(), event.step());
-                    shared.record(event.name(), event.step(), error);
-                }
-            }
-        }
-        if let Event::Checkpoint(_) = event {
-            shared.saves.end();
+        step = event.step();
+        let ok = handle(name, shared, &event, &mut unused);
+        match event {
+            Event::RunStart(_) => next_tick = timer.filter(|_| ok).map(|every| Instant::now() + every),
+            Event::RunEnd(_) => next_tick = None,
+            Event::Checkpoint(_) => shared.saves.end(),
+            _ => {}
         }
     }
+}
+
+/// Calls the plugin with `event` unless it has failed; false once it has.
+fn handle(name: &str, shared: &Shared, event: &Event<'_>, unused: &mut Outbox) -> bool {
+    if shared.failed.load(Ordering::Relaxed) {
+        return false;
+    }
+    shared.busy.store(true, Ordering::SeqCst);
+    let result = call(&mut shared.plugin.lock().expect("plugin lock"), event, Needs::NONE, unused);
+    shared.busy.store(false, Ordering::SeqCst);
+    match result {
+        Ok(Reply::Summary(summary)) => *shared.summary.lock().expect("summary lock") = Some(summary),
+        Ok(_) => {}
+        Err(error) => {
+            tracing::error!("plugin `{name}` failed in {} at step {} and was disabled: {error}", event.name(), event.step());
+            shared.record(event.name(), event.step(), error);
+            return false;
+        }
+    }
+    true
 }

@@ -3,7 +3,8 @@
 //! Scalars (basic and detailed metrics) every 10 steps, parameter and gradient
 //! histograms every 500 (`[plugins.tensorboard.histograms] every = 0` turns them
 //! off), and the resolved configuration as text at the start. Runs on its own
-//! worker thread; records are buffered and flushed every `flush_secs` and at the end.
+//! worker thread; records are buffered and flushed by the plugin's timer every
+//! `flush_secs` (called on that thread) and at the end.
 //!
 //! Options (`[plugins.tensorboard]`): `logdir` (default `<run-dir>/tensorboard`),
 //! `flush_secs` (default 30). An I/O error disables the plugin with one error line.
@@ -69,8 +70,8 @@ fn histogram(h: &ptrain_plugin_api::Histogram) -> HistogramProto {
 }
 
 impl TensorBoard {
-    fn writer(&self) -> Option<&FlushedWriter> {
-        self.writer.as_ref()
+    fn writer(&mut self) -> Option<&mut FlushedWriter> {
+        self.writer.as_mut()
     }
 }
 
@@ -95,7 +96,7 @@ impl Plugin for TensorBoard {
         let dir = self.options.logdir.clone().unwrap_or_else(|| PathBuf::from(run.run_dir.as_str()).join("tensorboard"));
         let (file, path) = event_file::create(&dir, run.start_time)
             .map_err(|e| PluginError::msg(format!("cannot create an event file in {}: {e}", dir.display())))?;
-        let writer = FlushedWriter::start(file, path, Duration::from_secs_f64(self.options.flush_secs))?;
+        let mut writer = FlushedWriter::new(file, path);
         if run.start_step > 0 {
             // A resumed run redoes the steps after its checkpoint: readers drop what
             // the interrupted run logged from here on.
@@ -105,6 +106,14 @@ impl Plugin for TensorBoard {
         writer.write(&Event::summary(run.start_time, run.start_step, vec![config])).map_err(PluginError::msg)?;
         self.writer = Some(writer);
         Ok(())
+    }
+
+    fn timer_interval(&self) -> PluginResult<Option<Duration>> {
+        Ok(Some(Duration::from_secs_f64(self.options.flush_secs)))
+    }
+
+    fn on_timer(&mut self) -> PluginResult {
+        self.writer().map_or(Ok(()), FlushedWriter::flush).map_err(PluginError::msg)
     }
 
     fn on_metrics(&mut self, batch: &MetricBatch) -> PluginResult {

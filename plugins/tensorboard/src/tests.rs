@@ -115,3 +115,22 @@ fn a_blocked_log_directory_is_one_error_naming_it() {
     // A plugin that never started writes nothing and does not fail again.
     assert!(tb.on_run_end(&end(1)).unwrap().is_none());
 }
+
+#[test]
+fn the_timer_comes_every_flush_secs_and_flushes_what_was_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = plugin(serde_json::json!({ "flush_secs": 0.25 })).unwrap();
+    assert_eq!(tb.timer_interval().unwrap(), Some(Duration::from_millis(250)));
+    // A tick before the run started (or after the writer failed) has nothing to do.
+    tb.on_timer().unwrap();
+    with_run(dir.path().to_str().unwrap(), 0, |run| tb.on_run_start(run)).unwrap();
+    tb.on_metrics(&testing::metric_batch(10, vec![Metric::scalar("train/loss", 2.5)])).unwrap();
+    let logdir = dir.path().join("tensorboard");
+    let file = std::fs::read_dir(&logdir).unwrap().next().unwrap().unwrap().path();
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0, "buffered until the timer");
+    tb.on_timer().unwrap();
+    let flushed = events(&logdir);
+    assert_eq!(flushed.len(), 3, "the file version, the config and the scalar");
+    assert_eq!(flushed[2].step, 10);
+    tb.on_run_end(&end(10)).unwrap();
+}

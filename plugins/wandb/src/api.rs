@@ -2,7 +2,7 @@
 //! GraphQL `UpsertBucket` to create the run, and `file_stream` POSTs of history
 //! lines. Basic auth with user `api` and the API key.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::json;
@@ -20,7 +20,12 @@ pub struct Api {
     agent: ureq::Agent,
     base_url: String,
     auth: String,
+    /// Requests are cut off here (the end of the run's upload time).
+    deadline: Option<Instant>,
 }
+
+/// The longest a request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 const UPSERT_BUCKET: &str = "mutation UpsertBucket($id: String, $name: String, $project: String, $entity: String, \
 $groupName: String, $notes: String, $displayName: String, $config: JSONString, $host: String, $jobType: String, $tags: [String!]) {
@@ -50,17 +55,30 @@ impl Api {
     pub fn new(base_url: &str, api_key: &str) -> Api {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(10))
-            .timeout(Duration::from_secs(60))
+            .timeout(REQUEST_TIMEOUT)
             .try_proxy_from_env(true)
             .user_agent(concat!("ptrain-plugin-wandb/", env!("CARGO_PKG_VERSION")))
             .build();
         let auth = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("api:{api_key}")));
-        Api { agent, base_url: base_url.to_string(), auth }
+        Api { agent, base_url: base_url.to_string(), auth, deadline: None }
+    }
+
+    /// Cuts every later request off at `deadline`: the plugin's worker thread, which
+    /// makes them, must not outlast the time the end of the run gives the upload.
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
     }
 
     fn post(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value, Failure> {
         let url = format!("{}{path}", self.base_url);
-        let response = self.agent.post(&url).set("Authorization", &self.auth).set("Content-Type", "application/json").send_string(&body.to_string());
+        let timeout = self.deadline.map_or(REQUEST_TIMEOUT, |d| d.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT));
+        let response = self
+            .agent
+            .post(&url)
+            .timeout(timeout)
+            .set("Authorization", &self.auth)
+            .set("Content-Type", "application/json")
+            .send_string(&body.to_string());
         match response {
             Ok(r) => {
                 let text = r.into_string().map_err(|e| Failure::Retry(format!("{url}: reading the response: {e}")))?;

@@ -3,7 +3,8 @@
 //! By default an offline run directory that the real `wandb sync` uploads later
 //! (`<run-dir>/wandb/offline-run-<YYYYMMDD_HHMMSS>-<id>/run-<id>.wandb`). With
 //! `WANDB_MODE=online` and `WANDB_API_KEY` the run is also streamed to the W&B API
-//! from its own thread, and the local file still holds everything.
+//! by the plugin's timer, on its worker thread, and the local file still holds
+//! everything.
 //!
 //! Cadence: basic metrics every 10 steps and at the end, detailed ones (grad norm,
 //! phase times, memory) every 50, histograms off unless `[plugins.wandb.histograms]
@@ -20,7 +21,10 @@ pub mod online;
 pub mod proto;
 pub mod settings;
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use ptrain_plugin_api::{
     export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch, Needs, Plugin, PluginError, PluginResult, RunEnd,
@@ -159,9 +163,7 @@ impl Wandb {
         .map_err(|e| format!("cannot create a W&B run directory in {}: {e}", root.join("wandb").display()))?;
         offline.write_run(&meta).map_err(|e| format!("cannot write {}: {e}", offline.file().display()))?;
         let online = match (s.mode, &s.api_key) {
-            (Mode::Online, Some(key)) => {
-                Some(Online::start(api::Api::new(&s.base_url, key), meta.clone()).map_err(|e| format!("cannot start the uploader: {e}"))?)
-            }
+            (Mode::Online, Some(key)) => Some(Online::start(api::Api::new(&s.base_url, key), meta.clone())),
             _ => None,
         };
         Ok(Active { meta, offline, online, latest: Latest::default(), rows: 0 })
@@ -210,8 +212,26 @@ impl Plugin for Wandb {
             return Err(self.abandon(error, 1));
         }
         active.rows += 1;
-        if let Some(online) = &active.online {
+        if let Some(online) = &mut active.online {
             online.push(row.json_line(), active.latest.json(runtime));
+        }
+        Ok(())
+    }
+
+    fn timer_interval(&self) -> PluginResult<Option<Duration>> {
+        Ok((self.settings.mode != Mode::Disabled).then_some(online::TICK))
+    }
+
+    /// Flushes the offline file every 5 s and streams rows online, on the plugin's
+    /// worker thread.
+    fn on_timer(&mut self) -> PluginResult {
+        let Some(active) = self.active.as_mut() else { return Ok(()) };
+        if let Err(e) = active.offline.flush_if_due() {
+            let error = format!("cannot write {}: {e}", active.offline.file().display());
+            return Err(self.abandon(error, 1));
+        }
+        if let Some(online) = &mut active.online {
+            online.tick();
         }
         Ok(())
     }
