@@ -28,7 +28,7 @@ use crate::{
     host::{HostServices, PluginHost, RunData},
     model,
     optim::{LrSchedule, Optimizer, ShardSpec},
-    schedule::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, StepWindows, Ticker},
+    schedule::{Cadence, CoreTask, Gate, Owner, RunSchedule, SlotSpec, StepWindows},
     signals::Signals,
 };
 
@@ -159,7 +159,10 @@ impl Run {
             d.broadcast_params(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
         }
 
-        let services = HostServices::leak(Arc::new(crate::schedule::Gate::new(0)), dist.as_ref().map(|d| d.collectives()));
+        // The run's gate: its schedule raises it, requests from other threads
+        // (through the host's services and the signal handlers) lower it.
+        let gate = Arc::new(Gate::new(0));
+        let services = HostServices::leak(gate.clone(), dist.as_ref().map(|d| d.collectives()));
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
@@ -170,16 +173,7 @@ impl Run {
             crate::config::keep_sources(&config, &run_dir)?;
         }
         slots.extend(core_slots(&config, device));
-        if world > 1 {
-            // Clocks differ between ranks, and what is due must be the same on all of
-            // them (emitting metrics is a collective).
-            for slot in slots.iter_mut().filter(|s| s.cadence.every_secs > 0.0) {
-                tracing::warn!("time-based cadences (every_secs) are ignored in distributed runs; use every = N steps");
-                slot.cadence.every_secs = 0.0;
-            }
-        }
-        host.schedule(Scheduler::new(slots, start_step + 1, total_steps, config.train.eval_every), world > 1);
-        let ticker = host.min_period_secs().map(|secs| Ticker::start(host.gate(), std::time::Duration::from_secs_f64((secs / 4.0).clamp(0.05, 1.0))));
+        let schedule = RunSchedule::new(slots, start_step + 1, total_steps, config.train.eval_every, gate, world > 1);
         let signals = if handle_signals { Some(Signals::install(services)?) } else { None };
 
         let b = config.data.batch_size as u64;
@@ -266,11 +260,11 @@ impl Run {
             staged: Default::default(),
             env,
             learner,
+            schedule,
             host,
             dist,
             tally,
             nonfinite,
-            _ticker: ticker,
         })
     }
 }
