@@ -15,6 +15,7 @@ pub mod host;
 pub mod model;
 pub mod optim;
 pub mod panic;
+mod resolve;
 pub mod rng;
 pub mod schedule;
 pub mod signals;
