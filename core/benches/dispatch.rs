@@ -15,7 +15,7 @@ use abi_stable::std_types::RVec;
 use criterion::{criterion_group, criterion_main, Criterion};
 use ptrain_core::{
     host::{Event, HostServices, PluginHost, Reach, RunData},
-    schedule::{Gate, Hook, Needs, Scheduler, StepPlan},
+    schedule::{Gate, Hook, Needs, RunSchedule, StepPlan},
 };
 use ptrain_plugin_api::{DeviceKind, Metric, MetricBatch, Task};
 
@@ -25,8 +25,9 @@ fn plugin_dir() -> PathBuf {
     dir
 }
 
-/// Five plugins loaded, with cadences that make none due in the measured range.
-fn loaded(plugins: &[&str], every: i64) -> PluginHost {
+/// Five plugins loaded, with cadences that make none due in the measured range,
+/// and the run's schedule of their attachments.
+fn loaded(plugins: &[&str], every: i64) -> (PluginHost, RunSchedule) {
     let dir = plugin_dir();
     let requests: Vec<String> = plugins.iter().map(|p| dir.join(format!("libptrain_plugin_{p}.so")).display().to_string()).collect();
     // Every attachment of every plugin gets the cadence, not only the first.
@@ -45,16 +46,16 @@ fn loaded(plugins: &[&str], every: i64) -> PluginHost {
         }
         tables.insert(library.descriptor.name.as_str().to_string(), t);
     }
-    let services = HostServices::leak(Arc::new(Gate::new(0)), None);
-    let (mut host, slots) = PluginHost::load(&requests, &tables, &Default::default(), services, 0).expect("plugins load");
-    host.schedule(Scheduler::new(slots, 1, u64::MAX - 1, 0), false);
-    host
+    let gate = Arc::new(Gate::new(0));
+    let services = HostServices::leak(gate.clone(), None);
+    let (host, slots) = PluginHost::load(&requests, &tables, &Default::default(), services, 0).expect("plugins load");
+    (host, RunSchedule::new(slots, 1, u64::MAX - 1, 0, gate, false))
 }
 
 /// The loop's per-step dispatch: the gate, then the hook-point tests.
 #[inline(always)]
-fn step_dispatch(host: &mut PluginHost, step: u64) -> u32 {
-    let plan = if host.is_due(step) { host.plan(step) } else { StepPlan::NONE };
+fn step_dispatch(host: &mut PluginHost, schedule: &mut RunSchedule, step: u64) -> u32 {
+    let plan = if schedule.is_due(step) { schedule.plan(step, || host.take_departed(step)) } else { StepPlan::NONE };
     let mut calls = 0;
     for hook in [Hook::StepStart, Hook::AfterForward, Hook::AfterBackward] {
         calls += plan.has(hook) as u32;
@@ -66,26 +67,26 @@ fn step_dispatch(host: &mut PluginHost, step: u64) -> u32 {
 
 fn dispatch(c: &mut Criterion) {
     let five = ["jsonl", "tensorboard", "wandb", "perf", "checkpoint"];
-    let mut host = loaded(&five, 1_000_000_000);
+    let (mut host, mut schedule) = loaded(&five, 1_000_000_000);
     let mut step = 1u64;
     c.bench_function("dispatch/none_due (5 plugins loaded)", |b| {
         b.iter(|| {
             step += 1;
-            black_box(step_dispatch(&mut host, black_box(step)))
+            black_box(step_dispatch(&mut host, &mut schedule, black_box(step)))
         })
     });
-    let mut host = loaded(&five, 1);
+    let (mut host, mut schedule) = loaded(&five, 1);
     let mut step = 1u64;
     c.bench_function("dispatch/due_plan (5 plugins due every step)", |b| {
         b.iter(|| {
             step += 1;
-            black_box(step_dispatch(&mut host, black_box(step)))
+            black_box(step_dispatch(&mut host, &mut schedule, black_box(step)))
         })
     });
 }
 
 fn bus(c: &mut Criterion) {
-    let mut host = loaded(&["jsonl"], 1);
+    let (mut host, mut schedule) = loaded(&["jsonl"], 1);
     let dir = tempfile::tempdir().unwrap();
     host.run_start(&Arc::new(RunData {
         run_dir: dir.path().display().to_string(),
@@ -115,10 +116,10 @@ fn bus(c: &mut Criterion) {
     c.bench_function("bus/emit (16 scalars to one worker sink)", |b| {
         b.iter(|| {
             step += 1;
-            host.plan(step);
+            schedule.plan(step, || host.take_departed(step));
             let metrics: RVec<Metric> = names.iter().enumerate().map(|(i, n)| Metric::scalar(n.as_str(), i as f64)).collect();
             let batch = MetricBatch { step, wall_time: 0.0, elapsed_s: 0.0, metrics };
-            host.dispatch(Event::Metrics(Arc::new(batch)), Reach::Due, &mut Vec::new());
+            host.dispatch(Event::Metrics(Arc::new(batch)), Reach::Due(schedule.due()));
         })
     });
 }

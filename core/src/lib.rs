@@ -2,7 +2,7 @@
 //! the hook points plugins attach to.
 //!
 //! The loop never pays for what is not due: every periodic action (core or plugin)
-//! is scheduled behind one step gate (see [`hooks`]), the loss stays on the device
+//! is scheduled behind one step gate (see [`schedule`]), the loss stays on the device
 //! until something reads it, and I/O happens on plugin worker threads.
 
 pub mod config;
@@ -15,6 +15,7 @@ pub mod host;
 pub mod model;
 pub mod optim;
 pub mod panic;
+mod resolve;
 pub mod rng;
 pub mod schedule;
 pub mod signals;

@@ -4,6 +4,7 @@
 //! Every layer is checked as soon as it is applied (merged over what came before and
 //! deserialized with unknown keys denied), so an error names its source and key path.
 
+mod combinations;
 mod data;
 mod debug;
 mod dist;
@@ -14,7 +15,6 @@ mod origins;
 mod paths;
 mod plugins;
 mod ranges;
-mod resolve;
 mod run;
 mod standalone;
 mod train;
@@ -33,6 +33,7 @@ pub use lora::LoraConfig;
 pub use model::{Activation, LlamaArgs, ModelConfig, ModelKind, RopeScaling, TaskKind};
 pub use optim::{LrScheduleKind, OptimConfig, OptimName};
 pub use origins::KeyOrigins;
+pub(crate) use paths::looks_like_hub_name;
 pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, OnFull, PluginSettings};
 pub use run::{DeviceChoice, RunConfig};
 pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR, TOKENIZER_FILES};
@@ -83,12 +84,12 @@ fn default_table() -> toml::Table {
 
 /// Builds a [`Config`] from layers, checking each one as it is applied.
 pub struct ConfigBuilder {
-    table: toml::Table,
+    pub(crate) table: toml::Table,
     /// Dotted paths of the keys a layer set (rather than the default), with the
     /// layer that set them last: `model.init_from` may fill only the others.
-    explicit: BTreeMap<String, String>,
+    pub(crate) explicit: BTreeMap<String, String>,
     /// The run whose checkpoint the weights come from (see [`ConfigBuilder::weights_from`]).
-    weights_from: Option<PathBuf>,
+    pub(crate) weights_from: Option<PathBuf>,
 }
 
 impl Default for ConfigBuilder {
@@ -172,29 +173,9 @@ impl ConfigBuilder {
         Ok(self)
     }
 
-    /// The configuration, with what `model.init_from` and `data.tokenizer` decide
-    /// filled in (see [`Config::resolve_pretrained`]), validated.
-    pub fn build(self) -> Result<Config, Error> {
-        self.build_with(|_| {})
-    }
-
-    /// Builds, applying `last` (typed overrides, such as command-line flags) before
-    /// the checks.
-    pub fn build_with(self, last: impl FnOnce(&mut Config)) -> Result<Config, Error> {
-        let mut config = deserialize(&self.table)?;
-        config.origins = KeyOrigins::new(self.explicit.clone());
-        last(&mut config);
-        let gone = match &self.weights_from {
-            Some(run) => config.not_needed_with_checkpoint(run),
-            None => None,
-        };
-        config.resolve_pretrained(&self.explicit)?;
-        if let Some(init_from) = gone {
-            config.model.init_from = init_from;
-        }
-        config.validate()?;
-        Ok(config)
-    }
+    // `build` and `build_with`, which resolve what `model.init_from` and
+    // `data.tokenizer` decide, are in `crate::resolve`: reading those files takes
+    // the model's and the data's readers, which import this module.
 
     /// A configuration a run already resolved (a checkpoint's `config.toml`), as
     /// recorded: not resolved again, and its input files need not exist any more.
@@ -240,7 +221,7 @@ fn merge(base: &mut toml::Table, layer: toml::Table) {
     }
 }
 
-fn deserialize(table: &toml::Table) -> Result<Config, ConfigError> {
+pub(crate) fn deserialize(table: &toml::Table) -> Result<Config, ConfigError> {
     let value = toml::Value::Table(table.clone());
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();

@@ -8,6 +8,15 @@ use std::path::{Path, PathBuf};
 
 use super::Config;
 
+/// `gpt2`, `openai-community/gpt2`: what a hub model id looks like (a
+/// `model.init_from` that is one is not a path to rebase).
+pub(crate) fn looks_like_hub_name(spec: &str) -> bool {
+    let part =
+        |s: &str| s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    let parts: Vec<&str> = spec.split('/').collect();
+    parts.len() <= 2 && parts.iter().all(|p| part(p)) && !spec.contains("..")
+}
+
 /// The keys whose values are paths (`data.datasets` entries' `path` too).
 const PATH_KEYS: &[(&str, &str)] = &[
     ("run", "run_dir"),
@@ -41,7 +50,7 @@ pub(super) fn resolve_in_file(layer: &mut toml::Table, base: &Path) {
             return;
         }
         let joined = base.join(text);
-        let hub_id = crate::model::hf::looks_like_hub_name(text) && !Path::new(text).exists();
+        let hub_id = looks_like_hub_name(text) && !Path::new(text).exists();
         if key == "init_from" && !joined.exists() && hub_id {
             return;
         }

@@ -98,7 +98,7 @@ impl Config {
     /// [`super::ConfigBuilder::weights_from`]: takes the kept tokenizer if need be,
     /// and takes out (returning it) a `model.init_from` that is gone, so that it is
     /// not resolved again.
-    pub(super) fn not_needed_with_checkpoint(&mut self, run_dir: &Path) -> Option<String> {
+    pub(crate) fn not_needed_with_checkpoint(&mut self, run_dir: &Path) -> Option<String> {
         self.use_kept_tokenizer(run_dir);
         if self.model.init_from.is_empty() || Path::new(&self.model.init_from).exists() {
             return None;

@@ -14,13 +14,14 @@ use super::{
     worker::Drain,
     Failure, PluginHost, RunEndData, Runner,
 };
-use crate::schedule::Owner;
+use crate::schedule::Due;
 
 /// Which plugins a scheduled event (a step hook, metrics, a checkpoint) reaches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reach {
-    /// Those with an attachment to the event's hook due at the planned step.
-    Due,
+#[derive(Clone, Copy)]
+pub enum Reach<'a> {
+    /// Those with an attachment to the event's hook due at the step the run
+    /// planned (its schedule says who: `RunSchedule::due`).
+    Due(Due<'a>),
     /// Every plugin with an attachment to the event's hook: metrics that plugins or
     /// evaluation emitted, and emergency checkpoints.
     Declared,
@@ -28,7 +29,7 @@ pub enum Reach {
 
 impl PluginHost {
     /// Which tensors plugin `index` gets with `event`, or `None` if it does not get it.
-    fn addressed(&self, index: usize, event: &Event<'_>, reach: Reach) -> Option<Needs> {
+    fn addressed(&self, index: usize, event: &Event<'_>, reach: Reach<'_>) -> Option<Needs> {
         let instance = &self.instances[index];
         if instance.failed || matches!(instance.runner, Runner::Absent) {
             return None;
@@ -38,20 +39,21 @@ impl PluginHost {
             return None;
         }
         match reach {
-            Reach::Due => self.scheduler.due_needs(Owner::Plugin(index), hook),
+            Reach::Due(due) => due.needs(index, hook),
             Reach::Declared => instance.declares(hook).then_some(Needs::NONE),
         }
     }
 
     /// Hands `event` to every plugin it reaches (see the module's rule): inline
-    /// plugins are called now, and what they emit is appended to `emitted`; worker
-    /// plugins get it through their queue. Returns the plugins' non-trivial replies
-    /// by plugin index (allocating only when there are some).
-    pub fn dispatch(&mut self, event: Event<'_>, reach: Reach, emitted: &mut Vec<Metric>) -> Vec<(usize, Reply)> {
+    /// plugins are called now, and what they emit is kept for the run's next
+    /// metrics batch ([`PluginHost::drain_emitted`]); worker plugins get it through
+    /// their queue. Returns the plugins' non-trivial replies by plugin index
+    /// (allocating only when there are some).
+    pub fn dispatch(&mut self, event: Event<'_>, reach: Reach<'_>) -> Vec<(usize, Reply)> {
         let mut replies = Vec::new();
         for index in 0..self.instances.len() {
             if let Some(needs) = self.addressed(index, &event, reach) {
-                match self.deliver(index, &event, needs, emitted) {
+                match self.deliver(index, &event, needs) {
                     Some(Reply::Done) | None => {}
                     Some(reply) => replies.push((index, reply)),
                 }
@@ -61,8 +63,19 @@ impl PluginHost {
         replies
     }
 
-    /// Hands `event` to plugin `index`; a failure disables the plugin (`None`).
-    fn deliver(&mut self, index: usize, event: &Event<'_>, needs: Needs, emitted: &mut Vec<Metric>) -> Option<Reply> {
+    /// Whether inline plugins emitted metrics the run has not taken yet.
+    pub fn has_emitted(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// Moves what inline plugins emitted since the last call to the end of `batch`.
+    pub fn drain_emitted(&mut self, batch: &mut Vec<Metric>) {
+        self.outbox.drain_into(batch);
+    }
+
+    /// Hands `event` to plugin `index`; a failure disables the plugin (`None`),
+    /// and what it emitted in the failed call is dropped.
+    fn deliver(&mut self, index: usize, event: &Event<'_>, needs: Needs) -> Option<Reply> {
         let instance = &mut self.instances[index];
         let result = match &mut instance.runner {
             Runner::Inline(plugin) => {
@@ -74,9 +87,8 @@ impl PluginHost {
                 if let Some(w) = &self.watchdog {
                     w.end();
                 }
-                match result {
-                    Ok(_) => self.outbox.drain_into(emitted),
-                    Err(_) => self.outbox.truncate(before),
+                if result.is_err() {
+                    self.outbox.truncate(before);
                 }
                 result
             }
@@ -103,12 +115,12 @@ impl PluginHost {
     }
 
     /// Disables a plugin: listed in the summary, never called again, and off the
-    /// schedule at once.
+    /// run's schedule when it next plans a step ([`PluginHost::take_departed`]).
     fn record_failure(&mut self, index: usize, hook: &str, step: u64, error: String) {
         let instance = &mut self.instances[index];
         instance.failed = true;
         self.failures.push(Failure { plugin: instance.info.name.clone(), hook: hook.into(), step, error });
-        self.unschedule(index);
+        self.departed.push(index);
     }
 
     /// Records the failures worker threads reported (they logged them already).
@@ -126,12 +138,12 @@ impl PluginHost {
 
     /// Run start: every plugin.
     pub fn run_start(&mut self, run: &Arc<super::RunData>) {
-        self.dispatch(Event::RunStart(run.clone()), Reach::Declared, &mut Vec::new());
+        self.dispatch(Event::RunStart(run.clone()), Reach::Declared);
     }
 
     /// Every live plugin's saved state, for a checkpoint at `step`.
     pub fn save_states(&mut self, step: u64) -> RVec<NamedBlob> {
-        let replies = self.dispatch(Event::SaveState { step }, Reach::Declared, &mut Vec::new());
+        let replies = self.dispatch(Event::SaveState { step }, Reach::Declared);
         replies
             .into_iter()
             .filter_map(|(index, reply)| match reply {
@@ -149,7 +161,7 @@ impl PluginHost {
             if let Some(state) = states.get(&self.instances[index].info.name) {
                 let event = Event::LoadState { step, state };
                 if self.addressed(index, &event, Reach::Declared).is_some() {
-                    self.deliver(index, &event, Needs::NONE, &mut Vec::new());
+                    self.deliver(index, &event, Needs::NONE);
                 }
             }
         }
@@ -160,7 +172,7 @@ impl PluginHost {
     /// `shutdown` is up, or until `interrupted` (a signal during the drain) says
     /// to stop waiting; a worker still busy then is abandoned and reported.
     pub fn run_end(&mut self, end: RunEndData, shutdown: Duration, interrupted: &dyn Fn() -> bool) -> BTreeMap<String, serde_json::Value> {
-        let mut fragments = self.dispatch(Event::RunEnd(Arc::new(end)), Reach::Declared, &mut Vec::new());
+        let mut fragments = self.dispatch(Event::RunEnd(Arc::new(end)), Reach::Declared);
         let started = Instant::now();
         let mut waiting = Vec::new();
         for instance in &self.instances {

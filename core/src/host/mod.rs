@@ -1,16 +1,18 @@
-//! The plugin host: loads plugin libraries, applies the user's cadence overrides,
-//! owns the schedule that says which plugin is due when, and calls plugins through
-//! one path ([`PluginHost::dispatch`]): inline plugins on the training thread,
-//! worker plugins on their own threads. A plugin that fails is disabled (one error
-//! line, training goes on).
+//! The plugin host: loads plugin libraries, applies the user's cadence overrides
+//! (the attachments it returns become slots of the run's schedule, which the run
+//! owns: `schedule::RunSchedule`), and calls plugins through one path
+//! ([`PluginHost::dispatch`]): inline plugins on the training thread, worker
+//! plugins on their own threads. A plugin that fails is disabled (one error line,
+//! training goes on) and reported to the run's schedule as leaving it
+//! ([`PluginHost::take_departed`]), like one that asked to leave.
 //!
 //! Who receives an event is one rule, the same for inline and worker plugins:
 //! - run start, run end and the state events reach every plugin that has not failed
 //!   (detached ones included), whatever it declares; an attachment to `RunStart` or
 //!   `RunEnd` is ignored;
 //! - a step hook, `Eval`, `Metrics` or `Checkpoint` event reaches the plugins with an
-//!   attachment to that hook due at this step ([`Reach::Due`]; an `Eval` attachment
-//!   is due at every step that evaluates), or, for metrics that plugins or evaluation
+//!   attachment to that hook due at this step ([`Reach::Due`], with the run's
+//!   plan; an `Eval` attachment is due at every step that evaluates), or, for metrics that plugins or evaluation
 //!   emitted and for emergency checkpoints, every plugin with an attachment to that
 //!   hook ([`Reach::Declared`]). Worker plugins attach to `Metrics` and `Checkpoint`
 //!   only.
@@ -24,7 +26,7 @@ mod services;
 mod watchdog;
 mod worker;
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use ptrain_plugin_api::{Hook, Outbox, PluginBox, StepWindows, Threading};
 use serde::Serialize;
@@ -40,7 +42,7 @@ use self::{watchdog::Watchdog, worker::Worker};
 use crate::{
     config::{explain_option_error, KeyOrigins, PluginSettings},
     error::{Error, Result},
-    schedule::{Cadence, Gate, Owner, Scheduler, SlotSpec, StepPlan},
+    schedule::{Cadence, Owner, SlotSpec},
 };
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -89,19 +91,17 @@ impl Instance {
 
 pub struct PluginHost {
     instances: Vec<Instance>,
-    scheduler: Scheduler,
-    gate: Arc<Gate>,
+    /// What inline plugins emitted since the run last took it
+    /// ([`PluginHost::drain_emitted`]), for the next metrics batch.
     outbox: Outbox,
     failures: Vec<Failure>,
+    /// Plugins that failed or detached since the run's schedule last asked.
+    departed: Vec<usize>,
     /// Workers given up on at the end, with how many events they never handled.
     abandoned: BTreeMap<String, u64>,
     /// Warns while an inline plugin's hook runs too long; only with inline plugins.
     watchdog: Option<Watchdog>,
     services: &'static HostServices,
-    /// In a distributed run a failed plugin keeps its slots (its calls are simply
-    /// skipped): every rank must keep the same schedule, since metric emission and
-    /// plugin collectives are collective operations.
-    keep_schedule: bool,
 }
 
 impl PluginHost {
@@ -117,14 +117,12 @@ impl PluginHost {
     ) -> Result<(PluginHost, Vec<SlotSpec>)> {
         let mut host = PluginHost {
             instances: Vec::new(),
-            scheduler: Scheduler::new(Vec::new(), 1, 0, 0),
-            gate: services.gate(),
             outbox: Outbox::new(),
             failures: Vec::new(),
+            departed: Vec::new(),
             abandoned: BTreeMap::new(),
             watchdog: None,
             services,
-            keep_schedule: false,
         };
         let mut slots = Vec::new();
         // Every library is checked, and every table claimed, before any plugin is created.
@@ -226,45 +224,6 @@ impl PluginHost {
         Ok((host, slots))
     }
 
-    /// Installs the run's schedule (the plugins' slots and the core's own) and
-    /// sets the gate to its first due step. `keep_on_failure`: distributed runs
-    /// keep every rank's schedule identical, failures included.
-    pub fn schedule(&mut self, scheduler: Scheduler, keep_on_failure: bool) {
-        self.gate.set(scheduler.next_due());
-        self.scheduler = scheduler;
-        self.keep_schedule = keep_on_failure;
-    }
-
-    /// The hot-path check: whether anything may be due at `step`.
-    #[inline(always)]
-    pub fn is_due(&self, step: u64) -> bool {
-        self.gate.is_due(step)
-    }
-
-    /// What is due at `step` (call only when [`PluginHost::is_due`] says so).
-    /// Opens the gate first, so requests from other threads from now on keep it
-    /// lowered for the next step (the loop looks at stop requests after this).
-    /// Plugins that asked to leave the schedule leave it first.
-    pub fn plan(&mut self, step: u64) -> StepPlan {
-        self.gate.open();
-        self.apply_detaches(step);
-        self.scheduler.plan(step, &self.gate)
-    }
-
-    /// Whether a plugin due at `hook` at the planned step asked for any of `needs`.
-    pub fn due_needs(&self, hook: Hook, needs: ptrain_plugin_api::Needs) -> bool {
-        self.scheduler.due().any(|(_, s)| s.hook == hook && s.needs.intersects(needs))
-    }
-
-    /// The shortest time cadence, for the ticker that lowers the gate.
-    pub fn min_period_secs(&self) -> Option<f64> {
-        self.scheduler.min_period_secs()
-    }
-
-    pub fn gate(&self) -> Arc<Gate> {
-        self.gate.clone()
-    }
-
     pub fn loaded(&self) -> Vec<LoadedInfo> {
         self.instances.iter().map(|i| i.info.clone()).collect()
     }
@@ -308,9 +267,11 @@ impl PluginHost {
         }
     }
 
-    /// Takes the plugins that asked to leave the schedule off it; called when the
-    /// loop plans a step, which a request makes the next one.
-    fn apply_detaches(&mut self, step: u64) {
+    /// The plugins that left the schedule since the last call, by index: those
+    /// that failed, and those that asked to leave (`HostApi::detach`), which are
+    /// marked detached here. The run's schedule calls it when it plans `step`,
+    /// which a detach request makes the next step.
+    pub fn take_departed(&mut self, step: u64) -> Vec<usize> {
         for (plugin, reason) in self.services.take_detach_requests() {
             let Some(index) = self.instances.iter().position(|i| i.info.name == plugin) else {
                 tracing::warn!("a plugin asked to detach `{plugin}`, which is not loaded; ignored");
@@ -322,13 +283,8 @@ impl PluginHost {
             }
             tracing::info!("plugin `{plugin}` left the schedule before step {step}: {reason}");
             instance.detached = Some(reason);
-            self.unschedule(index);
+            self.departed.push(index);
         }
-    }
-
-    fn unschedule(&mut self, index: usize) {
-        if !self.keep_schedule {
-            self.scheduler.disable_plugin(index, &self.gate);
-        }
+        std::mem::take(&mut self.departed)
     }
 }

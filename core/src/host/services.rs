@@ -66,11 +66,6 @@ impl HostServices {
         }))
     }
 
-    /// The run's step gate, which requests lower.
-    pub fn gate(&self) -> Arc<Gate> {
-        self.gate.clone()
-    }
-
     pub fn request_stop(&self, request: StopRequest) {
         self.stop_request.lock().expect("stop lock").get_or_insert(request);
         self.stop.store(true, Ordering::SeqCst);

@@ -2,14 +2,18 @@
 //!
 //! Everything periodic in a run, the core's own work (progress lines, evaluation,
 //! non-finite checks, `empty_cache`) and every plugin attachment, is a slot in one
-//! [`Scheduler`]. The scheduler keeps a single [`Gate`]: the next step at which any
-//! slot may be due. The loop asks `gate.is_due(step)`, one atomic load and one
-//! integer comparison, and only then asks the scheduler what is due. Time cadences,
-//! signals and stop requests lower the gate from other threads.
+//! [`Scheduler`], which the run owns through its [`RunSchedule`]. The scheduler
+//! keeps a single [`Gate`]: the next step at which any slot may be due. The loop
+//! asks `gate.is_due(step)`, one atomic load and one integer comparison, and only
+//! then asks the scheduler what is due. Time cadences, signals and stop requests
+//! lower the gate from other threads. The plugin host plans nothing: it is handed
+//! who is due ([`Due`]) with each scheduled event.
 
 mod gate;
+mod run;
 mod scheduler;
 
 pub use gate::{Gate, Ticker};
 pub use ptrain_plugin_api::{Cadence, Hook, Needs, StepWindows};
-pub use scheduler::{CoreTask, Owner, Scheduler, SlotSpec, StepPlan};
+pub use run::RunSchedule;
+pub use scheduler::{CoreTask, Due, Owner, Scheduler, SlotSpec, StepPlan};

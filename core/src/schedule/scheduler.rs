@@ -72,6 +72,25 @@ impl StepPlan {
     }
 }
 
+/// Who is due at the planned step, read-only: what the run hands the plugin host
+/// with a scheduled event ([`crate::host::Reach::Due`]), so the host addresses the
+/// plugins due now without owning the schedule.
+#[derive(Clone, Copy)]
+pub struct Due<'a>(&'a Scheduler);
+
+impl Due<'_> {
+    /// What plugin `index`'s attachments to `hook` due now asked for together, or
+    /// `None` if none of them is due.
+    pub fn needs(&self, index: usize, hook: Hook) -> Option<Needs> {
+        self.0.due_needs(Owner::Plugin(index), hook)
+    }
+
+    /// Whether an attachment to `hook` due now asked for any of `needs`.
+    pub fn wants(&self, hook: Hook, needs: Needs) -> bool {
+        self.0.due().any(|(_, s)| s.hook == hook && s.needs.intersects(needs))
+    }
+}
+
 pub struct Scheduler {
     slots: Vec<Slot>,
     due: Vec<usize>,
@@ -211,6 +230,11 @@ impl Scheduler {
     /// for together, or `None` if none of them is due.
     pub fn due_needs(&self, owner: Owner, hook: Hook) -> Option<Needs> {
         self.due().filter(|(_, s)| s.owner == owner && s.hook == hook).map(|(_, s)| s.needs).reduce(|a, b| a | b)
+    }
+
+    /// The slots due at the last planned step, as the plugin host reads them.
+    pub fn due_now(&self) -> Due<'_> {
+        Due(self)
     }
 
     /// Stops scheduling a plugin's slots (it failed).

@@ -77,7 +77,7 @@ impl Run {
         let scalars: Vec<Scalar<'_>> = metrics.iter().filter_map(|m| Some(Scalar { name: m.name.as_rstr(), value: m.as_scalar()? })).collect();
         let at = At { hook: Hook::Eval, step, micro_batch: 0, lr, phases };
         let ctx = step_context(&self.env, &self.tally, self.learner.dataset.train_len(), at, StepTensors::NONE, &scalars);
-        self.host.dispatch(Event::Step(&ctx), Reach::Due, &mut self.metrics.emitted);
+        self.host.dispatch(Event::Step(&ctx), Reach::Due(self.schedule.due()));
         self.metrics.emitted.extend(metrics);
         Ok(())
     }

@@ -57,7 +57,7 @@ impl Run {
                 self.save(last_step, reason)?;
             }
         }
-        if stop.is_some() && !self.metrics.emitted.is_empty() {
+        if stop.is_some() && self.has_emitted() {
             // Only what plugins and evaluation emitted: no core metrics, no collective.
             self.emit_metrics(last_step, self.learner.schedule.lr(last_step), StepPlan::NONE)?;
         }

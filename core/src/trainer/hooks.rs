@@ -65,13 +65,13 @@ impl Run {
     /// the (rare) calls that asked for them.
     pub(super) fn call_hook(&mut self, at: At, tensors: StepTensors) {
         let params = &self.learner.params;
-        let wants_params = self.host.due_needs(at.hook, Needs::PARAMS.union(Needs::GRADS));
+        let wants_params = self.schedule.due().wants(at.hook, Needs::PARAMS.union(Needs::GRADS));
         let grads: Vec<Tensor> = if wants_params { params.iter().map(|(_, t)| t.grad()).collect() } else { Vec::new() };
         let param_refs = if wants_params { named(params.iter().map(|(n, t)| (n, t))) } else { Vec::new() };
         let grad_refs = if wants_params { named(params.iter().map(|(n, _)| n).zip(&grads)) } else { Vec::new() };
         let mut ctx = step_context(&self.env, &self.tally, self.learner.dataset.train_len(), at, tensors, &[]);
         ctx.params = RSlice::from_slice(&param_refs);
         ctx.grads = RSlice::from_slice(&grad_refs);
-        self.host.dispatch(Event::Step(&ctx), Reach::Due, &mut self.metrics.emitted);
+        self.host.dispatch(Event::Step(&ctx), Reach::Due(self.schedule.due()));
     }
 }

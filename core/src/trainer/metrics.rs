@@ -21,7 +21,8 @@ use crate::{
 const HISTOGRAM_BUCKETS: usize = 30;
 
 pub(super) struct MetricsProcessor {
-    /// What inline plugins and evaluation emitted since the last batch.
+    /// What evaluation emitted since the last batch (inline plugins' metrics wait
+    /// in the host: `PluginHost::drain_emitted`).
     pub emitted: Vec<Metric>,
     /// When and at which step the last batch with core metrics went out, and the
     /// phase totals then.
@@ -43,12 +44,21 @@ impl MetricsProcessor {
 }
 
 impl Run {
+    /// Whether inline plugins or evaluation emitted metrics not sent yet.
+    pub(super) fn has_emitted(&self) -> bool {
+        !self.metrics.emitted.is_empty() || self.host.has_emitted()
+    }
+
     /// Sends what is due at `step` to the sinks: the core metrics the due sinks
     /// asked for, plus whatever was emitted since the last batch (which reaches
     /// every sink).
     pub(super) fn emit_metrics(&mut self, step: u64, lr: f64, plan: StepPlan) -> Result<()> {
-        let mut metrics = std::mem::take(&mut self.metrics.emitted);
-        let reach = if metrics.is_empty() { Reach::Due } else { Reach::Declared };
+        // In the order they were emitted: a step's plugin hooks, its `Eval` hook,
+        // then evaluation's own.
+        let mut metrics = Vec::with_capacity(64);
+        self.host.drain_emitted(&mut metrics);
+        metrics.append(&mut self.metrics.emitted);
+        let emitted = !metrics.is_empty();
         let wants = plan.needs;
         if wants.intersects(Needs::BASIC_METRICS.union(Needs::DETAILED_METRICS).union(Needs::HISTOGRAMS)) {
             metrics.extend(self.core_metrics(step, lr, wants)?);
@@ -59,8 +69,8 @@ impl Run {
         }
         let now = unix_now();
         let batch = MetricBatch { step, wall_time: now, elapsed_s: now - self.env.unix_start, metrics: RVec::from(metrics) };
-        self.host.dispatch(Event::Metrics(batch.into()), reach, &mut Vec::new());
-        self.metrics.emitted = Vec::with_capacity(64);
+        let reach = if emitted { Reach::Declared } else { Reach::Due(self.schedule.due()) };
+        self.host.dispatch(Event::Metrics(batch.into()), reach);
         Ok(())
     }
 

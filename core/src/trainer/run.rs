@@ -14,7 +14,7 @@ use crate::{
     host::{PluginHost, RunData},
     model::Model,
     optim::{LrSchedule, Optimizer},
-    schedule::Ticker,
+    schedule::RunSchedule,
 };
 
 /// One training run: set up by [`Run::setup`](super::setup), driven by
@@ -22,6 +22,9 @@ use crate::{
 pub(super) struct Run {
     pub env: RunEnv,
     pub learner: Learner,
+    /// When each periodic thing is due: the plugins' attachments and the core's
+    /// own work. The run plans its steps; the host delivers what is due.
+    pub schedule: RunSchedule,
     pub host: PluginHost,
     /// This process's part in data-parallel training ([`crate::dist::SingleRank`] alone).
     pub dist: Box<dyn DataParallel>,
@@ -33,8 +36,6 @@ pub(super) struct Run {
     pub faults: Faults,
     /// Micro-batches fetched ahead within a step.
     pub staged: Staged,
-    /// Lowers the gate for time-based cadences; stops with the run.
-    pub _ticker: Option<Ticker>,
 }
 
 /// What the run is: fixed at set-up.

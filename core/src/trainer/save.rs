@@ -58,13 +58,13 @@ impl Run {
             plugin_states,
         };
         let reach = match reason {
-            CheckpointReason::Scheduled => Reach::Due,
-            CheckpointReason::End if step == self.env.total_steps => Reach::Due,
+            CheckpointReason::Scheduled => Reach::Due(self.schedule.due()),
+            CheckpointReason::End if step == self.env.total_steps => Reach::Due(self.schedule.due()),
             // A run a plugin ended early: its last step was not planned as the end.
             CheckpointReason::End | CheckpointReason::Interrupted | CheckpointReason::NonFinite => Reach::Declared,
         };
         self.tally.last_save_step = Some(step);
-        self.host.dispatch(Event::Checkpoint(payload.into()), reach, &mut Vec::new());
+        self.host.dispatch(Event::Checkpoint(payload.into()), reach);
         Ok(())
     }
 }

@@ -28,7 +28,7 @@ use crate::{
     host::{HostServices, PluginHost, RunData},
     model,
     optim::{self, LrSchedule, ShardSpec},
-    schedule::{Cadence, CoreTask, Owner, Scheduler, SlotSpec, StepWindows, Ticker},
+    schedule::{Cadence, CoreTask, Gate, Owner, RunSchedule, SlotSpec, StepWindows},
     signals::Signals,
 };
 
@@ -151,7 +151,10 @@ impl Run {
         }
         dist.broadcast_params(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
 
-        let services = HostServices::leak(Arc::new(crate::schedule::Gate::new(0)), Some(dist.collectives()));
+        // The run's gate: its schedule raises it, requests from other threads
+        // (through the host's services and the signal handlers) lower it.
+        let gate = Arc::new(Gate::new(0));
+        let services = HostServices::leak(gate.clone(), Some(dist.collectives()));
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
@@ -162,16 +165,7 @@ impl Run {
             crate::config::keep_sources(&config, &run_dir)?;
         }
         slots.extend(core_slots(&config, device));
-        if world > 1 {
-            // Clocks differ between ranks, and what is due must be the same on all of
-            // them (emitting metrics is a collective).
-            for slot in slots.iter_mut().filter(|s| s.cadence.every_secs > 0.0) {
-                tracing::warn!("time-based cadences (every_secs) are ignored in distributed runs; use every = N steps");
-                slot.cadence.every_secs = 0.0;
-            }
-        }
-        host.schedule(Scheduler::new(slots, start_step + 1, total_steps, config.train.eval_every), world > 1);
-        let ticker = host.min_period_secs().map(|secs| Ticker::start(host.gate(), std::time::Duration::from_secs_f64((secs / 4.0).clamp(0.05, 1.0))));
+        let schedule = RunSchedule::new(slots, start_step + 1, total_steps, config.train.eval_every, gate, world > 1);
         let signals = if handle_signals { Some(Signals::install(services)?) } else { None };
 
         let b = config.data.batch_size as u64;
@@ -258,11 +252,11 @@ impl Run {
             staged: Default::default(),
             env,
             learner,
+            schedule,
             host,
             dist,
             tally,
             nonfinite,
-            _ticker: ticker,
         })
     }
 }

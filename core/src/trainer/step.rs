@@ -56,10 +56,12 @@ impl Run {
     fn steps(&mut self, reached: &mut Reached) -> Result<Option<Stop>> {
         for step in self.env.start_step + 1..=self.env.total_steps {
             reached.running = step;
-            let plan = if self.host.is_due(step) {
+            let plan = if self.schedule.is_due(step) {
                 // Planning opens the gate first, so a stop asked for from now on
-                // is seen at the next step at the latest.
-                let plan = self.host.plan(step);
+                // is seen at the next step at the latest. Plugins that failed or
+                // asked to leave leave the schedule first.
+                let host = &mut self.host;
+                let plan = self.schedule.plan(step, || host.take_departed(step));
                 if let Some(reason) = self.stop.before_step(self.env.world) {
                     return Ok(Some(reason));
                 }
@@ -189,7 +191,7 @@ impl Run {
             let _ = ptrain_torch_ext::cuda::empty_cache();
         }
         // Metrics first: a checkpoint plugin scores this step's checkpoint by them.
-        if plan.has(Hook::Metrics) || !self.metrics.emitted.is_empty() {
+        if plan.has(Hook::Metrics) || self.has_emitted() {
             self.emit_metrics(step, lr, plan)?;
         }
         if plan.has(Hook::Checkpoint) && stop.is_none() {

@@ -22,7 +22,10 @@ pub use llama_config::LlamaArch;
 pub use load::load_weights;
 pub use peft::{export_peft, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 
-use crate::error::{ConfigError, Error, Result};
+use crate::{
+    config::looks_like_hub_name,
+    error::{ConfigError, Error, Result},
+};
 
 pub const CONFIG_JSON: &str = "config.json";
 pub const WEIGHTS: &str = "model.safetensors";
@@ -57,14 +60,6 @@ impl HfDir {
     pub fn config_path(&self) -> PathBuf {
         self.dir.join(CONFIG_JSON)
     }
-}
-
-/// `gpt2`, `openai-community/gpt2`: what a hub model id looks like.
-pub(crate) fn looks_like_hub_name(spec: &str) -> bool {
-    let part =
-        |s: &str| s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-    let parts: Vec<&str> = spec.split('/').collect();
-    parts.len() <= 2 && parts.iter().all(|p| part(p)) && !spec.contains("..")
 }
 
 /// Where the local hub cache would keep `name`, if it is there.
