@@ -59,7 +59,9 @@ pub trait Optimizer: Send {
     /// Every parameter's name and element count, in the flat order.
     fn param_sizes(&self) -> &[(String, u64)];
     /// Bytes of optimizer state this rank holds, measured from its tensors.
-    fn state_bytes(&self) -> Result<u64>;
+    fn state_bytes(&self) -> Result<u64> {
+        ext::grads::held_bytes(self.state().iter().map(|(_, t)| t), []).map_err(torch_err)
+    }
     /// Bytes of gradient this rank holds now (views of one buffer count once).
     fn gradient_bytes(&self) -> Result<u64>;
     /// Gradient bytes held at the reduction, the high point of a step (measured

@@ -125,10 +125,6 @@ impl Optimizer for Replicated {
         &self.params
     }
 
-    fn state_bytes(&self) -> Result<u64> {
-        ext::grads::held_bytes(self.state().iter().map(|(_, t)| t), []).map_err(torch_err)
-    }
-
     /// The parameters' `.grad`.
     fn gradient_bytes(&self) -> Result<u64> {
         ext::grads::held_bytes(&[] as &[Tensor], &self.live).map_err(torch_err)

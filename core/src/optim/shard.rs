@@ -251,10 +251,6 @@ impl Optimizer for Sharded {
         &self.sizes
     }
 
-    fn state_bytes(&self) -> Result<u64> {
-        ext::grads::held_bytes(self.state().iter().map(|(_, t)| t), []).map_err(torch_err)
-    }
-
     /// The parameters' `.grad` and the flat gradient buffers.
     fn gradient_bytes(&self) -> Result<u64> {
         ext::grads::held_bytes(&self.gradient_buffers(), self.params.tensors()).map_err(torch_err)
