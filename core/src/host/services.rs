@@ -48,14 +48,14 @@ pub struct HostServices {
     stop: AtomicBool,
     /// The first request wins.
     stop_request: Mutex<Option<StopRequest>>,
-    collectives: Option<Arc<dyn Collectives>>,
+    collectives: Arc<dyn Collectives>,
     /// Plugins that asked to leave the schedule, with why, not yet applied.
     detach_requests: Mutex<Vec<(String, String)>>,
     detach_pending: AtomicBool,
 }
 
 impl HostServices {
-    pub fn leak(gate: Arc<Gate>, collectives: Option<Arc<dyn Collectives>>) -> &'static HostServices {
+    pub fn leak(gate: Arc<Gate>, collectives: Arc<dyn Collectives>) -> &'static HostServices {
         Box::leak(Box::new(HostServices {
             gate,
             stop: AtomicBool::new(false),
@@ -142,15 +142,11 @@ fn with_tensor(tensor: TensorRef, f: impl FnOnce(&mut Tensor) -> Result<(), Stri
 }
 
 extern "C" fn all_reduce_sum(ctx: *const (), tensor: TensorRef) -> RResult<(), RString> {
-    match &services(ctx).collectives {
-        None => RResult::ROk(()),
-        Some(c) => with_tensor(tensor, |t| c.all_reduce_sum(t)),
-    }
+    let c = &services(ctx).collectives;
+    with_tensor(tensor, |t| c.all_reduce_sum(t))
 }
 
 extern "C" fn broadcast(ctx: *const (), tensor: TensorRef, root: u32) -> RResult<(), RString> {
-    match &services(ctx).collectives {
-        None => RResult::ROk(()),
-        Some(c) => with_tensor(tensor, |t| c.broadcast(t, root)),
-    }
+    let c = &services(ctx).collectives;
+    with_tensor(tensor, |t| c.broadcast(t, root))
 }

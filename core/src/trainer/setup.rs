@@ -154,7 +154,7 @@ impl Run {
         // The run's gate: its schedule raises it, requests from other threads
         // (through the host's services and the signal handlers) lower it.
         let gate = Arc::new(Gate::new(0));
-        let services = HostServices::leak(gate.clone(), Some(dist.collectives()));
+        let services = HostServices::leak(gate.clone(), dist.collectives());
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
