@@ -59,7 +59,7 @@ impl Run {
         }
         if stop.is_some() && self.has_emitted() {
             // Only what plugins and evaluation emitted: no core metrics, no collective.
-            self.emit_metrics(last_step, self.learner.schedule.lr(last_step), StepPlan::NONE)?;
+            self.emit_metrics(last_step, self.learner.lr_schedule.lr(last_step), StepPlan::NONE)?;
         }
         self.host.wait_saves();
         self.learner.loader = None;

@@ -70,7 +70,8 @@ pub(super) struct Learner {
     pub params: Vec<(String, Tensor)>,
     /// Replicated or sharded across the ranks.
     pub optimizer: Box<dyn Optimizer>,
-    pub schedule: LrSchedule,
+    /// The learning rate at each step (not the run's hook schedule, `Run::schedule`).
+    pub lr_schedule: LrSchedule,
     pub task: Task,
     pub dataset: Arc<dyn Dataset>,
     /// Taken at the end, which stops its threads.

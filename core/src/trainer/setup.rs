@@ -220,7 +220,7 @@ impl Run {
             task: model.task(),
             // Whether the model draws random numbers is the model's to say.
             reseed: model.uses_randomness(),
-            schedule: LrSchedule::new(&config.optim, total_steps),
+            lr_schedule: LrSchedule::new(&config.optim, total_steps),
             _vs: vs,
             model,
             params,

@@ -69,7 +69,7 @@ impl Run {
             } else {
                 StepPlan::NONE
             };
-            let lr = self.learner.schedule.lr(step);
+            let lr = self.learner.lr_schedule.lr(step);
             let phases = self.train_step(step, lr, plan)?;
             reached.done = step;
             if !plan.is_empty() {
