@@ -121,10 +121,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Res
         })
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::Other(format!("building {}: {e}", weights_out.display())))?;
-    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    let tmp = out.join(format!(".{WEIGHTS}.tmp-{}", std::process::id()));
-    safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| Error::Other(format!("writing {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, &weights_out).map_err(|e| Error::Io { path: weights_out.clone(), source: e })?;
+    write_safetensors(views, &weights_out)?;
 
     let source = match m.init_from.as_str() {
         "" => None,
@@ -149,6 +146,16 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Res
     let text = serde_json::to_string_pretty(&json).expect("JSON serializes") + "\n";
     std::fs::write(&json_path, text).map_err(|e| Error::Io { path: json_path, source: e })?;
     Ok(Exported { checkpoint, step: manifest.step, out: out.to_owned(), tensors: tensors.len(), tokenizer_files })
+}
+
+/// Writes `views` to `path` as transformers and peft save them (`format: pt`), through
+/// a temporary file beside it, so an interrupted export leaves no half-written file.
+pub(super) fn write_safetensors(views: Vec<(String, TensorView<'_>)>, path: &Path) -> Result<()> {
+    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| Error::Other(format!("writing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::Io { path: path.to_owned(), source: e })
 }
 
 /// Refuses, before anything is written, a run whose tokenizer can no longer be read:

@@ -4,12 +4,12 @@
 //! (`base_model.model.<module>.lora_A.weight`). ptrain's parameter names are the
 //! Hugging Face module paths for both kinds, so an export is a rename.
 
-use std::{collections::HashMap, path::Path};
+use std::path::Path;
 
 use safetensors::tensor::TensorView;
 use serde_json::json;
 
-use super::export::{copy_tokenizer, recorded_config, resolve_checkpoint, tokenizer_readable, Exported};
+use super::export::{copy_tokenizer, recorded_config, resolve_checkpoint, tokenizer_readable, write_safetensors, Exported};
 use crate::{
     config::ModelKind,
     error::{Error, Result},
@@ -46,11 +46,7 @@ pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Expo
     }
     std::fs::create_dir_all(out).map_err(|e| Error::Io { path: out.to_owned(), source: e })?;
     let tensors = views.len();
-    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    let weights_out = out.join(ADAPTER_WEIGHTS);
-    let tmp = out.join(format!(".{ADAPTER_WEIGHTS}.tmp-{}", std::process::id()));
-    safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(|e| Error::Other(format!("writing {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, &weights_out).map_err(|e| Error::Io { path: weights_out.clone(), source: e })?;
+    write_safetensors(views, &out.join(ADAPTER_WEIGHTS))?;
     let tokenizer_files = if with_tokenizer { copy_tokenizer(&config, out)? } else { Vec::new() };
 
     // GPT-2's Conv1D stores weights [in, out]: peft's fan_in_fan_out says so when merging.
