@@ -1,7 +1,11 @@
 //! The calls of MLflow's tracking REST API (`/api/2.0/mlflow/...`) a training run
 //! needs, and artifact uploads through the server's proxy (`mlflow-artifacts:`).
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use serde_json::{json, Value};
 
@@ -67,6 +71,9 @@ pub struct Client {
     agent: ureq::Agent,
     uri: String,
     auth: Auth,
+    timeout: Duration,
+    /// No request runs past this (the end of a run's bounded wait).
+    deadline: Option<Instant>,
 }
 
 impl Client {
@@ -78,7 +85,13 @@ impl Client {
             .try_proxy_from_env(true)
             .user_agent(concat!("ptrain-mlflow/", env!("CARGO_PKG_VERSION")))
             .build();
-        Client { agent, uri: uri.trim_end_matches('/').to_string(), auth }
+        Client { agent, uri: uri.trim_end_matches('/').to_string(), auth, timeout, deadline: None }
+    }
+
+    /// Cuts every later request off at `deadline`: the plugin's worker thread, which
+    /// makes them, must not outlast the time the end of the run gives the upload.
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
     }
 
     pub fn uri(&self) -> &str {
@@ -91,7 +104,9 @@ impl Client {
     }
 
     fn request(&self, method: &str, url: &str) -> ureq::Request {
-        let request = self.agent.request(method, url);
+        // A passed deadline leaves a millisecond: the request fails at once as timed out.
+        let left = self.deadline.map(|d| d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+        let request = self.agent.request(method, url).timeout(left.map_or(self.timeout, |l| l.min(self.timeout)));
         match self.auth.header() {
             Some(header) => request.set("Authorization", &header),
             None => request,

@@ -36,7 +36,7 @@ use serde_json::json;
 
 use crate::{
     settings::Settings,
-    uploader::{Context, Timing, Uploader},
+    uploader::{tick_interval, Context, Timing, Uploader},
 };
 
 const ATTACHMENTS: &[Attachment] = &[
@@ -199,7 +199,7 @@ impl Mlflow {
             timing: Timing { retry: s.retry, flush: s.flush, reconnect: s.reconnect },
             host: self.host,
         };
-        let uploader = Uploader::start(context, first).map_err(|e| format!("cannot start the upload thread: {e}"))?;
+        let uploader = Uploader::start(context, first);
         Ok(Active { uploader, state, run_dir, start_time: run.start_time })
     }
 
@@ -266,16 +266,31 @@ impl Plugin for Mlflow {
     fn on_metrics(&mut self, batch: &MetricBatch) -> PluginResult {
         let Some(active) = &self.active else { return Ok(()) };
         if let Some(fatal) = active.uploader.fatal() {
-            return Err(PluginError::msg(fatal));
+            return Err(PluginError::msg(fatal.to_string()));
         }
         let timestamp = (batch.wall_time * 1000.0).round() as i64;
         let names: Vec<(&str, f64)> = batch.scalars().collect();
         let points: Vec<MetricPoint> =
             names.into_iter().map(|(name, value)| MetricPoint { key: self.key(name), value, timestamp, step: batch.step }).collect();
-        if let (false, Some(active)) = (points.is_empty(), &self.active) {
+        if let (false, Some(active)) = (points.is_empty(), &mut self.active) {
             active.uploader.push(Item::chunked_metrics(points));
         }
         Ok(())
+    }
+
+    fn timer_interval(&self) -> PluginResult<Option<Duration>> {
+        Ok(Some(tick_interval(self.settings.flush)))
+    }
+
+    /// Opens the run and sends what is due, on the plugin's worker thread; credentials
+    /// the server refuses end the plugin here.
+    fn on_timer(&mut self) -> PluginResult {
+        let Some(active) = &mut self.active else { return Ok(()) };
+        active.uploader.tick();
+        match active.uploader.fatal() {
+            Some(fatal) => Err(PluginError::msg(fatal.to_string())),
+            None => Ok(()),
+        }
     }
 
     fn save_state(&mut self) -> PluginResult<Vec<u8>> {
@@ -292,7 +307,7 @@ impl Plugin for Mlflow {
     }
 
     fn on_run_end(&mut self, end: &RunEnd<'_>) -> PluginResult<Option<serde_json::Value>> {
-        let Some(active) = self.active.take() else { return Ok(None) };
+        let Some(mut active) = self.active.take() else { return Ok(None) };
         let status = RunStatus::from_exit_code(end.exit_code);
         active.uploader.push(vec![Item::Status { status, end_time: Some(now_ms()) }]);
         let report = active.uploader.finish(self.settings.end_timeout);
@@ -338,7 +353,7 @@ impl Drop for Mlflow {
     fn drop(&mut self) {
         // The host stopped calling us without ending the run (we failed, or training
         // did): end it as FAILED, within the same bounded time.
-        if let Some(active) = self.active.take() {
+        if let Some(mut active) = self.active.take() {
             if active.uploader.fatal().is_none() {
                 active.uploader.push(vec![Item::Status { status: RunStatus::Failed, end_time: Some(now_ms()) }]);
                 active.uploader.finish(self.settings.end_timeout);

@@ -171,6 +171,53 @@ fn the_end_of_the_run_does_not_wait_for_a_server_that_never_answers() {
     assert_eq!(steps(&pending(dir.path())), vec![10, 10], "the queue and the request under way are in the file");
 }
 
+/// A server that answers every request with 503; the count of requests it got.
+fn failing_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::{io::Write, sync::atomic::Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = count.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            seen.fetch_add(1, Ordering::SeqCst);
+            let _ = stream.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (port, count)
+}
+
+#[test]
+fn a_failing_request_is_retried_on_later_ticks_never_inside_one() {
+    use std::sync::atomic::Ordering;
+    let (port, requests) = failing_server();
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = plugin(&format!("http://127.0.0.1:{port}"), json!({ "retry_secs": 600, "end_timeout_secs": 0 }));
+    start(&mut p, dir.path(), 0);
+    p.on_timer().unwrap();
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "one attempt per tick");
+    p.on_timer().unwrap();
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "a tick inside the backoff makes no request");
+    assert!(pending(dir.path()).is_empty(), "a request within retry_secs is not given up");
+    // The first backoff is 0.5 s: a tick after it tries again.
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    p.on_timer().unwrap();
+    assert_eq!(requests.load(Ordering::SeqCst), 2);
+    end(&mut p, 0);
+    drop(p);
+    assert!(!pending(dir.path()).is_empty(), "what the end could not send is in the file");
+
+    // Without retries the first failure sends everything to the file, at the tick.
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = plugin(&format!("http://127.0.0.1:{port}"), json!({ "retry_secs": 0 }));
+    start(&mut p, dir.path(), 0);
+    p.on_timer().unwrap();
+    assert!(pending(dir.path()).iter().any(|i| matches!(i, Item::Params(_))), "given up at once: the queue is in the file");
+    end(&mut p, 0);
+}
+
 #[test]
 fn unknown_options_and_missing_servers_are_refused_at_creation() {
     let err = Mlflow::new(json!({ "uri": "http://x", "flush": 1 }), HostApi::standalone()).err().unwrap();
