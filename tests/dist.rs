@@ -69,6 +69,28 @@ fn ptrain_launch_trains_two_ranks_that_end_identical() {
 }
 
 #[test]
+fn ptrain_launch_holds_its_rendezvous_port_from_before_the_ranks_start() {
+    // Without --master-port the launcher listens on a free port itself and rank 0's
+    // store serves on that socket: no window in which another program takes it.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = single();
+    cmd.args(["launch", "--nproc", "2", "--"]).args(job(4, 4, dir.path()));
+    run_expect(&mut cmd, 0);
+    assert_eq!(summary(dir.path())["status"], "completed");
+    assert_ranks_identical(dir.path());
+
+    // A port another program listens on is refused before any rank starts.
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let run_dir = dir.path().join("never");
+    let mut cmd = single();
+    cmd.args(["launch", "--nproc", "2", "--master-port", &port, "--"]).args(job(4, 4, &run_dir));
+    let err = stderr(&run_expect(&mut cmd, 2));
+    assert!(err.contains("--master-port") && err.contains(&port), "{err}");
+    assert!(!run_dir.exists(), "no rank ran");
+}
+
+#[test]
 fn torchrun_launches_the_binary_as_its_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(torchrun());

@@ -96,7 +96,7 @@ static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d
 
 extern "C" char* pd_group_new(const char* host, uint16_t port, int32_t rank, int32_t world,
                               int64_t timeout_ms, int64_t nccl_timeout_ms, int32_t backend,
-                              bool agent_store, const char* prefix, const char* iface,
+                              bool agent_store, int32_t listen_fd, const char* prefix, const char* iface,
                               bool loopback, int32_t device, pd_group** out) {
   PD_TRY
   auto timeout = std::chrono::milliseconds(timeout_ms);
@@ -106,6 +106,9 @@ extern "C" char* pd_group_new(const char* host, uint16_t port, int32_t rank, int
   options.numWorkers = static_cast<size_t>(world);
   options.waitWorkers = !agent_store;
   options.timeout = timeout;
+  // `ptrain launch` bound the port before starting the ranks and handed rank 0 the
+  // socket: the store serves on it, so no other program can take the port between.
+  if (options.isServer && listen_fd >= 0) options.masterListenFd = listen_fd;
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(host, options);
   if (prefix[0] != 0) store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
   auto group = std::make_unique<pd_group>();

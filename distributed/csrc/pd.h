@@ -12,13 +12,14 @@ void pd_free(char* message);
 bool pd_nccl_compiled();
 // Rendezvous on a TCPStore at host:port, then a Gloo (backend 0) or NCCL (backend 1)
 // process group. Rank 0 serves the store unless `agent_store` (torchrun's agent
-// already serves it); keys go under `prefix` (may be empty). `iface` (may be empty)
+// already serves it), on the listening socket `listen_fd` when it is >= 0 (the port's,
+// bound by `ptrain launch`); keys go under `prefix` (may be empty). `iface` (may be empty)
 // names the network interfaces Gloo binds to; `loopback` binds Gloo to 127.0.0.1.
 // `device` is this rank's CUDA device (NCCL only). `timeout_ms` bounds the rendezvous
 // and Gloo's collectives, `nccl_timeout_ms` NCCL's.
 char* pd_group_new(const char* host, uint16_t port, int32_t rank, int32_t world,
                    int64_t timeout_ms, int64_t nccl_timeout_ms, int32_t backend,
-                   bool agent_store, const char* prefix,
+                   bool agent_store, int32_t listen_fd, const char* prefix,
                    const char* iface, bool loopback, int32_t device, pd_group** out);
 void pd_group_free(pd_group* group);
 // Starts an in-place sum all-reduce / broadcast; finish it with pd_work_wait.

@@ -90,6 +90,14 @@ pub fn placement_from(var: impl Fn(&str) -> Option<String>) -> Result<Option<Pla
 
 /// torchrun's agent serves the store itself and tells workers so; they keep their
 /// keys under the restart attempt, as torch.distributed does.
+/// Set by `ptrain launch` for rank 0: the descriptor of the socket it listens on at
+/// MASTER_PORT, which rank 0's store serves on.
+pub const MASTER_LISTEN_FD: &str = "PTRAIN_MASTER_LISTEN_FD";
+
+pub fn master_listen_fd() -> Option<i32> {
+    std::env::var(MASTER_LISTEN_FD).ok()?.parse().ok().filter(|fd: &i32| *fd >= 0)
+}
+
 pub fn agent_store_prefix() -> Option<String> {
     let var = |k: &str| std::env::var(k).ok();
     (var("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True"))

@@ -28,6 +28,7 @@ extern "C" {
         nccl_timeout_ms: i64,
         backend: i32,
         agent_store: bool,
+        listen_fd: i32,
         prefix: *const c_char,
         iface: *const c_char,
         loopback: bool,

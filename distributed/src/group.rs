@@ -54,6 +54,10 @@ pub struct GroupSpec {
     /// Under torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`) its agent serves the
     /// store on MASTER_PORT: every rank joins it as a client, under this prefix.
     pub agent_store: Option<String>,
+    /// Rank 0 under `ptrain launch`: the launcher's listening socket on `master_port`,
+    /// which the store serves on (the launcher holds the port from before the ranks
+    /// start, so nothing else can take it in between).
+    pub listen_fd: Option<i32>,
 }
 
 impl GroupSpec {
@@ -71,6 +75,7 @@ impl GroupSpec {
             device: Device::Cpu,
             gloo_ifname: None,
             agent_store: None,
+            listen_fd: None,
         }
     }
 }
@@ -155,6 +160,7 @@ impl Group {
                 millis(spec.nccl_timeout),
                 backend,
                 spec.agent_store.is_some(),
+                spec.listen_fd.unwrap_or(-1),
                 prefix.as_ptr(),
                 iface.as_ptr(),
                 is_loopback(&spec.master_addr),

@@ -8,7 +8,10 @@ use std::{
     ffi::OsString,
     io::{self, BufRead, BufReader, Read, Write},
     net::TcpListener,
-    os::unix::process::{CommandExt, ExitStatusExt},
+    os::{
+        fd::AsRawFd,
+        unix::process::{CommandExt, ExitStatusExt},
+    },
     path::PathBuf,
     process::{Child, Command, ExitStatus, Stdio},
     sync::mpsc,
@@ -17,6 +20,8 @@ use std::{
 };
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
+use crate::env::MASTER_LISTEN_FD;
 
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
@@ -32,10 +37,13 @@ pub struct LaunchSpec {
     pub grace: Duration,
 }
 
-/// A free TCP port on 127.0.0.1 (released again: the tiny window before rank 0
-/// binds it is the same one torchrun's standalone mode accepts).
-pub fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// The rendezvous's listening socket, on `port` (0: any free port). The launcher
+/// holds it for the whole job and rank 0's store serves on it (torchrun's agent
+/// store does the same), so no other program can take the port between choosing
+/// it and rank 0 listening, as binding a free port and releasing it would allow.
+fn listen(port: u16) -> io::Result<TcpListener> {
+    // All interfaces, as a TCPStore server listens.
+    TcpListener::bind(("0.0.0.0", port)).map_err(|e| io::Error::new(e.kind(), format!("cannot listen on the master port {port}: {e}")))
 }
 
 /// The exit code a shell would report for `status`.
@@ -75,7 +83,9 @@ fn forward(rank: u32, input: impl Read + Send + 'static, to_stderr: bool) -> thr
     })
 }
 
-fn spawn_rank(spec: &LaunchSpec, rank: u32, port: u16, threads: Option<&str>) -> io::Result<Child> {
+fn spawn_rank(spec: &LaunchSpec, rank: u32, store: &TcpListener, threads: Option<&str>) -> io::Result<Child> {
+    let port = store.local_addr()?.port();
+    let store_fd = (rank == 0).then(|| store.as_raw_fd());
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .env("RANK", rank.to_string())
@@ -91,17 +101,27 @@ fn spawn_rank(spec: &LaunchSpec, rank: u32, port: u16, threads: Option<&str>) ->
     if let Some(n) = threads {
         cmd.env("OMP_NUM_THREADS", n);
     }
+    if let Some(fd) = store_fd {
+        cmd.env(MASTER_LISTEN_FD, fd.to_string());
+    }
     if spec.prefix {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
     let parent = std::process::id();
-    // SAFETY: prctl and getppid are async-signal-safe.
+    // SAFETY: prctl, getppid and fcntl are async-signal-safe; `store_fd` is the
+    // listener's descriptor, open in the child as in the launcher.
     unsafe {
         cmd.pre_exec(move || {
             // Ranks must not outlive a launcher that was killed outright.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
             if libc::getppid() as u32 != parent {
                 libc::_exit(143);
+            }
+            // Rank 0 keeps the store's socket across exec (Rust opens it close-on-exec).
+            if let Some(fd) = store_fd {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -113,10 +133,7 @@ fn spawn_rank(spec: &LaunchSpec, rank: u32, port: u16, threads: Option<&str>) ->
 /// otherwise the exit code of the first rank that failed.
 pub fn launch(spec: &LaunchSpec) -> io::Result<i32> {
     assert!(spec.nproc > 0, "nproc must be positive");
-    let port = match spec.master_port {
-        Some(p) => p,
-        None => free_port()?,
-    };
+    let store = listen(spec.master_port.unwrap_or(0))?;
     let (events, inbox) = mpsc::channel();
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     let signal_handle = signals.handle();
@@ -140,7 +157,7 @@ pub fn launch(spec: &LaunchSpec) -> io::Result<i32> {
     let mut pipes = Vec::new();
     let mut spawned = Ok(());
     for rank in 0..spec.nproc {
-        match spawn_rank(spec, rank, port, threads.as_deref()) {
+        match spawn_rank(spec, rank, &store, threads.as_deref()) {
             Ok(mut child) => {
                 pids.push(Some(child.id()));
                 if let Some(out) = child.stdout.take() {
@@ -214,6 +231,8 @@ pub fn launch(spec: &LaunchSpec) -> io::Result<i32> {
         let _ = pipe.join();
     }
     spawned?;
+    // Held until every rank is gone: rank 0 serves on its copy.
+    drop(store);
     Ok(code)
 }
 
@@ -237,7 +256,8 @@ mod tests {
     #[test]
     fn ranks_get_the_torchrun_environment() {
         let dir = tempfile::tempdir().unwrap();
-        let script = r#"echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR" > "$0/env-$RANK"; echo "$MASTER_PORT" > "$0/port-$RANK"; [ "$OMP_NUM_THREADS" -ge 1 ]"#;
+        let script = r#"echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR" > "$0/env-$RANK"; echo "$MASTER_PORT" > "$0/port-$RANK"; [ "$OMP_NUM_THREADS" -ge 1 ]
+            if [ -n "$PTRAIN_MASTER_LISTEN_FD" ]; then readlink "/proc/$$/fd/$PTRAIN_MASTER_LISTEN_FD" > "$0/store-$RANK"; fi"#;
         assert_eq!(launch(&sh(script, dir.path(), 3)).unwrap(), 0);
         let read = |name: String| std::fs::read_to_string(dir.path().join(name)).unwrap().trim().to_string();
         for rank in 0..3 {
@@ -246,6 +266,9 @@ mod tests {
         let port = read("port-0".into());
         assert!(port.parse::<u16>().is_ok_and(|p| p > 0), "{port}");
         assert_eq!(read("port-1".into()), port);
+        // Rank 0 (only) inherited the launcher's listening socket for its store.
+        assert!(read("store-0".into()).starts_with("socket:"), "{}", read("store-0".into()));
+        assert!(!dir.path().join("store-1").exists());
     }
 
     #[test]

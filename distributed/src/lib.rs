@@ -70,6 +70,7 @@ pub fn from_env(config: &Config) -> Result<Box<dyn DataParallel>, Error> {
         device,
         gloo_ifname: std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()),
         agent_store: env::agent_store_prefix(),
+        listen_fd: env::master_listen_fd().filter(|_| p.rank == 0),
     };
     tracing::info!(
         "rank {} of {} (local rank {}): {} process group via {}:{}",

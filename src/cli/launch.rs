@@ -47,6 +47,12 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         prefix: !args.no_prefix,
         grace: GRACE,
     };
-    let code = launch(&spec)?;
+    let code = match launch(&spec) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let message = format!("{e} (another program listens there: choose another port, or leave --master-port out for a free one)");
+            return Err(Error::Config(ConfigError { origin: "ptrain launch".into(), key: "--master-port".into(), message }).into());
+        }
+        other => other?,
+    };
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
