@@ -17,6 +17,7 @@
 //!   hook ([`Reach::Declared`]). Worker plugins attach to `Metrics` and `Checkpoint`
 //!   only.
 
+mod deferred;
 mod dispatch;
 mod event;
 pub mod loader;
