@@ -173,7 +173,7 @@ impl PluginHost {
     /// to stop waiting; a worker still busy then is abandoned and reported. Deferred
     /// jobs left are waited for within the same bound ([`PluginHost::drain_deferred`]).
     pub fn run_end(&mut self, end: RunEndData, shutdown: Duration, interrupted: &dyn Fn() -> bool) -> BTreeMap<String, serde_json::Value> {
-        let step = end.step;
+        let (step, begun) = (end.step, Instant::now());
         let mut fragments = self.dispatch(Event::RunEnd(Arc::new(end)), Reach::Declared);
         let started = Instant::now();
         let mut waiting = Vec::new();
@@ -210,7 +210,9 @@ impl PluginHost {
                 }
             }
         }
-        self.drain_deferred(step, started + shutdown, interrupted);
+        // From before `on_run_end`, where a plugin may have waited for its jobs
+        // already: deferred work holds the end at most `shutdown` in all.
+        self.drain_deferred(step, begun + shutdown, interrupted);
         self.poll_workers();
         fragments
             .into_iter()
