@@ -54,7 +54,7 @@ fn a_plugin_built_against_another_plugin_api_is_refused_naming_both_versions() {
     let err = stderr(&out);
     let line = err.lines().find(|l| l.contains("error:")).unwrap_or_default();
     assert!(line.contains(&old.display().to_string()), "{err}");
-    assert!(line.contains("ptrain-plugin-api 0.0.1") && line.contains(&format!("ptrain-plugin-api {API_VERSION}")), "{line}");
+    assert!(line.contains("ptrain-plugin-api 0.2.0") && line.contains(&format!("ptrain-plugin-api {API_VERSION}")), "{line}");
 }
 
 /// The one `error:` line of a refused run.
@@ -70,7 +70,7 @@ fn a_plugin_of_another_plugin_api_version_is_refused_for_the_version_even_with_i
     let line = error_line(&out);
     assert!(line.contains(&newer.display().to_string()), "{line}");
     assert!(
-        line.contains("built against ptrain-plugin-api 0.3.0")
+        line.contains("built against ptrain-plugin-api 0.4.0")
             && line.contains(&format!("this ptrain uses ptrain-plugin-api {API_VERSION}"))
             && line.contains("the versions are incompatible"),
         "{line}"

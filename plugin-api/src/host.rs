@@ -6,7 +6,7 @@ use abi_stable::{
     StableAbi,
 };
 
-use crate::context::TensorRef;
+use crate::{context::TensorRef, deferred::DeferredBox};
 
 /// How a stop request says it comes from a failure: its reason starts with this.
 /// A convention rather than a new `HostApi` function, so that the function table
@@ -28,6 +28,10 @@ pub enum LogLevel {
 /// Collectives (`all_reduce_sum`, `broadcast`) act in place on a host-device tensor
 /// and must be called by every rank at the same point; in a single-process run they
 /// return at once. Call them only from inline plugins, on the training thread.
+///
+/// Deferred work (`defer`, `wait_deferred`, added in 0.3.0): an inline plugin hands
+/// the host a job to run off the training thread ([`HostApi::defer`]) and may wait
+/// for its jobs at the end ([`HostApi::wait_deferred`]).
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy)]
 pub struct HostApi {
@@ -37,6 +41,8 @@ pub struct HostApi {
     pub all_reduce_sum: extern "C" fn(ctx: *const (), tensor: TensorRef) -> RResult<(), RString>,
     pub broadcast: extern "C" fn(ctx: *const (), tensor: TensorRef, root: u32) -> RResult<(), RString>,
     pub detach: extern "C" fn(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>),
+    pub defer: extern "C" fn(ctx: *const (), plugin: RStr<'_>, job: DeferredBox),
+    pub wait_deferred: extern "C" fn(ctx: *const (), plugin: RStr<'_>) -> bool,
 }
 
 // SAFETY: the host's context is a `'static` object that is itself thread-safe.
@@ -85,7 +91,8 @@ impl HostApi {
         (self.broadcast)(self.ctx, tensor, root).into_result().map_err(RString::into_string)
     }
 
-    /// A host that only logs to stderr: for tests of plugins outside ptrain.
+    /// A host that only logs to stderr: for tests of plugins outside ptrain. It runs
+    /// deferred jobs at once, on the calling thread.
     pub fn standalone() -> HostApi {
         extern "C" fn log(_: *const (), level: LogLevel, plugin: RStr<'_>, message: RStr<'_>) {
             eprintln!("[{level:?}] {plugin}: {message}");
@@ -102,6 +109,14 @@ impl HostApi {
         extern "C" fn detach(_: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
             eprintln!("{plugin} detached: {reason}");
         }
-        HostApi { ctx: std::ptr::null(), log, request_stop, all_reduce_sum: no_reduce, broadcast: no_broadcast, detach }
+        extern "C" fn defer(_: *const (), plugin: RStr<'_>, mut job: DeferredBox) {
+            if let RResult::RErr(e) = job.run() {
+                eprintln!("{plugin}: a deferred job failed: {e}");
+            }
+        }
+        extern "C" fn wait_deferred(_: *const (), _: RStr<'_>) -> bool {
+            true
+        }
+        HostApi { ctx: std::ptr::null(), log, request_stop, all_reduce_sum: no_reduce, broadcast: no_broadcast, detach, defer, wait_deferred }
     }
 }

@@ -10,7 +10,9 @@
 //! when one of the plugin's attachments is due; `on_run_start`, `on_run_end`,
 //! `save_state` and `load_state` reach every plugin (see [`Plugin`]). A worker plugin
 //! that has periodic work (flushing a file, sending to a server) asks for a timer
-//! ([`Plugin::timer_interval`]) and its worker thread calls [`Plugin::on_timer`].
+//! ([`Plugin::timer_interval`]) and its worker thread calls [`Plugin::on_timer`]. An
+//! inline plugin with slow work hands it to the host's deferred-work thread
+//! ([`HostApi::defer`]).
 //!
 //! A guide from the author's side, with a sink walkthrough, every tensor a step
 //! carries, testing and building: `docs/plugins.md` in ptrain's repository, or
@@ -22,6 +24,7 @@ mod abi;
 mod attachment;
 mod checkpoint;
 mod context;
+mod deferred;
 mod dtype;
 mod error;
 pub mod export;
@@ -39,6 +42,7 @@ pub use checkpoint::{CheckpointPayload, CheckpointReason, DType, NamedBlob, Tens
 pub use context::{
     DeviceInfo, DeviceKind, LayerKind, LayerSpec, ModelInfo, NamedTensor, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task, TensorRef,
 };
+pub use deferred::{DeferredBox, FfiDeferred, FfiDeferred_TO};
 pub use error::{PluginError, PluginResult};
 pub use host::{HostApi, LogLevel, STOP_FAILURE_PREFIX};
 pub use metrics::{Histogram, Metric, MetricBatch, MetricValue, Outbox, Scalar};

@@ -170,8 +170,10 @@ impl PluginHost {
     /// Ends every plugin and collects their summary fragments. Workers drain
     /// their queues, all at once, each until its `finish_timeout_s` and all until
     /// `shutdown` is up, or until `interrupted` (a signal during the drain) says
-    /// to stop waiting; a worker still busy then is abandoned and reported.
+    /// to stop waiting; a worker still busy then is abandoned and reported. Deferred
+    /// jobs left are waited for within the same bound ([`PluginHost::drain_deferred`]).
     pub fn run_end(&mut self, end: RunEndData, shutdown: Duration, interrupted: &dyn Fn() -> bool) -> BTreeMap<String, serde_json::Value> {
+        let (step, begun) = (end.step, Instant::now());
         let mut fragments = self.dispatch(Event::RunEnd(Arc::new(end)), Reach::Declared);
         let started = Instant::now();
         let mut waiting = Vec::new();
@@ -208,6 +210,9 @@ impl PluginHost {
                 }
             }
         }
+        // From before `on_run_end`, where a plugin may have waited for its jobs
+        // already: deferred work holds the end at most `shutdown` in all.
+        self.drain_deferred(step, begun + shutdown, interrupted);
         self.poll_workers();
         fragments
             .into_iter()
@@ -216,5 +221,21 @@ impl PluginHost {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Waits for inline plugins' deferred jobs until `deadline`: those not run by
+    /// then are counted under the plugin in `abandoned_plugins`; those that failed
+    /// are the plugin's failures (hook `deferred`, at the run's last `step`).
+    fn drain_deferred(&mut self, step: u64, deadline: Instant, interrupted: &dyn Fn() -> bool) {
+        let deferred = &self.services.deferred;
+        for (plugin, left) in deferred.wait(None, deadline, interrupted) {
+            tracing::warn!("plugin `{plugin}`: {left} deferred job(s) did not run in time (run.shutdown_timeout_s): given up");
+            *self.abandoned.entry(plugin).or_default() += left;
+        }
+        for (plugin, error) in deferred.take_failures() {
+            if let Some(index) = self.instances.iter().position(|i| i.info.name == plugin) {
+                self.record_failure(index, "deferred", step, error);
+            }
+        }
     }
 }

@@ -17,6 +17,7 @@
 //!   hook ([`Reach::Declared`]). Worker plugins attach to `Metrics` and `Checkpoint`
 //!   only.
 
+mod deferred;
 mod dispatch;
 mod event;
 pub mod loader;
@@ -97,7 +98,8 @@ pub struct PluginHost {
     failures: Vec<Failure>,
     /// Plugins that failed or detached since the run's schedule last asked.
     departed: Vec<usize>,
-    /// Workers given up on at the end, with how many events they never handled.
+    /// Workers given up on at the end, with how many events they never handled,
+    /// and plugins whose deferred jobs had not all run by then, with how many.
     abandoned: BTreeMap<String, u64>,
     /// Warns while an inline plugin's hook runs too long; only with inline plugins.
     watchdog: Option<Watchdog>,
@@ -237,7 +239,8 @@ impl PluginHost {
         self.instances.iter().any(|i| i.declares(Hook::Checkpoint) && !i.failed && i.detached.is_none() && !matches!(i.runner, Runner::Absent))
     }
 
-    /// Workers abandoned at the end, with how many events each never handled.
+    /// Workers abandoned at the end, with how many events each never handled, and
+    /// deferred jobs given up on, by plugin.
     pub fn abandoned(&self) -> &BTreeMap<String, u64> {
         &self.abandoned
     }

@@ -1,5 +1,5 @@
 //! What plugins can ask of the host through [`HostApi`]: logging, stopping the run,
-//! leaving the schedule and collectives. The context is a leaked `'static` object, since plugins may keep
+//! leaving the schedule, collectives and deferred work (`deferred.rs`). The context is a leaked `'static` object, since plugins may keep
 //! their `HostApi` for as long as they live.
 
 use std::sync::{
@@ -8,9 +8,10 @@ use std::sync::{
 };
 
 use abi_stable::std_types::{RResult, RStr, RString};
-use ptrain_plugin_api::{HostApi, LogLevel, TensorRef, STOP_FAILURE_PREFIX};
+use ptrain_plugin_api::{DeferredBox, HostApi, LogLevel, TensorRef, STOP_FAILURE_PREFIX};
 use tch::Tensor;
 
+use super::deferred::Deferred;
 use crate::{dist::Collectives, schedule::Gate};
 
 /// A plugin's request to end the run (`HostApi::request_stop`).
@@ -52,6 +53,8 @@ pub struct HostServices {
     /// Plugins that asked to leave the schedule, with why, not yet applied.
     detach_requests: Mutex<Vec<(String, String)>>,
     detach_pending: AtomicBool,
+    /// Inline plugins' jobs run off the training thread (`HostApi::defer`).
+    pub deferred: Deferred,
 }
 
 impl HostServices {
@@ -63,6 +66,7 @@ impl HostServices {
             collectives,
             detach_requests: Mutex::new(Vec::new()),
             detach_pending: AtomicBool::new(false),
+            deferred: Deferred::default(),
         }))
     }
 
@@ -102,7 +106,7 @@ impl HostServices {
     }
 
     pub fn api(&'static self) -> HostApi {
-        HostApi { ctx: self as *const HostServices as *const (), log, request_stop, all_reduce_sum, broadcast, detach }
+        HostApi { ctx: self as *const HostServices as *const (), log, request_stop, all_reduce_sum, broadcast, detach, defer, wait_deferred }
     }
 }
 
@@ -126,6 +130,14 @@ extern "C" fn request_stop(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
 
 extern "C" fn detach(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
     services(ctx).request_detach(plugin.to_string(), reason.to_string());
+}
+
+extern "C" fn defer(ctx: *const (), plugin: RStr<'_>, job: DeferredBox) {
+    services(ctx).deferred.submit(plugin.as_str(), job);
+}
+
+extern "C" fn wait_deferred(ctx: *const (), plugin: RStr<'_>) -> bool {
+    services(ctx).deferred.wait_for(plugin.as_str())
 }
 
 fn with_tensor(tensor: TensorRef, f: impl FnOnce(&mut Tensor) -> Result<(), String>) -> RResult<(), RString> {

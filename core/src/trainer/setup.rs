@@ -3,7 +3,11 @@
 //! state, the plugins and the schedule, the loader. Every usage error surfaces
 //! here, before the run directory is created.
 
-use std::{path::PathBuf, sync::Arc, time::Instant};
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use ptrain_plugin_api::{DeviceKind, Hook, Needs};
 use tch::{nn, Device, Tensor};
@@ -155,6 +159,7 @@ impl Run {
         // (through the host's services and the signal handlers) lower it.
         let gate = Arc::new(Gate::new(0));
         let services = HostServices::leak(gate.clone(), dist.collectives());
+        services.deferred.set_bound(Duration::from_secs_f64(config.run.shutdown_timeout_s));
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {

@@ -9,23 +9,26 @@
 //!
 //! The plugin declares its windows to the host ([`Plugin::step_windows`]), so it
 //! is called only on the steps inside them: a step outside costs nothing. The
-//! training thread starts and stops the profiler; the plugin's own thread writes
-//! the files. See docs/plugins/trace.md.
+//! training thread starts and stops the profiler; the host's deferred-work thread
+//! writes the files (`HostApi::defer`). See docs/plugins/trace.md.
 
+mod save;
 mod schedule;
-mod writer;
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, DeviceKind, Hook, HostApi, LogLevel, Outbox, Plugin, PluginError, PluginResult,
-    RunEnd, RunInfo, StepContext, StepWindows, Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, DeviceKind, Hook, HostApi, LogLevel, Outbox, Plugin, PluginResult, RunEnd,
+    RunInfo, StepContext, StepWindows, Threading,
 };
 use ptrain_torch_ext::trace::{self, Span};
 use serde::Deserialize;
 
+use save::{Window, Written};
 use schedule::{Phase, Schedule};
-use writer::{Job, Writer};
 
 pub(crate) const NAME: &str = "trace";
 /// Allocation events the CUDA caching allocator keeps for a memory snapshot.
@@ -74,7 +77,8 @@ pub struct Trace {
     /// The CUDA device the run trains on (when `profile.cuda`).
     device_index: i32,
     snapshot: bool,
-    writer: Option<Writer>,
+    /// What the deferred saves wrote.
+    written: Arc<Mutex<Written>>,
     prepared: bool,
     /// The first recorded step of the window being recorded.
     recording: Option<u64>,
@@ -119,7 +123,7 @@ impl Trace {
         Ok(())
     }
 
-    /// Stops the profiler and hands the window to the writer thread.
+    /// Stops the profiler and hands the window to the host's deferred-work thread.
     fn finish_window(&mut self) -> PluginResult {
         self.span = None;
         let Some(first) = self.recording.take() else { return Ok(()) };
@@ -134,9 +138,7 @@ impl Trace {
             None
         };
         self.windows += 1;
-        if let Some(w) = &self.writer {
-            w.send(Job { trace: recorded, path: self.path(first, "pt.trace.json"), snapshot });
-        }
+        save::defer(self.host, Window { trace: recorded, path: self.path(first, "pt.trace.json"), snapshot }, &self.written);
         Ok(())
     }
 
@@ -170,7 +172,7 @@ impl Plugin for Trace {
             world: 1,
             device_index: 0,
             snapshot: false,
-            writer: None,
+            written: Arc::default(),
             prepared: false,
             recording: None,
             span: None,
@@ -192,7 +194,6 @@ impl Plugin for Trace {
         if self.options.memory_snapshot && !self.profile.cuda && run.rank == 0 {
             self.host.log(LogLevel::Warn, NAME, "memory_snapshot needs CUDA: no memory snapshots on this device");
         }
-        self.writer = Some(Writer::spawn(self.host).map_err(|e| PluginError::msg(format!("could not start the writer thread: {e}")))?);
         Ok(())
     }
 
@@ -208,7 +209,10 @@ impl Plugin for Trace {
         // A run that ends inside a window keeps what was recorded.
         let partial = self.recording.is_some();
         self.finish_window()?;
-        let written = self.writer.as_mut().map(Writer::finish).unwrap_or_default();
+        if !self.host.wait_deferred(NAME) {
+            self.host.log(LogLevel::Warn, NAME, "some traces were not written in time (run.shutdown_timeout_s): not listed");
+        }
+        let written = std::mem::take(&mut *self.written.lock().expect("trace lock"));
         Ok(Some(serde_json::json!({
             "dir": self.dir.display().to_string(),
             "windows": self.windows,
