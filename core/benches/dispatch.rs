@@ -9,7 +9,7 @@
 //! Needs the workspace built (`cargo build --release --workspace`): it loads the
 //! plugin libraries from target/release.
 
-use std::{collections::BTreeMap, hint::black_box, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, hint::black_box, path::PathBuf, sync::Arc, time::Duration};
 
 use abi_stable::std_types::RVec;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -47,7 +47,7 @@ fn loaded(plugins: &[&str], every: i64) -> (PluginHost, RunSchedule) {
         tables.insert(library.descriptor.name.as_str().to_string(), t);
     }
     let gate = Arc::new(Gate::new(0));
-    let services = HostServices::leak(gate.clone(), std::sync::Arc::new(ptrain_core::dist::SingleRank));
+    let services = HostServices::leak(gate.clone(), Arc::new(ptrain_core::dist::SingleRank), Duration::from_secs(60));
     let (host, slots) = PluginHost::load(&requests, &tables, &Default::default(), services, 0).expect("plugins load");
     (host, RunSchedule::new(slots, 1, u64::MAX - 1, 0, gate, false))
 }

@@ -6,7 +6,7 @@
 //! job was complete when handed over (a trace window already recorded), the
 //! plugin's library is never unloaded, and dropping the job would lose the data.
 //! At the end the host waits for what is left at most `run.shutdown_timeout_s`
-//! ([`Deferred::drain`]); jobs still queued then are reported and dropped with the
+//! (`PluginHost::run_end`); jobs still queued then are reported and dropped with the
 //! process, and a job still running is left to it: nothing joins the thread.
 
 use std::{
@@ -41,22 +41,18 @@ struct Shared {
     ran: Condvar,
 }
 
-#[derive(Default)]
 pub struct Deferred {
     /// Started at the first job; `None` if the thread could not be started.
-    queue: OnceLock<Option<Mutex<mpsc::Sender<Job>>>>,
+    queue: OnceLock<Option<mpsc::Sender<Job>>>,
     shared: Arc<Shared>,
-    /// How long a wait may last: `run.shutdown_timeout_s`.
-    bound: Mutex<Option<Duration>>,
+    /// How long a plugin's wait may last: `run.shutdown_timeout_s`.
+    bound: Duration,
 }
 
 impl Deferred {
-    pub fn set_bound(&self, bound: Duration) {
-        *self.bound.lock().expect("deferred lock") = Some(bound);
-    }
-
-    fn bound(&self) -> Duration {
-        self.bound.lock().expect("deferred lock").unwrap_or(Duration::from_secs(60))
+    /// `bound`: how long `HostApi::wait_deferred` may wait (`run.shutdown_timeout_s`).
+    pub fn new(bound: Duration) -> Deferred {
+        Deferred { queue: OnceLock::new(), shared: Arc::default(), bound }
     }
 
     /// Queues `job` (called on the training thread: a channel send, no wait).
@@ -68,10 +64,10 @@ impl Deferred {
                 None => drop(state.counts.insert(plugin.to_string(), (1, 0))),
             }
         }
-        let queue = self.queue.get_or_init(|| self.start().map(Mutex::new));
+        let queue = self.queue.get_or_init(|| self.start());
         let job = Job { plugin: plugin.to_string(), job };
         let unsent = match queue {
-            Some(queue) => queue.lock().expect("deferred lock").send(job).err().map(|e| e.0),
+            Some(queue) => queue.send(job).err().map(|e| e.0),
             None => Some(job),
         };
         // No thread (it could not be started): the job runs here rather than never.
@@ -117,7 +113,7 @@ impl Deferred {
 
     /// `HostApi::wait_deferred`: whether all of `plugin`'s jobs ran within the bound.
     pub fn wait_for(&self, plugin: &str) -> bool {
-        self.wait(Some(plugin), Instant::now() + self.bound(), &|| false).is_empty()
+        self.wait(Some(plugin), Instant::now() + self.bound, &|| false).is_empty()
     }
 
     /// Jobs that failed since the last call: plugin, error.

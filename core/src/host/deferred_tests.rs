@@ -10,9 +10,10 @@ use std::{
 use super::super::{HostServices, Instance, LoadedInfo, PluginHost, RunEndData, Runner};
 use crate::{config::KeyOrigins, dist::SingleRank, schedule::Gate};
 
-/// A host with one (not instantiated) plugin `p`, whose jobs the tests defer.
-fn host() -> (PluginHost, &'static HostServices) {
-    let services = HostServices::leak(Arc::new(Gate::new(0)), Arc::new(SingleRank));
+/// A host with one (not instantiated) plugin `p`, whose jobs the tests defer;
+/// `shutdown`: how long the plugin's own wait may last.
+fn host(shutdown: Duration) -> (PluginHost, &'static HostServices) {
+    let services = HostServices::leak(Arc::new(Gate::new(0)), Arc::new(SingleRank), shutdown);
     let (mut host, _) = PluginHost::load(&[], &BTreeMap::new(), &KeyOrigins::default(), services, 0).unwrap();
     host.instances.push(Instance {
         info: LoadedInfo { name: "p".into(), version: "0".into(), path: "p".into(), threading: "inline" },
@@ -33,7 +34,7 @@ fn end(host: &mut PluginHost, shutdown: Duration) {
 
 #[test]
 fn jobs_run_in_order_off_the_calling_thread() {
-    let (mut host, services) = host();
+    let (mut host, services) = host(Duration::from_secs(60));
     let (send, ran) = mpsc::channel();
     for i in 0..3 {
         let send = send.clone();
@@ -56,8 +57,7 @@ fn jobs_run_in_order_off_the_calling_thread() {
 
 #[test]
 fn a_hanging_job_is_given_up_at_the_bound_and_reported() {
-    let (mut host, services) = host();
-    services.deferred.set_bound(Duration::from_millis(50));
+    let (mut host, services) = host(Duration::from_millis(50));
     let (release, hang) = mpsc::channel::<()>();
     services.api().defer("p", move || {
         let _ = hang.recv();
@@ -72,7 +72,7 @@ fn a_hanging_job_is_given_up_at_the_bound_and_reported() {
 
 #[test]
 fn a_failing_or_panicking_job_is_the_plugins_failure_and_the_thread_goes_on() {
-    let (mut host, services) = host();
+    let (mut host, services) = host(Duration::from_secs(60));
     services.api().defer("p", || panic!("boom"));
     services.api().defer("p", || Err("disk full".into()));
     let (send, ran) = mpsc::channel();

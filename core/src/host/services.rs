@@ -2,9 +2,12 @@
 //! leaving the schedule, collectives and deferred work (`deferred.rs`). The context is a leaked `'static` object, since plugins may keep
 //! their `HostApi` for as long as they live.
 
-use std::sync::{
-    atomic::{AtomicBool, Ordering},
-    Arc, Mutex,
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
 };
 
 use abi_stable::std_types::{RResult, RStr, RString};
@@ -58,7 +61,8 @@ pub struct HostServices {
 }
 
 impl HostServices {
-    pub fn leak(gate: Arc<Gate>, collectives: Arc<dyn Collectives>) -> &'static HostServices {
+    /// `shutdown`: how long a plugin's `wait_deferred` may wait (`run.shutdown_timeout_s`).
+    pub fn leak(gate: Arc<Gate>, collectives: Arc<dyn Collectives>, shutdown: Duration) -> &'static HostServices {
         Box::leak(Box::new(HostServices {
             gate,
             stop: AtomicBool::new(false),
@@ -66,7 +70,7 @@ impl HostServices {
             collectives,
             detach_requests: Mutex::new(Vec::new()),
             detach_pending: AtomicBool::new(false),
-            deferred: Deferred::default(),
+            deferred: Deferred::new(shutdown),
         }))
     }
 

@@ -158,8 +158,7 @@ impl Run {
         // The run's gate: its schedule raises it, requests from other threads
         // (through the host's services and the signal handlers) lower it.
         let gate = Arc::new(Gate::new(0));
-        let services = HostServices::leak(gate.clone(), dist.collectives());
-        services.deferred.set_bound(Duration::from_secs_f64(config.run.shutdown_timeout_s));
+        let services = HostServices::leak(gate.clone(), dist.collectives(), Duration::from_secs_f64(config.run.shutdown_timeout_s));
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
