@@ -359,7 +359,7 @@ impl Uploader {
     fn send(&mut self, n: usize) {
         let Link::Online(run) = &self.link else { return };
         let Some(client) = &self.context.client else { return };
-        let result = send(client, run, &self.run_dir, self.queue.range(..n).cloned().collect::<Vec<_>>().as_slice());
+        let result = send(client, run, &self.run_dir, &self.queue.make_contiguous()[..n]);
         self.last_send = Some(Instant::now());
         match result {
             Ok((counts, notes)) => {
