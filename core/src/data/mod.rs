@@ -147,7 +147,7 @@ pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
     let data = &config.data;
     let seq_len = seq_len(config);
     let classify = config.model.kind == crate::config::ModelKind::Mlp
-        || (config.model.kind == crate::config::ModelKind::Torchscript && config.model.task == crate::config::TaskKind::Classification);
+        || (config.model.kind == crate::config::ModelKind::Torchscript && config.model.torchscript.task == crate::config::TaskKind::Classification);
     let tokenized = config.tokenizes();
     Ok(match (data.kind, classify) {
         (DataKind::Chat | DataKind::PromptCompletion, _) => Arc::new(instruct::InstructData::from_config(config, seq_len)?),

@@ -56,16 +56,16 @@ impl GptBlock {
         // GPT-2's scaled init of residual projections.
         let proj_std = 0.02 / (2.0 * c.n_layer as f64).sqrt();
         GptBlock {
-            ln_1: layer_norm(&vs / "ln_1", d, c.layer_norm_eps),
-            c_attn: init_linear(&vs / "attn" / "c_attn", "c_attn", d, 3 * d, c.bias, 0.02, lo),
-            attn_proj: init_linear(&vs / "attn" / "c_proj", "c_proj", d, d, c.bias, proj_std, lo),
-            ln_2: layer_norm(&vs / "ln_2", d, c.layer_norm_eps),
-            c_fc: init_linear(&vs / "mlp" / "c_fc", "c_fc", d, 4 * d, c.bias, 0.02, lo),
-            mlp_proj: init_linear(&vs / "mlp" / "c_proj", "c_proj", 4 * d, d, c.bias, proj_std, lo),
+            ln_1: layer_norm(&vs / "ln_1", d, c.gpt.layer_norm_eps),
+            c_attn: init_linear(&vs / "attn" / "c_attn", "c_attn", d, 3 * d, c.gpt.bias, 0.02, lo),
+            attn_proj: init_linear(&vs / "attn" / "c_proj", "c_proj", d, d, c.gpt.bias, proj_std, lo),
+            ln_2: layer_norm(&vs / "ln_2", d, c.gpt.layer_norm_eps),
+            c_fc: init_linear(&vs / "mlp" / "c_fc", "c_fc", d, 4 * d, c.gpt.bias, 0.02, lo),
+            mlp_proj: init_linear(&vs / "mlp" / "c_proj", "c_proj", 4 * d, d, c.gpt.bias, proj_std, lo),
             n_head: c.n_head,
             dropout: c.dropout,
-            eps: c.layer_norm_eps,
-            gelu: c.activation.approximate(),
+            eps: c.gpt.layer_norm_eps,
+            gelu: c.gpt.activation.approximate(),
         }
     }
 }
@@ -108,7 +108,7 @@ impl Gpt {
         let wte = nn::embedding(&t / "wte", c.vocab_size, c.n_embd, emb);
         let wpe = nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb);
         let blocks = (0..c.n_layer).map(|i| GptBlock::new(&t / "h" / i, c, targets)).collect();
-        let ln_f = layer_norm(&t / "ln_f", c.n_embd, c.layer_norm_eps);
+        let ln_f = layer_norm(&t / "ln_f", c.n_embd, c.gpt.layer_norm_eps);
         Decoder::new(Gpt { wte, wpe, ln_f, config: c.clone(), lora_draws: targets.draws() }, blocks)
     }
 }
@@ -133,7 +133,7 @@ impl Family for Gpt {
     }
 
     fn norm(&self, x: &Tensor) -> Result<Tensor> {
-        norm(&self.ln_f, x, self.config.layer_norm_eps)
+        norm(&self.ln_f, x, self.config.gpt.layer_norm_eps)
     }
 
     /// The token embedding (weight tying, as GPT-2).

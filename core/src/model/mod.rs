@@ -180,8 +180,8 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
         ModelKind::Gpt => planned(Gpt::decoder(vs, m, targets), vs, config)?,
         ModelKind::Llama => planned(Llama::decoder(vs, m, targets), vs, config)?,
         ModelKind::Mlp => {
-            let input_dim = if m.input_dim > 0 { m.input_dim } else { dataset.input_dim() };
-            let classes = if m.num_classes > 0 { m.num_classes } else { dataset.num_classes() };
+            let input_dim = if m.mlp.input_dim > 0 { m.mlp.input_dim } else { dataset.input_dim() };
+            let classes = if m.mlp.num_classes > 0 { m.mlp.num_classes } else { dataset.num_classes() };
             if input_dim <= 0 || classes <= 1 {
                 return Err(Error::Config(crate::error::ConfigError {
                     origin: "configuration".into(),
@@ -189,14 +189,14 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
                     message: "mlp needs classification data (data.kind = \"jsonl\" or synthetic classification)".into(),
                 }));
             }
-            Box::new(Mlp::new(vs, input_dim, &m.hidden, classes))
+            Box::new(Mlp::new(vs, input_dim, &m.mlp.hidden, classes))
         }
         ModelKind::Torchscript => {
-            let task = match m.task {
+            let task = match m.torchscript.task {
                 TaskKind::Classification => Task::Classification,
                 TaskKind::LanguageModel => Task::LanguageModel,
             };
-            Box::new(TorchScript::load(std::path::Path::new(&m.path), vs, task)?)
+            Box::new(TorchScript::load(std::path::Path::new(&m.torchscript.path), vs, task)?)
         }
     })
 }
