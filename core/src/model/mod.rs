@@ -4,7 +4,6 @@
 
 mod attention;
 mod checkpointing;
-pub mod chunked_loss;
 pub mod decoder;
 mod entry;
 pub mod generate;
@@ -19,7 +18,7 @@ pub mod probe;
 mod rope;
 mod torchscript;
 
-use tch::{nn, Kind, Reduction, Tensor};
+use tch::{nn, Tensor};
 
 pub use attention::{Attend, Segments};
 pub use decoder::Decoder;
@@ -123,42 +122,6 @@ pub trait Model: Send {
     fn block_matrices(&self) -> Vec<Tensor> {
         Vec::new()
     }
-}
-
-/// Mean cross-entropy of `logits` against `targets` for the task, in float32 even
-/// when the logits come out of bf16 autocast (as PyTorch's autocast computes
-/// `cross_entropy`): a log-softmax over a large vocabulary in bf16 loses about two
-/// decimal digits of the loss and of its gradient.
-pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
-    let upcast;
-    let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) {
-        upcast = logits.to_kind(Kind::Float);
-        &upcast
-    } else {
-        logits
-    };
-    match task {
-        Task::Classification => logits.cross_entropy_loss::<Tensor>(targets, None, Reduction::Mean, -100, 0.0),
-        Task::LanguageModel => {
-            let vocab = *logits.size().last().expect("logits have a vocabulary dimension");
-            logits.view([-1, vocab]).cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, -100, 0.0)
-        }
-    }
-}
-
-/// The cross-entropy of a language model's `logits` `[B, T, V]` against `targets`
-/// `[B, T]` (-100: not trained), in float32 (see [`loss`]), reduced by `reduction`:
-/// `Sum` for instruction data, which divides it by the trained tokens of the whole
-/// step; `None` for each position's loss, shaped as `targets`.
-pub fn token_loss(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let vocab = *logits.size().last().expect("logits have a vocabulary dimension");
-    let logits = logits.f_view([-1, vocab])?;
-    let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) { logits.f_to_kind(Kind::Float)? } else { logits };
-    let loss = logits.f_cross_entropy_loss::<Tensor>(&targets.f_view([-1])?, None, reduction, -100, 0.0)?;
-    Ok(match reduction {
-        Reduction::None => loss.f_view_as(targets)?,
-        _ => loss,
-    })
 }
 
 /// Builds the configured model with its parameters in `vs` ([`from_config`]); with
