@@ -90,7 +90,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         };
         if args.chat {
             let template = pretrained.chat_template()?;
-            text = template.render(&[Message { role: "user".into(), content: text }], true)?;
+            text = template.render_messages(&[Message { role: "user".into(), content: text }], true)?;
         }
         pretrained.encode(&text)?
     };

@@ -94,25 +94,34 @@ impl RunArgs {
     }
 }
 
+impl RunArgs {
+    /// The configuration this command runs with: the files and `--set` layers (with
+    /// --auto-resume and no --config, the run directory's own), then the flags.
+    /// `ptrain tokenize` takes the same flags and reads the data through it.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let own = self.run_dir.as_ref().map(|d| d.join("config.toml")).filter(|p| self.auto_resume && self.config.is_empty() && p.is_file());
+        // The checkpoint the weights will come from, if any: model.init_from is then not needed.
+        let from = match (&self.resume, self.auto_resume, &self.run_dir) {
+            (Some(path), _, _) => ptrain_core::checkpoint::resolve(path).0,
+            (None, true, Some(dir)) => ptrain_core::checkpoint::resolve(dir).0,
+            _ => None,
+        };
+        let builder = match own {
+            Some(own) => {
+                tracing::info!("--auto-resume without --config: the run's own {}", own.display());
+                self.set
+                    .iter()
+                    .try_fold(ConfigBuilder::default().recorded(&recorded_without_debug(&own)?, &own.display().to_string())?, |b, s| b.set(s))?
+            }
+            None => ConfigBuilder::layered(&self.config, &self.set)?,
+        };
+        let builder = builder.weights_from(from.as_deref().map(ptrain_core::config::run_dir_of));
+        Ok(builder.build_with(|c| self.apply(c))?)
+    }
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let own = args.run_dir.as_ref().map(|d| d.join("config.toml")).filter(|p| args.auto_resume && args.config.is_empty() && p.is_file());
-    // The checkpoint the weights will come from, if any: model.init_from is then not needed.
-    let from = match (&args.resume, args.auto_resume, &args.run_dir) {
-        (Some(path), _, _) => ptrain_core::checkpoint::resolve(path).0,
-        (None, true, Some(dir)) => ptrain_core::checkpoint::resolve(dir).0,
-        _ => None,
-    };
-    let builder = match own {
-        Some(own) => {
-            tracing::info!("--auto-resume without --config: the run's own {}", own.display());
-            args.set
-                .iter()
-                .try_fold(ConfigBuilder::default().recorded(&recorded_without_debug(&own)?, &own.display().to_string())?, |b, s| b.set(s))?
-        }
-        None => ConfigBuilder::layered(&args.config, &args.set)?,
-    };
-    let builder = builder.weights_from(from.as_deref().map(ptrain_core::config::run_dir_of));
-    let config = builder.build_with(|c| args.apply(c))?;
+    let config = args.config()?;
     let resume = match (&args.resume, args.auto_resume) {
         (Some(path), _) => Some(Resume::Path(path.clone())),
         (None, true) => Some(Resume::Auto),

@@ -1,44 +1,60 @@
-//! `ptrain tokenize`: fill the token cache without training.
+//! `ptrain tokenize`: fill the token cache without training, or show rows as the
+//! model sees them.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{io::IsTerminal, process::ExitCode};
 
 use clap::Args;
-use ptrain_core::data::token_cache::Tokenizing;
+use ptrain_core::data::{
+    instruct::{
+        show::{self, Marks},
+        InstructData,
+    },
+    token_cache::Tokenizing,
+};
 
-/// Tokenize data.path (and data.val_path) with data.tokenizer into the token cache.
+use super::run::RunArgs;
+
+/// Tokenize data.path (and data.val_path, and [[data.datasets]]) with data.tokenizer
+/// into the token cache.
 ///
 /// Instruction data (`data.kind = "chat"` or `"prompt_completion"`) is encoded
-/// with its trained-token masks, and the rows cut or left out are counted.
+/// with its trained-token masks on every core, and each source's rows, tokens and
+/// trained tokens are counted, with the rows cut or left out (and why).
 ///
-/// What `ptrain run` does first, without training: a later run with the same
-/// tokenizer and text reuses the cached ids. Useful before a distributed run (every
-/// rank would otherwise tokenize), and to measure tokenization speed.
+/// What `ptrain run` does first, without training, and with the same flags: a
+/// later run with the same tokenizer and data reuses the cached ids. Useful before
+/// a distributed run (every rank would otherwise tokenize), and to measure
+/// tokenization speed. `--show N` prints the first N rows as the model sees them.
 #[derive(Debug, Args)]
 pub struct TokenizeArgs {
-    /// TOML file layered over the default; repeat to layer several, in order (a later
-    /// file's keys win).
-    #[arg(short, long, value_name = "FILE")]
-    config: Vec<PathBuf>,
-    /// Override one key, e.g. `--set data.tokenizer=tok.json`.
-    #[arg(short, long = "set", value_name = "SECTION.KEY=VALUE")]
-    set: Vec<String>,
+    #[command(flatten)]
+    run: RunArgs,
     /// One JSON object per file on stdout instead of a sentence.
     #[arg(long)]
     json: bool,
+    /// Print the first N rows of instruction data as the model sees them: the
+    /// rendered text with the trained spans marked (green on a terminal, else
+    /// between `[[` and `]]`), and each row's tokens and trained tokens. Encodes
+    /// only those rows.
+    #[arg(long, value_name = "N")]
+    show: Option<usize>,
 }
 
 pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
-    let config = ptrain_core::ConfigBuilder::layered(&args.config, &args.set)?.build()?;
+    let config = args.run.config()?;
+    if let Some(n) = args.show {
+        if !config.data.kind.is_instruction() {
+            return Err(config_error("--show reads instruction data: data.kind = \"chat\" or \"prompt_completion\"").into());
+        }
+        return show(&config, n);
+    }
     if config.data.kind.is_instruction() {
         return instruction(&config, args.json);
     }
     if !config.tokenizes() {
-        return Err(ptrain_core::Error::from(ptrain_core::ConfigError {
-            origin: "configuration".into(),
-            key: "data.tokenizer".into(),
-            message: "ptrain tokenize needs data.tokenizer and data.kind = \"text\", \"jsonl\", \"chat\" or \"prompt_completion\"".into(),
-        })
-        .into());
+        return Err(
+            config_error("ptrain tokenize needs data.tokenizer and data.kind = \"text\", \"jsonl\", \"chat\" or \"prompt_completion\"").into()
+        );
     }
     let tokenizing = Tokenizing::new(&config)?;
     let sources = [&config.data.path, &config.data.val_path];
@@ -61,28 +77,90 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Instruction data: every file encoded with its trained-token masks into the
-/// cache, and what was cut or left out.
+fn config_error(message: &str) -> ptrain_core::Error {
+    ptrain_core::Error::from(ptrain_core::ConfigError { origin: "configuration".into(), key: "data.kind".into(), message: message.into() })
+}
+
+/// Instruction data: every source encoded with its trained-token masks into the
+/// cache; what each holds, and what was cut or left out.
 fn instruction(config: &ptrain_core::Config, json: bool) -> anyhow::Result<ExitCode> {
-    let data = ptrain_core::data::instruct::InstructData::from_config(config, ptrain_core::data::seq_len(config))?;
-    let counts = data.counts;
-    for (name, file, rows) in data.files() {
+    let data = InstructData::from_config(config, ptrain_core::data::seq_len(config))?;
+    let counts = &data.counts;
+    for (name, meta, file, seconds) in data.files() {
+        let rows = meta.rows + meta.untrained;
+        let rate = seconds.map(|s| rows as f64 / s.max(1e-9));
         if json {
-            outln!("{}", serde_json::json!({ "source": name, "file": file, "rows": rows }));
-        } else {
-            outln!("{name}: {rows} rows -> {}", file.display());
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "source": name, "path": meta.source, "files": meta.files, "file": file, "rows": meta.rows, "tokens": meta.tokens,
+                    "trained_tokens": meta.trained_tokens, "untrained": meta.untrained, "first_untrained": meta.first_untrained,
+                    "reused": seconds.is_none(), "seconds": seconds, "rows_per_s": rate,
+                    "tokens_per_s": seconds.map(|s| meta.tokens as f64 / s.max(1e-9)),
+                })
+            );
+            continue;
+        }
+        let how = match (seconds, rate) {
+            (Some(s), Some(r)) => format!("encoded in {s:.2}s ({r:.0} rows/s, {:.0} tokens/s)", meta.tokens as f64 / s.max(1e-9)),
+            _ => "reused".into(),
+        };
+        outln!("{name} ({}): {} rows, {} tokens, {} trained; {how} -> {}", meta.source, meta.rows, meta.tokens, meta.trained_tokens, file.display());
+        if let Some(first) = &meta.first_untrained {
+            outln!("  {} rows have no trained token and are left out; the first: {first}", meta.untrained);
         }
     }
     if json {
         outln!("{}", serde_json::json!({ "counts": counts }));
-    } else {
-        outln!(
-            "{} rows: {} truncated, {} dropped as too long, {} dropped with no trained token",
-            counts.rows,
-            counts.truncated,
-            counts.dropped_too_long,
-            counts.dropped_untrained
-        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!(
+        "{} rows: {} truncated, {} dropped as too long, {} dropped with no trained token",
+        counts.rows,
+        counts.truncated,
+        counts.dropped_too_long,
+        counts.dropped_untrained
+    );
+    if counts.sources.len() > 1 {
+        for c in &counts.sources {
+            outln!(
+                "  {}: {} rows kept, {} tokens, {} trained; weight {} by {:?}: {:.3} copies per epoch, {:.1}% of its trained tokens",
+                c.name,
+                c.kept,
+                c.tokens,
+                c.trained_tokens,
+                c.weight,
+                config.data.weight_by,
+                c.copies,
+                100.0 * c.epoch_trained_share
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--show N`: the first rows, marked, with their counts; rows with nothing
+/// trained named with the reason.
+fn show(config: &ptrain_core::Config, n: usize) -> anyhow::Result<ExitCode> {
+    let marks = if std::io::stdout().is_terminal() { Marks::Colour } else { Marks::Brackets };
+    if marks == Marks::Brackets {
+        outln!("(trained text is between [[ and ]])");
+    }
+    let limit = ptrain_core::data::seq_len(config) as usize + 1;
+    for row in show::first_rows(config, n)? {
+        let e = &row.shown.encoded;
+        let trained = e.trained.iter().skip(1).filter(|&&t| t).count();
+        outln!("--- {} {}: {} tokens, {} trained", row.place.file.display(), row.place.at, e.ids.len(), trained);
+        outln!("{}", show::marked(&row.shown, marks));
+        if let Some(why) = &e.untrained {
+            outln!("!!! nothing is trained in this row (it is left out): {why}");
+        }
+        if e.ids.len() > limit {
+            outln!(
+                "!!! longer than data.max_seq_len + 1 = {limit} tokens: data.overflow = {:?} cuts it there or leaves it out",
+                config.data.overflow
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -123,18 +123,19 @@ def make(d, rows, seed):
 
 
 def read_rows(path):
-    """ptrain's .rows cache: PTRROWS1, rows, tokens, offsets, u32 ids, u8 mask."""
+    """ptrain's .rows cache: PTRROWS2, rows, tokens, u32 words (id | trained << 31), u64 offsets,
+    u32 trained counts."""
     with open(path, "rb") as f:
         data = f.read()
-    assert data[:8] == b"PTRROWS1", path
+    assert data[:8] == b"PTRROWS2", path
     n, tokens = struct.unpack_from("<QQ", data, 8)
-    offsets = np.frombuffer(data, dtype="<u8", count=n + 1, offset=24)
-    ids = np.frombuffer(data, dtype="<u4", count=tokens, offset=24 + 8 * (n + 1))
-    mask = np.frombuffer(data, dtype=np.uint8, count=tokens, offset=24 + 8 * (n + 1) + 4 * tokens)
+    words = np.frombuffer(data, dtype="<u4", count=tokens, offset=24)
+    offsets = np.frombuffer(data, dtype="<u8", count=n + 1, offset=24 + 4 * tokens)
+    ids, mask = (words & 0x7FFFFFFF).astype(np.int64), (words >> 31).astype(np.uint8)
     return [(ids[offsets[i]:offsets[i + 1]].tolist(), mask[offsets[i]:offsets[i + 1]].tolist()) for i in range(n)]
 
 
-def sft(d, data, kind, **extra):
+def sft(d, data, kind, dataset=None, **extra):
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
@@ -143,7 +144,7 @@ def sft(d, data, kind, **extra):
     model = AutoModelForCausalLM.from_pretrained(d, dtype="float32")
     args = SFTConfig(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=True, max_length=None, shuffle_dataset=False,
                      assistant_only_loss=(kind == "chat"), dataset_num_proc=None, **extra)
-    ds = load_dataset("json", data_files=data, split="train")
+    ds = dataset if dataset is not None else load_dataset("json", data_files=data, split="train")
     return SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok), tok, ds
 
 

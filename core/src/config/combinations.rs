@@ -1,7 +1,7 @@
 //! The combinations of keys a configuration allows (what `model.init_from` and
 //! `data.tokenizer` fill in is `crate::resolve`'s).
 
-use super::{ActivationCheckpointing, Config, DataKind, ModelKind, TaskKind, TrainOn, BYTES_TOKENIZER};
+use super::{ActivationCheckpointing, ColumnMap, Config, DataFormat, DataKind, ModelKind, TaskKind, TrainOn, WeightBy, BYTES_TOKENIZER};
 use crate::error::{ConfigError, Error};
 
 fn bad(key: &str, message: impl Into<String>) -> Error {
@@ -37,7 +37,15 @@ impl Config {
     pub(super) fn validate_instruction(&self) -> Result<(), Error> {
         let data = &self.data;
         if !data.kind.is_instruction() {
-            for (key, set) in [("data.packing", data.packing), ("data.train_on", data.train_on != TrainOn::Auto)] {
+            let set = [
+                ("data.packing", data.packing),
+                ("data.train_on", data.train_on != TrainOn::Auto),
+                ("data.format", data.format != DataFormat::Auto),
+                ("data.columns", data.columns != ColumnMap::default()),
+                ("data.ignore_columns", !data.ignore_columns.is_empty()),
+                ("data.weight_by", data.weight_by != WeightBy::Rows),
+            ];
+            for (key, set) in set {
                 if set {
                     return Err(bad(key, "applies to instruction data (data.kind = \"chat\" or \"prompt_completion\")"));
                 }
@@ -59,10 +67,10 @@ impl Config {
             _ => &[TrainOn::Auto, TrainOn::Completion, TrainOn::All],
         };
         if !allowed.contains(&data.train_on) {
-            let names: Vec<String> = allowed.iter().map(|t| format!("{t:?}")).collect();
+            let names: Vec<String> = allowed.iter().map(spelled).collect();
             return Err(bad(
                 "data.train_on",
-                format!("{:?} does not apply to data.kind = {:?}; use one of {}", data.train_on, data.kind, names.join(", ")).to_lowercase(),
+                format!("\"{}\" does not apply to data.kind = \"{}\"; use one of {}", spelled(&data.train_on), spelled(&data.kind), names.join(", ")),
             ));
         }
         if data.path.is_empty() && data.datasets.is_empty() {
@@ -111,4 +119,9 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A setting as the configuration spells it (`last_assistant`, not `LastAssistant`).
+fn spelled<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }

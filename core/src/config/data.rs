@@ -31,8 +31,115 @@ pub struct DataConfig {
     /// `chat` / `prompt_completion`: rows concatenated into full sequences, each
     /// attending only to itself, instead of one padded row per sequence.
     pub packing: bool,
+    /// `chat` / `prompt_completion`: how the files are read (detected by default).
+    pub format: DataFormat,
+    /// `chat` / `prompt_completion`: columns of the rows that are neither used nor
+    /// passed to the chat template, left out on purpose (any other such column is
+    /// an error naming it).
+    pub ignore_columns: Vec<String>,
+    /// `[[data.datasets]]` of instruction data: what a `weight` shares out.
+    pub weight_by: WeightBy,
+    /// `chat` / `prompt_completion`: the names the rows use (a table: after the
+    /// plain values in TOML output).
+    pub columns: ColumnMap,
     /// Last: an array of tables must follow plain values in TOML output.
     pub datasets: Vec<DatasetSpec>,
+}
+
+/// Whether a data path is a glob pattern (`data/train-*.parquet`): its files are
+/// found when the data is read, not checked to exist up front.
+pub fn is_pattern(path: &str) -> bool {
+    path.contains(['*', '?', '['])
+}
+
+/// How instruction data files are read.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DataFormat {
+    /// Detected: Parquet and Arrow by their magic bytes, then `.jsonl`, then a
+    /// first character `[` (a JSON array) or not (JSON Lines); directories of
+    /// shards and `datasets.save_to_disk` directories by what they hold.
+    #[default]
+    Auto,
+    /// One JSON object per line (gzip or zstd compressed too).
+    Jsonl,
+    /// One JSON array of objects.
+    Json,
+    /// Apache Parquet (one file, or a directory or glob of shards).
+    Parquet,
+    /// Arrow IPC (`datasets.save_to_disk`).
+    Arrow,
+}
+
+impl DataFormat {
+    /// The configuration's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataFormat::Auto => "auto",
+            DataFormat::Jsonl => "jsonl",
+            DataFormat::Json => "json",
+            DataFormat::Parquet => "parquet",
+            DataFormat::Arrow => "arrow",
+        }
+    }
+}
+
+/// What `weight` means in a mix of instruction datasets.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightBy {
+    /// Copies of each row per epoch.
+    #[default]
+    Rows,
+    /// The share of the epoch's trained tokens.
+    Tokens,
+}
+
+/// Where a row keeps what ptrain reads: the column (or message key) each of
+/// ptrain's names is spelled as in the files. Defaults are the names themselves.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ColumnMap {
+    /// The conversation, a list of messages (OpenAI's `messages`).
+    pub messages: String,
+    /// ShareGPT's conversation (messages with `from` / `value`).
+    pub conversations: String,
+    /// A message's role key (ShareGPT's `from` is read too).
+    pub role: String,
+    /// A message's text key (ShareGPT's `value` is read too).
+    pub content: String,
+    /// The tool schemas: a list, or a JSON string of one.
+    pub tools: String,
+    /// Alpaca: the system prompt, the instruction, its input, the answer and
+    /// earlier `[user, assistant]` pairs.
+    pub system: String,
+    pub instruction: String,
+    pub input: String,
+    pub output: String,
+    pub history: String,
+    /// Prompt/completion rows.
+    pub prompt: String,
+    pub completion: String,
+}
+
+impl Default for ColumnMap {
+    fn default() -> ColumnMap {
+        let s = |n: &str| n.to_string();
+        ColumnMap {
+            messages: s("messages"),
+            conversations: s("conversations"),
+            role: s("role"),
+            content: s("content"),
+            tools: s("tools"),
+            system: s("system"),
+            instruction: s("instruction"),
+            input: s("input"),
+            output: s("output"),
+            history: s("history"),
+            prompt: s("prompt"),
+            completion: s("completion"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -99,6 +206,14 @@ pub struct DatasetSpec {
     pub path: String,
     #[serde(default = "one")]
     pub weight: f64,
+    /// Instruction data: this file's form, columns and left-out columns when they
+    /// differ from `data.format`, `data.columns`, `data.ignore_columns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<DataFormat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<ColumnMap>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_columns: Option<Vec<String>>,
 }
 
 fn one() -> f64 {

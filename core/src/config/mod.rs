@@ -26,7 +26,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-pub use data::{DataConfig, DataKind, DatasetSpec, Overflow, TrainOn};
+pub use data::{is_pattern, ColumnMap, DataConfig, DataFormat, DataKind, DatasetSpec, Overflow, TrainOn, WeightBy};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use lora::LoraConfig;
@@ -321,16 +321,18 @@ impl Config {
     pub fn input_files(&self) -> Vec<(&'static str, PathBuf)> {
         let mut files = Vec::new();
         let named = |s: &str| (!s.is_empty()).then(|| PathBuf::from(s));
+        // A glob's files are found (or said missing) when the data is read.
+        let data_file = |s: &str| named(s).filter(|_| !(self.data.kind.is_instruction() && is_pattern(s)));
         if self.data.kind != DataKind::Synthetic {
-            if let Some(p) = named(&self.data.path) {
+            if let Some(p) = data_file(&self.data.path) {
                 files.push(("data.path", p));
             }
         }
-        if let Some(p) = named(&self.data.val_path) {
+        if let Some(p) = data_file(&self.data.val_path) {
             files.push(("data.val_path", p));
         }
         if self.data.kind == DataKind::Jsonl || self.data.kind.is_instruction() {
-            files.extend(self.data.datasets.iter().filter_map(|d| named(&d.path)).map(|p| ("data.datasets.path", p)));
+            files.extend(self.data.datasets.iter().filter_map(|d| data_file(&d.path)).map(|p| ("data.datasets.path", p)));
         }
         if self.model.kind == ModelKind::Torchscript {
             files.push(("model.torchscript.path", PathBuf::from(&self.model.torchscript.path)));

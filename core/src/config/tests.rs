@@ -123,6 +123,22 @@ fn missing_input_files_are_named() {
 }
 
 #[test]
+fn instruction_reading_keys_need_instruction_data_and_a_glob_need_not_exist_yet() {
+    for set in ["data.format=\"parquet\"", "data.ignore_columns=[\"id\"]", "data.weight_by=\"tokens\"", "data.columns.role=\"speaker\""] {
+        let key = set.split('=').next().unwrap().split('.').take(2).collect::<Vec<_>>().join(".");
+        match ConfigBuilder::default().set(set).unwrap().build() {
+            Err(Error::Config(e)) => assert!(e.key == key && e.message.contains("instruction data"), "{set}: {e:?}"),
+            other => panic!("{set}: {other:?}"),
+        }
+    }
+    assert_eq!(config_error(ConfigBuilder::default().set("data.columns.rol=\"speaker\"")).key, "data.columns.rol");
+    // Shards named by a pattern are found (or said missing) when the data is read.
+    let glob = "/no/such/train-*.parquet";
+    let chat = ConfigBuilder::default().set("data.kind=\"chat\"").unwrap().set(&format!("data.path=\"{glob}\"")).unwrap();
+    assert!(chat.build_recorded().unwrap().input_files().iter().all(|(_, p)| p.to_str() != Some(glob)));
+}
+
+#[test]
 fn plugin_tables_split_host_keys_from_options() {
     let table: toml::Table = toml::from_str("every = 20\nqueue = 8\non_full = \"block\"\nproject = \"p\"\n[histograms]\nevery = 0\n").unwrap();
     let s = PluginSettings::parse("tensorboard", &table, &["scalars", "histograms"], true).unwrap();

@@ -1,11 +1,7 @@
 //! Classification data: feature rows with labels, from one or several named
 //! datasets mixed by weight (JSONL files, or generated clusters).
 
-use std::{
-    collections::BTreeMap,
-    io::{BufRead, BufReader},
-    path::Path,
-};
+use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 use tch::Tensor;
@@ -146,24 +142,23 @@ fn hold_out(all: Rows, f: usize, fraction: f64) -> (Rows, Rows) {
 }
 
 fn read_jsonl(path: &Path, default_name: Option<&str>, width: &mut Option<usize>, into: &mut BTreeMap<String, Rows>) -> Result<()> {
-    let file = std::fs::File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::MissingFile { what: "data file", path: path.to_owned() },
-        _ => Error::Io { path: path.to_owned(), source: e },
-    })?;
-    let bad = |line: usize, message: String| Error::Data { path: path.to_owned(), message: format!("line {line}: {message}") };
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| Error::Io { path: path.to_owned(), source: e })?;
+    if !path.exists() {
+        return Err(Error::MissingFile { what: "data file", path: path.to_owned() });
+    }
+    let bad = |line: u64, message: String| Error::Data { path: path.to_owned(), message: format!("line {line}: {message}") };
+    for line in super::reader::lines(path)? {
+        let (n, line) = line?;
         if line.trim().is_empty() {
             continue;
         }
-        let row: ClassRow = serde_json::from_str(&line).map_err(|e| bad(i + 1, e.to_string()))?;
-        let name = row.dataset.as_deref().or(default_name).ok_or_else(|| bad(i + 1, "no `dataset` field".into()))?;
+        let row: ClassRow = serde_json::from_str(&line).map_err(|e| bad(n, e.to_string()))?;
+        let name = row.dataset.as_deref().or(default_name).ok_or_else(|| bad(n, "no `dataset` field".into()))?;
         if row.label < 0 {
-            return Err(bad(i + 1, "negative label".into()));
+            return Err(bad(n, "negative label".into()));
         }
         match *width {
             None => *width = Some(row.features.len()),
-            Some(w) if w != row.features.len() => return Err(bad(i + 1, format!("{} features, earlier rows have {w}", row.features.len()))),
+            Some(w) if w != row.features.len() => return Err(bad(n, format!("{} features, earlier rows have {w}", row.features.len()))),
             _ => {}
         }
         let rows = into.entry(name.to_string()).or_default();

@@ -11,6 +11,7 @@ pub mod chat_template;
 mod classify;
 pub mod instruct;
 pub mod loader;
+pub mod reader;
 pub mod token_cache;
 pub mod tokenize;
 mod tokens;

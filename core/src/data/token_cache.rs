@@ -161,7 +161,7 @@ impl Tokenizing {
                 seconds: 0.0,
             });
         }
-        let text = std::str::from_utf8(&text).map_err(|e| Error::Data { path: source.to_owned(), message: format!("not UTF-8 text: {e}") })?;
+        let text = super::reader::whole_utf8(&text).map_err(|message| Error::Data { path: source.to_owned(), message })?;
         std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
         tracing::info!("tokens: tokenizing {} with {} into {}", source.display(), self.tokenizer_path.display(), file.display());
         let started = Instant::now();

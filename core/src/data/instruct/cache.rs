@@ -1,103 +1,106 @@
 //! Encoded rows, cached: `<cache>/<stem>-<key>.rows` holds every kept row's ids
-//! and trained-token mask, memory-mapped by later runs. The key hashes the file,
+//! and trained-token mask, memory-mapped by later runs. The key hashes the files,
 //! the tokenizer, its configuration (the chat template) and the settings that
-//! change the ids or the masks, so unchanged data is encoded once.
+//! change the ids or the masks (form, column names), so unchanged data is encoded
+//! once.
 //!
-//! Layout (little-endian): `PTRROWS1`, rows `n` (u64), tokens (u64), `n + 1` row
-//! offsets (u64), the ids (u32 each), the mask (u8 each, 1 = trained). Written to
-//! a temporary name and renamed, so a file under the final name is complete.
+//! Layout (little-endian): `PTRROWS2`, rows `n` (u64), tokens `t` (u64); `t` words
+//! (u32: the id in the low 31 bits, bit 31 set when trained); `n + 1` row offsets
+//! (u64); `n` trained-token counts (u32). Rows stream in and the counts and
+//! offsets, known at the end, go last; written to a temporary name and renamed, so
+//! a file under the final name is complete.
 
 use std::{
-    io::{BufWriter, Write},
+    io::{BufWriter, Seek, SeekFrom, Write},
     path::{Path, PathBuf},
-    time::Instant,
 };
 
 use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
-use super::{
-    encode::{Encoded, Encoder},
-    rows,
-};
+use super::encode::Encoded;
 use crate::{
-    config::DataKind,
-    data::{token_cache::hex, tokenize::TOKENIZERS_VERSION},
+    data::{reader::Place, token_cache::hex, tokenize::TOKENIZERS_VERSION},
     error::{Error, Result},
 };
 
 /// Bumped when the layout or the encoding changes.
-const SCHEME: &str = "ptrain-rows-1";
-const MAGIC: &[u8; 8] = b"PTRROWS1";
+pub const SCHEME: &str = "ptrain-rows-2";
+const MAGIC: &[u8; 8] = b"PTRROWS2";
 const HEADER: usize = 24;
+const TRAINED: u32 = 1 << 31;
 
-/// One row's bytes in the mapping.
+/// One row's words in the mapping.
 pub struct Row<'a> {
-    ids: &'a [u8],
-    mask: &'a [u8],
+    words: &'a [u8],
 }
 
 impl Row<'_> {
+    fn word(&self, i: usize) -> u32 {
+        u32::from_le_bytes(self.words[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+    }
+
     pub fn id(&self, i: usize) -> u32 {
-        u32::from_le_bytes(self.ids[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+        self.word(i) & !TRAINED
     }
 
     /// Whether predicting token `i` is trained.
     pub fn trained(&self, i: usize) -> bool {
-        self.mask[i] != 0
+        self.word(i) & TRAINED != 0
     }
 
-    /// Whether any of the first `len` tokens but the first is trained (the first
-    /// token is never a target).
-    pub fn trains_within(&self, len: usize) -> bool {
-        self.mask.iter().take(len).skip(1).any(|&m| m != 0)
+    /// Trained tokens among the first `len` but the first (never a target).
+    pub fn trained_within(&self, len: usize) -> usize {
+        (1..len.min(self.words.len() / 4)).filter(|&i| self.trained(i)).count()
     }
 }
 
-/// Rows of one file, mapped.
+/// What a source's encoding found, kept beside the cache file.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Meta {
+    pub source: String,
+    pub files: Vec<String>,
+    pub rows: u64,
+    pub tokens: u64,
+    pub trained_tokens: u64,
+    /// Rows left out because none of their tokens is trained, and the first of
+    /// them (place and reason).
+    pub untrained: u64,
+    pub first_untrained: Option<String>,
+    pub max_id: u32,
+    pub tokenizers_version: String,
+}
+
+/// Rows of one source, mapped.
 pub struct RowStore {
     map: Mmap,
     pub path: PathBuf,
-    rows: usize,
-    tokens: usize,
-    /// Rows left out because none of their tokens is trained.
-    pub untrained: u64,
-    pub max_id: u32,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Meta {
-    source: String,
-    rows: u64,
-    tokens: u64,
-    untrained: u64,
-    max_id: u32,
-    tokenizers_version: String,
+    pub meta: Meta,
+    /// Seconds this run spent encoding it (`None`: reused from the cache).
+    pub encoded: Option<f64>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_owned(), source }
 }
 
-fn read(path: &Path, what: &'static str) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::MissingFile { what, path: path.to_owned() },
-        _ => Error::Io { path: path.to_owned(), source: e },
-    })
-}
-
 impl RowStore {
     pub fn len(&self) -> usize {
-        self.rows
+        self.meta.rows as usize
     }
 
     fn u64_at(&self, at: usize) -> u64 {
         u64::from_le_bytes(self.map[at..at + 8].try_into().expect("8 bytes"))
     }
 
+    fn offsets_at(&self) -> usize {
+        HEADER + 4 * self.meta.tokens as usize
+    }
+
     /// Token range of row `r`.
     fn span(&self, r: usize) -> (usize, usize) {
-        (self.u64_at(HEADER + 8 * r) as usize, self.u64_at(HEADER + 8 * (r + 1)) as usize)
+        let at = self.offsets_at() + 8 * r;
+        (self.u64_at(at) as usize, self.u64_at(at + 8) as usize)
     }
 
     pub fn row_len(&self, r: usize) -> usize {
@@ -105,113 +108,143 @@ impl RowStore {
         b - a
     }
 
-    /// Row `r`'s ids and mask, located once.
-    pub fn row(&self, r: usize) -> Row<'_> {
-        let (a, b) = self.span(r);
-        let ids = HEADER + 8 * (self.rows + 1);
-        let mask = ids + 4 * self.tokens;
-        Row { ids: &self.map[ids + 4 * a..ids + 4 * b], mask: &self.map[mask + a..mask + b] }
+    /// Trained tokens of row `r` (the first token never counts).
+    pub fn row_trained(&self, r: usize) -> usize {
+        let at = self.offsets_at() + 8 * (self.len() + 1) + 4 * r;
+        u32::from_le_bytes(self.map[at..at + 4].try_into().expect("4 bytes")) as usize
     }
 
-    fn open(path: &Path, meta: &Meta) -> Option<RowStore> {
-        let file = std::fs::File::open(path).ok()?;
+    /// Row `r`'s words, located once.
+    pub fn row(&self, r: usize) -> Row<'_> {
+        let (a, b) = self.span(r);
+        Row { words: &self.map[HEADER + 4 * a..HEADER + 4 * b] }
+    }
+
+    /// The cached store at `file`, if complete and of this scheme.
+    pub fn open(file: &Path) -> Option<RowStore> {
+        let meta: Meta = serde_json::from_slice(&std::fs::read(meta_path(file)).ok()?).ok()?;
+        let handle = std::fs::File::open(file).ok()?;
         // SAFETY: a read-only mapping of a cache file ptrain wrote and renamed into
         // place whole; it is only replaced by a rename, never written in place.
-        let map = unsafe { Mmap::map(&file) }.ok()?;
+        let map = unsafe { Mmap::map(&handle) }.ok()?;
         let (rows, tokens) = (meta.rows as usize, meta.tokens as usize);
-        let complete = map.len() == HEADER + 8 * (rows + 1) + 5 * tokens && &map[..8] == MAGIC;
-        complete.then(|| RowStore { map, path: path.to_owned(), rows, tokens, untrained: meta.untrained, max_id: meta.max_id })
+        let complete = map.len() == HEADER + 4 * tokens + 8 * (rows + 1) + 4 * rows && &map[..8] == MAGIC;
+        complete.then(|| RowStore { map, path: file.to_owned(), meta, encoded: None })
     }
 }
 
-/// The encoded rows of `source`, encoding them first unless cached. `key_parts`
-/// are the settings besides the file and `encoder` that change the result.
-pub fn prepare(source: &Path, kind: DataKind, encoder: &Encoder, key_parts: &[&str], dir: &Path) -> Result<RowStore> {
-    let text = read(source, "data file")?;
+pub fn meta_path(file: &Path) -> PathBuf {
+    file.with_extension("rows.json")
+}
+
+/// The cache file for a source: its name, and a key over `parts` and the contents
+/// of `files`.
+pub fn cache_file(dir: &Path, stem: &str, parts: &[&str], files: &[PathBuf]) -> Result<PathBuf> {
     let mut key = Sha256::new();
-    for part in [SCHEME, TOKENIZERS_VERSION].iter().chain(key_parts) {
+    for part in [SCHEME, TOKENIZERS_VERSION].iter().chain(parts) {
         key.update(part.as_bytes());
         key.update([0]);
     }
-    key.update(Sha256::digest(&text));
-    let stem: String =
-        source.file_stem().and_then(|s| s.to_str()).unwrap_or("data").chars().filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c)).collect();
-    let file = dir.join(format!("{stem}-{}.rows", &hex(&key.finalize())[..16]));
-    let meta_path = file.with_extension("rows.json");
-    let cached = std::fs::read(&meta_path).ok().and_then(|m| serde_json::from_slice::<Meta>(&m).ok());
-    if let Some(store) = cached.as_ref().and_then(|meta| RowStore::open(&file, meta)) {
-        tracing::info!("data: reusing {} for {} ({} rows)", file.display(), source.display(), store.len());
-        return Ok(store);
+    for file in files {
+        let mut reader = std::fs::File::open(file).map_err(io(file))?;
+        std::io::copy(&mut reader, &mut key).map_err(io(file))?;
+        key.update(file.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+        key.update([0]);
     }
-    let text = std::str::from_utf8(&text).map_err(|e| Error::Data { path: source.to_owned(), message: format!("not UTF-8 text: {e}") })?;
-    let started = Instant::now();
-    let (encoded, untrained) = encode_lines(text, source, kind, encoder)?;
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let tmp = dir.join(format!(".{}.tmp-{}", file.file_name().and_then(|n| n.to_str()).unwrap_or("rows"), std::process::id()));
-    let meta = write(&encoded, &tmp, source, untrained).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })?;
-    std::fs::write(&meta_path, serde_json::to_string_pretty(&meta).expect("meta serializes")).map_err(io(&meta_path))?;
-    std::fs::rename(&tmp, &file).map_err(io(&file))?;
-    tracing::info!("data: encoded {} rows of {} in {:.2}s into {}", meta.rows, source.display(), started.elapsed().as_secs_f64(), file.display());
-    RowStore::open(&file, &meta).ok_or_else(|| Error::Data { path: file.clone(), message: "the cache file just written does not read back".into() })
+    let stem: String = stem.chars().filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c)).collect();
+    Ok(dir.join(format!("{}-{}.rows", if stem.is_empty() { "data" } else { &stem }, &hex(&key.finalize())[..16])))
 }
 
-/// Every row of `text`, in order, on all cores; rows with no trained token are
-/// left out and counted. The first bad row is an error naming its line.
-fn encode_lines(text: &str, source: &Path, kind: DataKind, encoder: &Encoder) -> Result<(Vec<Encoded>, u64)> {
-    let lines: Vec<(usize, &str)> = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).collect();
-    if lines.is_empty() {
-        return Err(Error::Data { path: source.to_owned(), message: "the file holds no rows".into() });
-    }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(lines.len());
-    let chunk = lines.len().div_ceil(threads);
-    let encode = |(n, line): &(usize, &str)| -> std::result::Result<Encoded, (usize, String)> {
-        rows::parse(line, kind).and_then(|example| encoder.encode(&example)).map_err(|message| (n + 1, message))
-    };
-    let results: Vec<std::result::Result<Vec<Encoded>, (usize, String)>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = lines.chunks(chunk).map(|part| scope.spawn(move || part.iter().map(encode).collect())).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err((0, "a tokenizing thread panicked".into())))).collect()
-    });
-    let mut rows = Vec::with_capacity(lines.len());
-    for part in results {
-        rows.extend(part.map_err(|(line, message)| Error::Data { path: source.to_owned(), message: format!("line {line}: {message}") })?);
-    }
-    let before = rows.len();
-    rows.retain(|r| r.trained.iter().skip(1).any(|&t| t));
-    let untrained = (before - rows.len()) as u64;
-    Ok((rows, untrained))
+/// Writes rows as they come, to a temporary file renamed into place at the end.
+pub struct Writer {
+    out: BufWriter<std::fs::File>,
+    tmp: PathBuf,
+    file: PathBuf,
+    offsets: Vec<u64>,
+    trained: Vec<u32>,
+    started: std::time::Instant,
+    pub meta: Meta,
 }
 
-fn write(rows: &[Encoded], path: &Path, source: &Path, untrained: u64) -> Result<Meta> {
-    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path).map_err(io(path))?);
-    let tokens: usize = rows.iter().map(|r| r.ids.len()).sum();
-    let mut put = |bytes: &[u8]| out.write_all(bytes).map_err(io(path));
-    put(MAGIC)?;
-    put(&(rows.len() as u64).to_le_bytes())?;
-    put(&(tokens as u64).to_le_bytes())?;
-    let mut offset = 0u64;
-    put(&offset.to_le_bytes())?;
-    for r in rows {
-        offset += r.ids.len() as u64;
-        put(&offset.to_le_bytes())?;
+impl Writer {
+    pub fn create(file: &Path, meta: Meta) -> Result<Writer> {
+        let dir = file.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let tmp = dir.join(format!(".{}.tmp-{}", file.file_name().and_then(|n| n.to_str()).unwrap_or("rows"), std::process::id()));
+        let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp).map_err(io(&tmp))?);
+        out.write_all(&[0u8; HEADER]).map_err(io(&tmp))?;
+        Ok(Writer { out, tmp, file: file.to_owned(), offsets: vec![0], trained: Vec::new(), started: std::time::Instant::now(), meta })
     }
-    let mut max_id = 0;
-    for id in rows.iter().flat_map(|r| &r.ids) {
-        max_id = max_id.max(*id);
-        put(&id.to_le_bytes())?;
+
+    /// Adds a row; one with no trained token is counted and left out.
+    pub fn push(&mut self, row: &Encoded, place: &Place) -> Result<()> {
+        if !row.trains() {
+            self.meta.untrained += 1;
+            if self.meta.first_untrained.is_none() {
+                let reason = row.untrained.as_deref().unwrap_or("no token is trained");
+                self.meta.first_untrained = Some(format!("{} {}: {reason}", place.file.display(), place.at));
+            }
+            return Ok(());
+        }
+        let mut trained = 0u32;
+        let mut words = Vec::with_capacity(4 * row.ids.len());
+        for (i, (&id, &t)) in row.ids.iter().zip(&row.trained).enumerate() {
+            if id >= TRAINED {
+                return Err(place.error(format!("token id {id} is beyond what the cache stores (2^31)")));
+            }
+            self.meta.max_id = self.meta.max_id.max(id);
+            trained += (t && i > 0) as u32;
+            words.extend_from_slice(&(id | if t { TRAINED } else { 0 }).to_le_bytes());
+        }
+        self.out.write_all(&words).map_err(io(&self.tmp))?;
+        self.meta.tokens += row.ids.len() as u64;
+        self.meta.trained_tokens += trained as u64;
+        self.meta.rows += 1;
+        self.offsets.push(self.meta.tokens);
+        self.trained.push(trained);
+        Ok(())
     }
-    for t in rows.iter().flat_map(|r| &r.trained) {
-        put(&[*t as u8])?;
+
+    /// Completes the file and maps it.
+    pub fn finish(mut self) -> Result<RowStore> {
+        let tmp = self.tmp.clone();
+        let result = self.write_tail();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result?;
+        let meta_file = meta_path(&self.file);
+        std::fs::write(&meta_file, serde_json::to_string_pretty(&self.meta).expect("meta serializes")).map_err(io(&meta_file))?;
+        std::fs::rename(&tmp, &self.file).map_err(io(&self.file))?;
+        let mut store = RowStore::open(&self.file)
+            .ok_or_else(|| Error::Data { path: self.file.clone(), message: "the cache file just written does not read back".into() })?;
+        store.encoded = Some(self.started.elapsed().as_secs_f64());
+        Ok(store)
     }
-    let file = out.into_inner().map_err(|e| Error::Io { path: path.to_owned(), source: e.into_error() })?;
-    file.sync_all().map_err(io(path))?;
-    Ok(Meta {
-        source: source.display().to_string(),
-        rows: rows.len() as u64,
-        tokens: tokens as u64,
-        untrained,
-        max_id,
-        tokenizers_version: TOKENIZERS_VERSION.into(),
-    })
+
+    fn write_tail(&mut self) -> Result<()> {
+        let tmp = self.tmp.clone();
+        for offset in &self.offsets {
+            self.out.write_all(&offset.to_le_bytes()).map_err(io(&tmp))?;
+        }
+        for count in &self.trained {
+            self.out.write_all(&count.to_le_bytes()).map_err(io(&tmp))?;
+        }
+        self.out.seek(SeekFrom::Start(8)).map_err(io(&tmp))?;
+        self.out.write_all(&self.meta.rows.to_le_bytes()).map_err(io(&tmp))?;
+        self.out.write_all(&self.meta.tokens.to_le_bytes()).map_err(io(&tmp))?;
+        self.out.seek(SeekFrom::Start(0)).map_err(io(&tmp))?;
+        self.out.write_all(MAGIC).map_err(io(&tmp))?;
+        self.out.flush().map_err(io(&tmp))?;
+        self.out.get_ref().sync_all().map_err(io(&tmp))
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Unfinished (an error mid-way): no partial file stays behind.
+        if self.tmp.exists() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }

@@ -1,38 +1,40 @@
-//! Instruction data (`data.kind = "chat"` or `"prompt_completion"`): rows encoded
-//! once with their trained-token masks ([`encode`], cached by [`cache`]), read in
-//! epochs, one row per sequence padded to the longest of the micro-batch, or
-//! packed ([`pack`]) with positions restarting at each row and attention kept
-//! within it. See docs/instruction-data.md.
+//! Instruction data (`data.kind = "chat"` or `"prompt_completion"`): rows read
+//! from the files people have ([`crate::data::reader`]), made into conversations
+//! ([`shape`], [`messages`]), encoded once with their trained-token masks
+//! ([`encode`], on every core and cached by [`source`] and [`cache`]), mixed
+//! ([`mix`]), read in epochs, one row per sequence padded to the longest of the
+//! micro-batch, or packed ([`pack`]) with positions restarting at each row and
+//! attention kept within it. See docs/instruction-data.md.
 
 mod cache;
 pub mod encode;
+pub mod messages;
+mod mix;
 mod pack;
-pub mod rows;
+pub mod shape;
+pub mod show;
+pub mod source;
 
 use std::path::{Path, PathBuf};
 
 use tch::Tensor;
 
+pub use self::{
+    cache::Meta,
+    mix::{RowCounts, SourceCounts},
+};
 use self::{
     cache::RowStore,
     encode::Encoder,
-    pack::{Entry, EpochOrder, Samples},
+    pack::{EpochOrder, Samples},
+    shape::Shaper,
+    source::SourceSpec,
 };
 use super::{chat_template, token_cache, tokenize, Batch, BatchKey, Dataset, Segments, Split, IGNORE_INDEX};
 use crate::{
-    config::{Config, DataKind, Overflow, TrainOn},
+    config::{Config, DataKind, TrainOn},
     error::{Error, Result},
-    rng::Rng,
 };
-
-/// What was left out or cut, for the log and the summary.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct RowCounts {
-    pub rows: u64,
-    pub truncated: u64,
-    pub dropped_too_long: u64,
-    pub dropped_untrained: u64,
-}
 
 struct Source {
     name: String,
@@ -57,77 +59,120 @@ fn bad(path: &Path, message: String) -> Error {
     Error::Data { path: path.to_owned(), message }
 }
 
+/// The encoder the configuration describes, and the settings besides the files
+/// that change what it produces (for cache keys).
+pub fn encoder(config: &Config) -> Result<(Encoder, Vec<String>)> {
+    let data = &config.data;
+    let tokenizer_path = PathBuf::from(&data.tokenizer);
+    let tokenizer = tokenize::load_tokenizer(&tokenizer_path)?;
+    let dir = tokenizer_path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let template = chat_template::ChatTemplate::find(&dir)?;
+    if data.kind == DataKind::Chat && template.is_none() {
+        return Err(bad(&dir.join("tokenizer_config.json"), "data.kind = \"chat\" needs a chat template, and this tokenizer has none (no `chat_template` in tokenizer_config.json, no chat_template.jinja)".into()));
+    }
+    let eos = if data.eos_token.is_empty() { chat_template::eos_token(&dir) } else { data.eos_token.clone() };
+    let train_on = match (data.train_on, data.kind) {
+        (TrainOn::Auto, DataKind::Chat) => TrainOn::Assistant,
+        (TrainOn::Auto, _) => TrainOn::Completion,
+        (t, _) => t,
+    };
+    let template_hash = hash_files(&[dir.join("tokenizer_config.json"), dir.join("chat_template.jinja"), tokenizer_path.clone()]);
+    // A template that writes today's date renders differently tomorrow.
+    let date = if template.as_ref().is_some_and(|t| t.uses_date) { chrono::Local::now().format("%Y-%m-%d").to_string() } else { String::new() };
+    let key = vec![format!("{:?}", data.kind), format!("{train_on:?}"), eos.clone(), template_hash, date];
+    Ok((Encoder::new(tokenizer, template, train_on, eos), key))
+}
+
+/// Every source the configuration names, in order: `data.path` ("train"), each
+/// `[[data.datasets]]` entry, then `data.val_path` ("val").
+pub fn sources(config: &Config) -> Vec<SourceSpec> {
+    let data = &config.data;
+    let spec = |name: &str, path: &str, d: Option<&crate::config::DatasetSpec>| SourceSpec {
+        name: name.into(),
+        path: path.into(),
+        format: d.and_then(|d| d.format).unwrap_or(data.format),
+        shaper: Shaper {
+            kind: data.kind,
+            columns: d.and_then(|d| d.columns.clone()).unwrap_or_else(|| data.columns.clone()),
+            ignore: d.and_then(|d| d.ignore_columns.clone()).unwrap_or_else(|| data.ignore_columns.clone()),
+        },
+    };
+    let mut out = Vec::new();
+    if !data.path.is_empty() {
+        out.push(spec("train", &data.path, None));
+    }
+    out.extend(data.datasets.iter().map(|d| spec(&d.name, &d.path, Some(d))));
+    if !data.val_path.is_empty() {
+        out.push(spec("val", &data.val_path, None));
+    }
+    out
+}
+
 impl InstructData {
     pub fn from_config(config: &Config, seq_len: i64) -> Result<InstructData> {
         let data = &config.data;
-        let tokenizer_path = PathBuf::from(&data.tokenizer);
-        let tokenizer = tokenize::load_tokenizer(&tokenizer_path)?;
-        let dir = tokenizer_path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let template = chat_template::ChatTemplate::find(&dir)?;
-        let conversational = data.kind == DataKind::Chat;
-        if conversational && template.is_none() {
-            return Err(bad(&dir.join("tokenizer_config.json"), "data.kind = \"chat\" needs a chat template, and this tokenizer has none (no `chat_template` in tokenizer_config.json, no chat_template.jinja)".into()));
-        }
-        let eos = if data.eos_token.is_empty() { chat_template::eos_token(&dir) } else { data.eos_token.clone() };
-        let train_on = match (data.train_on, data.kind) {
-            (TrainOn::Auto, DataKind::Chat) => TrainOn::Assistant,
-            (TrainOn::Auto, _) => TrainOn::Completion,
-            (t, _) => t,
-        };
-        let template_hash = hash_files(&[dir.join("tokenizer_config.json"), dir.join("chat_template.jinja"), tokenizer_path.clone()]);
-        let encoder = Encoder::new(tokenizer, template, train_on, eos.clone());
+        let (encoder, key) = encoder(config)?;
+        let key: Vec<&str> = key.iter().map(String::as_str).collect();
         let cache_dir = token_cache::cache_dir(config);
-        let kind = format!("{:?}", data.kind);
-        let train_on_name = format!("{train_on:?}");
-        let key = [kind.as_str(), train_on_name.as_str(), eos.as_str(), template_hash.as_str()];
-        let open = |path: &str| cache::prepare(Path::new(path), data.kind, &encoder, &key, &cache_dir);
-
+        let specs = sources(config);
+        let has_val = !data.val_path.is_empty();
         let mut sources = Vec::new();
-        if !data.path.is_empty() {
-            sources.push(Source { name: "train".into(), store: open(&data.path)? });
-        }
-        for spec in &data.datasets {
-            sources.push(Source { name: spec.name.clone(), store: open(&spec.path)? });
-        }
-        let val_store = match data.val_path.as_str() {
-            "" => None,
-            p => Some(open(p)?),
-        };
-        for store in sources.iter().map(|s| &s.store).chain(val_store.as_ref()) {
-            if store.max_id as i64 >= config.model.vocab_size {
+        for spec in &specs {
+            let store = source::prepare(spec, &encoder, &key, &cache_dir)?;
+            if store.meta.max_id as i64 >= config.model.vocab_size {
                 return Err(bad(
                     &store.path,
                     format!(
                         "token id {} is beyond the model's vocabulary (model.vocab_size = {}): the tokenizer does not match the model",
-                        store.max_id, config.model.vocab_size
+                        store.meta.max_id, config.model.vocab_size
                     ),
                 ));
             }
+            sources.push(Source { name: spec.name.clone(), store });
         }
+        let val_store = if has_val { sources.pop().map(|s| s.store) } else { None };
 
         let seq_len = seq_len as usize;
         let mut counts = RowCounts::default();
-        let (mut train, mut val) = (Vec::new(), Vec::new());
+        let mut kept_per_source = Vec::new();
+        let mut val = Vec::new();
         for (s, source) in sources.iter().enumerate() {
-            counts.rows += source.store.untrained;
-            counts.dropped_untrained += source.store.untrained;
-            let kept = fit(&source.store, s as u16, seq_len, data.overflow, &mut counts);
-            if kept.is_empty() {
-                return Err(bad(&source.store.path, "no row is left to train on (every row is too long or has no trained token)".into()));
-            }
             let weight = data.datasets.iter().find(|d| d.name == source.name).map_or(1.0, |d| d.weight);
-            let (t, v) = hold_out(kept, if val_store.is_some() { 0.0 } else { data.val_fraction });
-            train.extend(weighted(t, weight, config.run.seed, s as u64));
+            let mut c = mix::SourceCounts { name: source.name.clone(), weight, ..Default::default() };
+            let kept = mix::fit(&source.store, s as u16, seq_len, data.overflow, &mut counts, &mut c);
+            if kept.is_empty() {
+                let why = source.store.meta.first_untrained.as_deref().map(|f| format!("; the first left out: {f}")).unwrap_or_default();
+                return Err(bad(
+                    Path::new(&source.store.meta.source),
+                    format!("no row is left to train on (every row is too long or has no trained token{why})"),
+                ));
+            }
+            let (t, v) = mix::hold_out(kept, if has_val { 0.0 } else { data.val_fraction });
             val.extend(v);
+            counts.sources.push(c);
+            kept_per_source.push(t);
         }
+        let trained: Vec<u64> = kept_per_source.iter().map(|rows| rows.iter().map(|e| e.trained as u64).sum()).collect();
+        let weights: Vec<f64> = counts.sources.iter().map(|c| c.weight).collect();
+        let copies = mix::copies(data.weight_by, &weights, &trained);
+        let mut train = Vec::new();
+        for (s, rows) in kept_per_source.into_iter().enumerate() {
+            counts.sources[s].copies = copies[s];
+            train.extend(mix::weighted(rows, copies[s], config.run.seed, s as u64));
+        }
+        mix::shares(&train, &mut counts.sources);
         let training_sources = sources.len();
         if let Some(store) = val_store {
             let s = sources.len() as u16;
-            val = fit(&store, s, seq_len, data.overflow, &mut RowCounts::default());
+            val = mix::fit(&store, s, seq_len, data.overflow, &mut RowCounts::default(), &mut mix::SourceCounts::default());
             sources.push(Source { name: "val".into(), store });
         }
+        let first = Path::new(&sources[0].store.meta.source);
         if val.is_empty() {
-            return Err(bad(&sources[0].store.path, "no row is left for validation (set data.val_path, or more rows)".into()));
+            return Err(bad(first, "no row is left for validation (set data.val_path, or more rows)".into()));
+        }
+        if train.is_empty() {
+            return Err(bad(first, "no row is left to train on after weighting (a weight too small for its rows)".into()));
         }
         let (train, val) = if data.packing {
             (Samples::packed(train, seq_len), Samples::packed(val, seq_len))
@@ -145,6 +190,23 @@ impl InstructData {
             if data.packing { "sequences" } else { "rows" },
             data.packing
         );
+        for s in sources.iter().filter_map(|s| s.store.meta.first_untrained.as_ref().map(|f| (s, f))) {
+            tracing::info!("data: {}: {} rows with no trained token, the first: {}", s.0.name, s.0.store.meta.untrained, s.1);
+        }
+        for c in counts.sources.iter().filter(|_| training_sources > 1) {
+            tracing::info!(
+                "data: {}: {} rows kept of {}, {} tokens, {} trained; weight {} ({:?}): {:.3} copies, {:.1}% of an epoch's trained tokens",
+                c.name,
+                c.kept,
+                c.rows,
+                c.tokens,
+                c.trained_tokens,
+                c.weight,
+                data.weight_by,
+                c.copies,
+                100.0 * c.epoch_trained_share
+            );
+        }
         Ok(InstructData {
             seq_len,
             packing: data.packing,
@@ -160,8 +222,8 @@ impl InstructData {
     }
 
     /// Each source file and the cache file holding its encoded rows.
-    pub fn files(&self) -> Vec<(String, PathBuf, usize)> {
-        self.sources.iter().map(|s| (s.name.clone(), s.store.path.clone(), s.store.len())).collect()
+    pub fn files(&self) -> Vec<(&str, &Meta, &Path, Option<f64>)> {
+        self.sources.iter().map(|s| (s.name.as_str(), &s.store.meta, s.store.path.as_path(), s.store.encoded)).collect()
     }
 
     /// The samples `key` names, collated: inputs, targets ([`IGNORE_INDEX`] where not
@@ -210,58 +272,6 @@ impl InstructData {
     }
 }
 
-/// The rows of `store` that fit `seq_len` positions (cut or left out by
-/// `overflow`), counted.
-fn fit(store: &RowStore, source: u16, seq_len: usize, overflow: Overflow, counts: &mut RowCounts) -> Vec<Entry> {
-    let limit = seq_len + 1;
-    let mut kept = Vec::with_capacity(store.len());
-    for r in 0..store.len() {
-        counts.rows += 1;
-        let len = store.row_len(r);
-        if len < 2 {
-            counts.dropped_untrained += 1;
-            continue;
-        }
-        if len > limit {
-            if overflow == Overflow::Drop {
-                counts.dropped_too_long += 1;
-                continue;
-            }
-            if !store.row(r).trains_within(limit) {
-                counts.dropped_untrained += 1;
-                continue;
-            }
-            counts.truncated += 1;
-        }
-        kept.push(Entry { source, row: r as u32, len: len.min(limit) as u32 });
-    }
-    kept
-}
-
-/// The last `fraction` of the rows held out (at least one when any are).
-fn hold_out(mut rows: Vec<Entry>, fraction: f64) -> (Vec<Entry>, Vec<Entry>) {
-    if fraction <= 0.0 || rows.len() < 2 {
-        return (rows, Vec::new());
-    }
-    let n = ((rows.len() as f64 * fraction).ceil() as usize).clamp(1, rows.len() - 1);
-    let val = rows.split_off(rows.len() - n);
-    (rows, val)
-}
-
-/// `weight` copies of each row per epoch: whole copies, then a fixed subset drawn
-/// from (seed, source) for the fraction.
-fn weighted(rows: Vec<Entry>, weight: f64, seed: u64, source: u64) -> Vec<Entry> {
-    let whole = weight.floor() as usize;
-    let mut out: Vec<Entry> = (0..whole).flat_map(|_| rows.iter().copied()).collect();
-    let extra = ((weight - whole as f64) * rows.len() as f64).round() as usize;
-    if extra > 0 {
-        let mut picked = rows.clone();
-        Rng::keyed(seed, &[0x3E16, source]).shuffle(&mut picked);
-        out.extend(picked.into_iter().take(extra));
-    }
-    out
-}
-
 /// A short hash of files' contents (missing files count as empty).
 fn hash_files(paths: &[PathBuf]) -> String {
     use sha2::{Digest, Sha256};
@@ -302,6 +312,6 @@ impl Dataset for InstructData {
     }
 
     fn row_counts(&self) -> Option<RowCounts> {
-        Some(self.counts)
+        Some(self.counts.clone())
     }
 }

@@ -9,12 +9,14 @@ use std::{
 
 use crate::rng::Rng;
 
-/// One row of a sample: its source, its index there, and the tokens kept of it.
+/// One row of a sample: its source, its index there, the tokens kept of it and
+/// how many of those are trained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     pub source: u16,
     pub row: u32,
     pub len: u32,
+    pub trained: u32,
 }
 
 impl Entry {
@@ -123,7 +125,7 @@ mod tests {
     use super::*;
 
     fn rows(lens: &[u32]) -> Vec<Entry> {
-        lens.iter().enumerate().map(|(i, &len)| Entry { source: 0, row: i as u32, len }).collect()
+        lens.iter().enumerate().map(|(i, &len)| Entry { source: 0, row: i as u32, len, trained: 1 }).collect()
     }
 
     #[test]
