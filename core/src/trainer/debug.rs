@@ -132,7 +132,7 @@ impl Run {
             tensors.push((format!("updated/{name}"), host_copy(&p.detach())));
         }
         let dir = &self.env.run_dir;
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+        std::fs::create_dir_all(dir).map_err(Error::writing(dir))?;
         let path = dir.join(format!("tensors-step{step}.rank{}.safetensors", self.env.rank));
         Tensor::write_safetensors(&tensors, &path)?;
         Ok(())

@@ -164,7 +164,7 @@ impl Run {
         let summary = summary.with_parts(&env.run_dir.join("summary.json"), env.unix_start);
         if env.rank == 0 {
             let path = env.run_dir.join("summary.json");
-            summary.write(&path).map_err(|source| Error::Io { path, source })?;
+            summary.write(&path).map_err(Error::writing(&path))?;
         }
         // A barrier: launchers tear the job down when any rank exits non-zero (an
         // interrupted one exits 130), so no rank leaves before rank 0 has written
@@ -201,7 +201,7 @@ impl Run {
     /// `[debug] dump_params`: this rank's final parameters, so tests can compare ranks.
     fn dump_params(&self) -> Result<()> {
         let dir = &self.env.run_dir;
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+        std::fs::create_dir_all(dir).map_err(Error::writing(dir))?;
         let path = dir.join(format!("params-rank{}.safetensors", self.env.rank));
         let host: Vec<(&str, Tensor)> = self.learner.params.iter().map(|(n, t)| (n.as_str(), t.to_device(Device::Cpu))).collect();
         Tensor::write_safetensors(&host, &path)?;

@@ -162,10 +162,9 @@ impl Run {
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
-            let io = |path: PathBuf| move |source| Error::Io { path, source };
-            std::fs::create_dir_all(&run_dir).map_err(io(run_dir.clone()))?;
+            std::fs::create_dir_all(&run_dir).map_err(Error::writing(&run_dir))?;
             let config_path = run_dir.join("config.toml");
-            std::fs::write(&config_path, config.to_recorded_toml()).map_err(io(config_path.clone()))?;
+            std::fs::write(&config_path, config.to_recorded_toml()).map_err(Error::writing(&config_path))?;
             crate::config::keep_sources(&config, &run_dir)?;
         }
         slots.extend(core_slots(&config, device));
