@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 pub const LOCK_FILE: &str = "ptrain.lock";
 
 /// The lock this process holds, for the one exit that skips destructors (a second
-/// signal exits at once: see [`crate::signals`]).
+/// signal exits at once: see [`super::signals`]).
 static HELD: Mutex<Option<(PathBuf, u32)>> = Mutex::new(None);
 
 /// Removes the lock this process holds, if any. For exits that skip destructors.
