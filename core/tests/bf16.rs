@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use ptrain_core::{
     data::{BatchKey, Split, IGNORE_INDEX},
-    model::{self, Layer, Model, Task},
+    model::{self, Layer, Model, ModelInput, ModelOutput, Task},
     ConfigBuilder, Trainer,
 };
 use tch::{Kind, Reduction, Tensor};
@@ -18,13 +18,14 @@ struct Recording {
 }
 
 impl Model for Recording {
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> ptrain_core::Result<Tensor> {
-        let logits = self.inner.forward(inputs, train)?;
+    fn forward(&mut self, input: ModelInput) -> ptrain_core::Result<ModelOutput> {
+        let train = input.train;
+        let logits = self.inner.forward(input)?.logits()?;
         let mut first = self.first.lock().unwrap();
         if train && first.is_none() {
             *first = Some(logits.detach().copy());
         }
-        Ok(logits)
+        Ok(ModelOutput::Logits(logits))
     }
 
     fn task(&self) -> Task {

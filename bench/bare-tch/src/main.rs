@@ -41,7 +41,7 @@ use ptrain_core::{
     config::{Config, LrScheduleKind, OptimName, Precision},
     data::{BatchKey, Dataset, Split},
     device, model,
-    model::{Model, Task},
+    model::{Model, ModelInput, Task},
     objective::cross_entropy,
     ConfigBuilder,
 };
@@ -248,9 +248,9 @@ impl Loop {
     fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
         if self.autocast {
             let model = &mut self.model;
-            ext::autocast_bf16(self.device.is_cuda(), || model.forward(inputs, train)).expect("autocast").expect("forward")
+            ext::autocast_bf16(self.device.is_cuda(), || model.forward(ModelInput::new(inputs, train))?.logits()).expect("autocast").expect("forward")
         } else {
-            self.model.forward(inputs, train).expect("forward")
+            self.model.forward(ModelInput::new(inputs, train)).and_then(|o| o.logits()).expect("forward")
         }
     }
 

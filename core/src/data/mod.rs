@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use tch::{Device, Tensor};
 
+pub use crate::model::Segments;
 pub use classify::{ClassRow, Classification};
 pub use loader::Loader;
 pub use tokens::{synthetic_text, TokenWindows};
@@ -50,22 +51,6 @@ pub struct Batch {
     pub trained_tokens: Option<i64>,
     pub samples: i64,
     pub tokens: i64,
-}
-
-/// Where the rows of packed sequences lie: positions restart at 0 at each row, and
-/// a token attends only to the earlier tokens of its own row.
-#[derive(Debug)]
-pub struct Segments {
-    /// `[B, T]` int64 position of each token within its row.
-    pub positions: Tensor,
-    /// `[B, T]` int64 row number within its sequence, from 1; 0 is padding.
-    pub ids: Tensor,
-}
-
-impl Segments {
-    fn map(self, f: impl Fn(Tensor) -> Tensor) -> Segments {
-        Segments { positions: f(self.positions), ids: f(self.ids) }
-    }
 }
 
 impl Batch {

@@ -82,7 +82,7 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
         }
         ProbeBatch::Given { inputs, targets } => (inputs, targets),
     };
-    let logits = tch::no_grad(|| model.forward(&inputs, false))?;
+    let logits = tch::no_grad(|| model.forward(super::ModelInput::new(&inputs, false))?.logits())?;
     let loss = targets.as_ref().map(|t| tch::no_grad(|| cross_entropy(&logits, t, Reduction::Mean))).transpose()?;
     Ok(Probe { inputs, targets, logits, loss })
 }

@@ -9,7 +9,7 @@ use crate::{
     config::Config,
     data::{Batch, Dataset},
     error::{Error, Result},
-    model::Model,
+    model::{Model, ModelInput, ModelOutput, Returns},
     objective::Forward,
     optim::{self, LrSchedule, Optimizer, ShardSpec},
 };
@@ -77,23 +77,33 @@ impl Learner {
 /// its loss in float32: see [`crate::objective::cross_entropy`]).
 impl Forward for Learner {
     /// A language model's hidden states and output projection (see
-    /// [`Model::forward_hidden`]), under autocast like [`Learner::forward`].
+    /// [`Returns::Hidden`]), under autocast like [`Forward::forward`]; `None` when
+    /// the model has no such split (the loss is then computed from the logits).
     fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
-        let model = &mut self.model;
-        let mut run = || model.forward_hidden(&batch.inputs, batch.segments.as_ref(), train);
-        match self.autocast {
-            None => run(),
-            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
+        if !self.model.supports().hidden {
+            return Ok(None);
+        }
+        match self.output(batch, train, Returns::Hidden)? {
+            ModelOutput::Hidden { states, head } => Ok(Some((states, head))),
+            ModelOutput::Logits(_) => Err(Error::Other(format!("model {:?} returned logits when asked for hidden states", self.model.kind()))),
         }
     }
 
-    /// The logits of a batch: packed sequences through `forward_packed`.
+    /// The logits of a batch (its packed rows included).
     fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
+        self.output(batch, train, Returns::Logits)?.logits()
+    }
+}
+
+impl Learner {
+    /// The model's forward over a batch (its packed rows included), under autocast
+    /// when the run is in bf16.
+    pub fn output(&mut self, batch: &Batch, train: bool, returns: Returns) -> Result<ModelOutput> {
         let model = &mut self.model;
-        let mut run = || match &batch.segments {
-            None => model.forward(&batch.inputs, train),
-            Some(segments) => model.forward_packed(&batch.inputs, segments, train),
-        };
+        if batch.segments.is_some() && !model.supports().segments {
+            return Err(Error::Other(format!("model.kind {:?} cannot train on packed sequences (data.packing = true)", model.kind())));
+        }
+        let mut run = || model.forward(ModelInput::new(&batch.inputs, train).segments(batch.segments.as_ref()).returns(returns));
         match self.autocast {
             None => run(),
             Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,

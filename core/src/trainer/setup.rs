@@ -118,7 +118,7 @@ impl Run {
             Some(_) => {
                 let hash = model::lora::base_hash(&vs)?;
                 if config.train.precision == Precision::Bf16 {
-                    model::lora::store_base_bf16(&vs)?;
+                    model::lora::store_base_bf16(model.as_ref())?;
                 }
                 Some(hash)
             }

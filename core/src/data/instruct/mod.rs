@@ -202,7 +202,7 @@ impl InstructData {
             inputs: tensor(&inputs)?,
             targets: tensor(&targets)?,
             dataset_ids: if self.named { Some(tensor(&sources)?) } else { None },
-            segments: if self.packing { Some(Segments { positions: tensor(&positions)?, ids: tensor(&rows)? }) } else { None },
+            segments: if self.packing { Some(Segments { positions: tensor(&positions)?, ids: tensor(&rows)?, prefix: None }) } else { None },
             trained_tokens: Some(trained),
             samples: b as i64,
             tokens: (b * t) as i64,
