@@ -157,3 +157,22 @@ fn ctrl_c_prints_the_checkpoint_and_the_command_that_resumes_each_on_its_own_lin
     run_expect(ptrain().args(resume.split(' ')).args(["--quiet", "--steps", &(last + 2).to_string()]), 0);
     assert_eq!((summary(&run_dir)["start_step"].as_u64(), summary(&run_dir)["last_step"].as_u64()), (Some(last), Some(last + 2)));
 }
+
+#[test]
+fn a_run_directory_or_summary_that_cannot_be_written_is_named_as_a_write() {
+    let dir = tempfile::tempdir().unwrap();
+    // A run directory under a regular file cannot be created.
+    let file = dir.path().join("file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let out = run_in(&tiny_gpt(1), &file.join("run")).output().unwrap();
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains(&format!("cannot write {}", file.join("run").display())), "{err}");
+    // summary.json in the way as a directory: the run trains, then cannot write it.
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir_all(run_dir.join("summary.json").join("in-the-way")).unwrap();
+    let out = run_in(&tiny_gpt(1), &run_dir).output().unwrap();
+    let err = stderr(&out);
+    assert!(err.contains(&format!("cannot write {}", run_dir.join("summary.json").display())), "{err}");
+    assert!(!err.contains("cannot read"), "{err}");
+}

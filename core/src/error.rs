@@ -34,8 +34,18 @@ pub enum Error {
     #[error("{what} not found: {}", path.display())]
     MissingFile { what: &'static str, path: PathBuf },
 
+    /// A file or directory that cannot be read.
     #[error("cannot read {}: {source}", path.display())]
     Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A file or directory that cannot be written (created, renamed): a full disk
+    /// says so, not that it cannot read.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -69,6 +79,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error of a failed write to `path`: `.map_err(Error::writing(&path))`.
+    pub fn writing(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        move |source| Error::Write { path: path.to_owned(), source }
+    }
+
     /// Whether the run was refused before training because of what the user asked for.
     pub fn is_usage(&self) -> bool {
         matches!(

@@ -19,7 +19,6 @@ pub mod panic;
 mod resolve;
 pub mod rng;
 pub mod schedule;
-pub mod signals;
 pub mod trainer;
 
 pub use config::{Config, ConfigBuilder};

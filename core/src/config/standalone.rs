@@ -45,23 +45,21 @@ pub fn keep_sources(config: &Config, run_dir: &Path) -> Result<()> {
     }
     let source = Path::new(&config.data.tokenizer);
     let dir = run_dir.join(TOKENIZER_DIR);
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| Error::Io { path, source }
-    };
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    std::fs::create_dir_all(&dir).map_err(Error::writing(&dir))?;
     let from_dir = source.parent().unwrap_or(Path::new("."));
     for (name, from) in TOKENIZER_FILES.iter().map(|n| (*n, if *n == TOKENIZER_FILES[0] { source.to_owned() } else { from_dir.join(n) })) {
         let to = dir.join(name);
         // A resumed run may read the copy itself.
         if from.is_file() && !same_file(&from, &to) {
-            std::fs::copy(&from, &to).map_err(io(&from))?;
+            // Read, then written: a failure names the file that failed and how.
+            let bytes = std::fs::read(&from).map_err(|source| Error::Io { path: from.clone(), source })?;
+            std::fs::write(&to, bytes).map_err(Error::writing(&to))?;
         }
     }
     let recorded = std::path::absolute(source).unwrap_or_else(|_| source.to_owned());
     let kept = Source { path: recorded.display().to_string(), sha256: sha256(source).unwrap_or_default() };
     let path = dir.join(SOURCE_FILE);
-    std::fs::write(&path, serde_json::to_string_pretty(&kept).expect("serializes") + "\n").map_err(io(&path))
+    std::fs::write(&path, serde_json::to_string_pretty(&kept).expect("serializes") + "\n").map_err(Error::writing(&path))
 }
 
 /// The run directory a checkpoint belongs to (`<run>/checkpoints/step-N`), or a

@@ -53,7 +53,7 @@ pub trait Forward {
 
     /// A language model's hidden states `[B, T, D]` and output projection `[V, D]`,
     /// for a loss computed a chunk of positions at a time; `None` for a model without
-    /// that split (see [`crate::model::Model::forward_hidden`]).
+    /// that split (see [`crate::model::Returns::Hidden`]).
     fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>>;
 }
 

@@ -8,58 +8,61 @@
 
 use std::collections::VecDeque;
 
-use tch::{Reduction, Tensor};
+use tch::{Device, Tensor};
 
-use super::{
-    debug::host_copy,
-    run::Run,
-    timing::{Phase, StepTimer},
-};
+use super::timing::{Phase, StepTimer};
 use crate::{
-    data::Batch,
+    data::{Batch, Loader},
+    dist::DataParallel,
     error::{Error, Result},
-    objective::{cross_entropy, Count, StepScale},
+    objective::{Count, Objective, StepScale},
 };
 
-/// Micro-batches fetched ahead within a step, and what a dump keeps of them.
-#[derive(Default)]
-pub(super) struct Staged {
-    batches: VecDeque<Batch>,
-    /// `[debug] dump_tensors_at`: each micro-batch's tensors and per-token losses.
-    pub dumped: Vec<(String, Tensor)>,
-    /// Units counted on several ranks: those of every rank, summed on the device,
-    /// read at the end.
-    pub units_all_ranks: Option<Tensor>,
+pub(super) struct StepBatches {
+    /// Taken at the end, which stops its threads.
+    loader: Option<Loader>,
+    device: Device,
+    accum: u64,
+    /// Fetched ahead within the step.
+    staged: VecDeque<Batch>,
+    /// Units counted on this rank, since the start of this part of the run.
+    units: u64,
+    /// Units counted on several ranks: those of every rank, summed on the device
+    /// (read at the end only).
+    units_all_ranks: Option<Tensor>,
 }
 
-impl Run {
+impl StepBatches {
+    pub fn new(loader: Loader, device: Device, accum: u64) -> StepBatches {
+        StepBatches { loader: Some(loader), device, accum, staged: VecDeque::with_capacity(accum as usize), units: 0, units_all_ranks: None }
+    }
+
     fn fetch(&mut self) -> Result<Batch> {
-        let loader = self.learner.loader.as_mut().ok_or_else(|| Error::Other("the data loader has stopped".into()))?;
-        Ok(loader.next_batch()?.to_device(self.env.device, true))
+        let loader = self.loader.as_mut().ok_or_else(|| Error::Other("the data loader has stopped".into()))?;
+        Ok(loader.next_batch()?.to_device(self.device, true))
     }
 
     /// Fetches the step's first micro-batch and, when the objective counts units,
     /// the rest, and says what the step divides their sums by.
-    pub(super) fn stage_batches(&mut self, timer: &mut StepTimer) -> Result<StepScale> {
-        let accum = self.env.config.optim.accum_steps;
+    pub fn stage(&mut self, objective: &dyn Objective, dist: &dyn DataParallel, timer: &mut StepTimer) -> Result<StepScale> {
         let first = self.fetch()?;
-        let mut count = self.objective.count(&first)?;
-        self.staged.batches.push_back(first);
+        let mut count = objective.count(&first)?;
+        self.staged.push_back(first);
         if let Count::Units(mut units) = count {
-            for _ in 1..accum {
+            for _ in 1..self.accum {
                 let batch = self.fetch()?;
-                if let Count::Units(n) = self.objective.count(&batch)? {
+                if let Count::Units(n) = objective.count(&batch)? {
                     units += n;
                 }
-                self.staged.batches.push_back(batch);
+                self.staged.push_back(batch);
             }
             timer.book(Phase::Data);
-            self.tally.trained_tokens += units;
+            self.units += units;
             count = Count::Units(units);
         }
-        let (scale, all_ranks) = StepScale::of_step(count, accum, self.dist.as_ref(), self.env.device)?;
+        let (scale, all_ranks) = StepScale::of_step(count, self.accum, dist, self.device)?;
         if let Some(all) = all_ranks {
-            self.staged.units_all_ranks = Some(match self.staged.units_all_ranks.take() {
+            self.units_all_ranks = Some(match self.units_all_ranks.take() {
                 Some(total) => total.f_add(&all)?,
                 None => all,
             });
@@ -68,26 +71,109 @@ impl Run {
     }
 
     /// The next micro-batch of the step: staged, or fetched now.
-    pub(super) fn next_staged(&mut self) -> Result<Batch> {
-        match self.staged.batches.pop_front() {
+    pub fn next(&mut self) -> Result<Batch> {
+        match self.staged.pop_front() {
             Some(batch) => Ok(batch),
             None => self.fetch(),
         }
     }
 
-    /// Host copies of a micro-batch's tensors and per-token losses, for the dump.
-    pub(super) fn keep_batch_for_dump(&mut self, micro: u64, batch: &Batch, logits: Option<&Tensor>) -> Result<()> {
-        let name = |what: &str| format!("batch{micro}/{what}");
-        let dumped = &mut self.staged.dumped;
-        dumped.push((name("inputs"), host_copy(&batch.inputs)));
-        dumped.push((name("targets"), host_copy(&batch.targets)));
-        if let Some(s) = &batch.segments {
-            dumped.push((name("positions"), host_copy(&s.positions)));
-            dumped.push((name("segments"), host_copy(&s.ids)));
+    /// The units counted (instruction data's trained tokens) on every rank: a read
+    /// from the device with several ranks (0 if that fails).
+    pub fn units_counted(&self) -> u64 {
+        match &self.units_all_ranks {
+            Some(all) => all.f_to_device(Device::Cpu).and_then(|t| t.f_double_value(&[])).map_or(0, |v| v as u64),
+            None => self.units,
         }
-        if let Some(logits) = logits.filter(|l| l.dim() == 3) {
-            dumped.push((name("token_loss"), host_copy(&cross_entropy(logits, &batch.targets, Reduction::None)?.f_detach()?)));
+    }
+
+    /// Stops the loader's threads.
+    pub fn stop(&mut self) {
+        self.loader = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tch::Kind;
+
+    use super::*;
+    use crate::{
+        data::{loader::DrawPlan, BatchKey, Dataset, Split},
+        dist::SingleRank,
+        objective::{CausalLmMean, CausalLmPerToken},
+    };
+
+    /// Rows of 4 tokens; micro-batch m trains m + 1 of them. Remembers what it was asked for.
+    #[derive(Default)]
+    struct Counted {
+        asked: Mutex<Vec<BatchKey>>,
+    }
+
+    impl Dataset for Counted {
+        fn batch(&self, _split: Split, key: BatchKey) -> Result<Batch> {
+            self.asked.lock().unwrap().push(key);
+            let tokens = Tensor::zeros([1, 4], (Kind::Int64, Device::Cpu));
+            let trained = key.micro as i64 + 1;
+            Ok(Batch {
+                inputs: tokens.copy(),
+                targets: tokens,
+                dataset_ids: None,
+                segments: None,
+                trained_tokens: Some(trained),
+                samples: 1,
+                tokens: 4,
+            })
         }
-        Ok(())
+        fn dataset_names(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn train_len(&self) -> u64 {
+            100
+        }
+        fn seq_len(&self) -> i64 {
+            4
+        }
+    }
+
+    fn batches(data: &Arc<Counted>) -> StepBatches {
+        let plan = DrawPlan { first_step: 1, accum_steps: 3, batch_size: 1, rank: 0, world: 1 };
+        StepBatches::new(Loader::new(data.clone(), plan, 0, 1, None), Device::Cpu, 3)
+    }
+
+    fn timer() -> StepTimer {
+        StepTimer::start(Device::Cpu, false)
+    }
+
+    #[test]
+    fn a_step_counted_in_units_is_fetched_whole_before_its_first_forward() {
+        let data = Arc::new(Counted::default());
+        let mut step = batches(&data);
+        let scale = step.stage(&CausalLmPerToken { chunk: 0 }, &SingleRank, &mut timer()).unwrap();
+        assert_eq!(data.asked.lock().unwrap().len(), 3, "every micro-batch fetched to count its units");
+        assert!(matches!(scale, StepScale::Host(f) if f == 1.0 / 6.0), "1 + 2 + 3 trained tokens: {scale:?}");
+        let micros: Vec<u64> = (0..3).map(|_| step.next().unwrap().trained_tokens.unwrap() as u64 - 1).collect();
+        assert_eq!(micros, [0, 1, 2], "served in order");
+        assert_eq!(data.asked.lock().unwrap().len(), 3, "from the staged ones");
+        step.stage(&CausalLmPerToken { chunk: 0 }, &SingleRank, &mut timer()).unwrap();
+        assert_eq!(step.units_counted(), 12, "the units of both steps");
+    }
+
+    #[test]
+    fn a_step_of_micro_batch_means_fetches_each_when_it_is_due() {
+        let data = Arc::new(Counted::default());
+        let mut step = batches(&data);
+        let scale = step.stage(&CausalLmMean { chunk: 0 }, &SingleRank, &mut timer()).unwrap();
+        assert!(matches!(scale, StepScale::MicroBatches(3)), "{scale:?}");
+        assert_eq!(data.asked.lock().unwrap().len(), 1, "only the first, to ask what it counts");
+        for micro in 0..3 {
+            assert_eq!(step.next().unwrap().trained_tokens, Some(micro + 1));
+            assert_eq!(data.asked.lock().unwrap().len() as i64, micro + 1, "fetched when due");
+        }
+        assert_eq!(step.units_counted(), 0, "no units");
+        step.stop();
+        assert!(step.next().unwrap_err().to_string().contains("stopped"));
     }
 }

@@ -4,28 +4,38 @@
 //! worker's panic. Each costs an untaken branch on other steps; the dump's I/O
 //! happens only at the steps it names.
 
-use std::sync::Arc;
+use std::{path::Path, sync::Arc};
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind, Reduction, Tensor};
 
-use super::run::Run;
 use crate::{
     config::DebugConfig,
     data::{Batch, BatchKey, Dataset, Split},
     error::{Error, Result},
+    objective::cross_entropy,
 };
 
-/// `[debug] fail_at_step` and `alloc_at_step`: failures injected into the loop.
+/// `[debug] fail_at_step`, `alloc_at_step` and `grad_spike_at`: faults injected
+/// into the loop.
 pub(super) struct Faults {
     fail_at: u64,
     alloc_at: u64,
     alloc_bytes: u64,
     device: Device,
+    spike_at: Vec<u64>,
+    spike_factor: f64,
 }
 
 impl Faults {
     pub fn new(debug: &DebugConfig, device: Device) -> Faults {
-        Faults { fail_at: debug.fail_at_step, alloc_at: debug.alloc_at_step, alloc_bytes: debug.alloc_bytes, device }
+        Faults {
+            fail_at: debug.fail_at_step,
+            alloc_at: debug.alloc_at_step,
+            alloc_bytes: debug.alloc_bytes,
+            device,
+            spike_at: debug.grad_spike_at.clone(),
+            spike_factor: debug.grad_spike_factor,
+        }
     }
 
     /// Whether a failure is injected at `step` (0 = never; steps start at 1).
@@ -45,6 +55,12 @@ impl Faults {
             let _ = Tensor::f_empty([bytes], (Kind::Uint8, self.device))?;
         }
         Ok(())
+    }
+
+    /// The factor this step's loss is scaled by before backward (the reported loss
+    /// is not), if `grad_spike_at` names `step`.
+    pub fn grad_spike(&self, step: u64) -> Option<f64> {
+        (!self.spike_at.is_empty() && self.spike_at.contains(&step)).then_some(self.spike_factor)
     }
 }
 
@@ -86,7 +102,7 @@ impl Dataset for PanicAt {
 
 /// A copy in host memory (`to_device` alone returns a CPU tensor itself, which
 /// clipping and the update would then change).
-pub(super) fn host_copy(t: &Tensor) -> Tensor {
+fn host_copy(t: &Tensor) -> Tensor {
     if t.device() == Device::Cpu {
         t.copy()
     } else {
@@ -94,25 +110,46 @@ pub(super) fn host_copy(t: &Tensor) -> Tensor {
     }
 }
 
-impl Run {
-    /// `[debug] grad_spike_at`: the factor this step's loss is scaled by before
-    /// backward (the reported loss is not), if it names `step`.
-    pub(super) fn grad_spike_at(&self, step: u64) -> Option<f64> {
-        let debug = &self.env.config.debug;
-        (!debug.grad_spike_at.is_empty() && debug.grad_spike_at.contains(&step)).then_some(debug.grad_spike_factor)
+/// `[debug] dump_tensors_at`: a step's tensors written to
+/// `<run-dir>/tensors-step<N>.rank<r>.safetensors`, so tests can compare them with
+/// another implementation.
+pub(super) struct TensorDump {
+    at: Vec<u64>,
+    /// The step's micro-batches, kept as they come.
+    kept: Vec<(String, Tensor)>,
+}
+
+impl TensorDump {
+    pub fn new(debug: &DebugConfig) -> TensorDump {
+        TensorDump { at: debug.dump_tensors_at.clone(), kept: Vec::new() }
     }
 
-    /// Whether `[debug] dump_tensors_at` names `step`.
-    pub(super) fn dumps_tensors_at(&self, step: u64) -> bool {
-        let at = &self.env.config.debug.dump_tensors_at;
-        !at.is_empty() && at.contains(&step)
+    /// Whether `step` is dumped.
+    pub fn at(&self, step: u64) -> bool {
+        !self.at.is_empty() && self.at.contains(&step)
+    }
+
+    /// Keeps host copies of micro-batch `micro`'s tensors and, from a language
+    /// model's logits, each target's loss.
+    pub fn keep_batch(&mut self, micro: u64, batch: &Batch, logits: Option<&Tensor>) -> Result<()> {
+        let name = |what: &str| format!("batch{micro}/{what}");
+        self.kept.push((name("inputs"), host_copy(&batch.inputs)));
+        self.kept.push((name("targets"), host_copy(&batch.targets)));
+        if let Some(s) = &batch.segments {
+            self.kept.push((name("positions"), host_copy(&s.positions)));
+            self.kept.push((name("segments"), host_copy(&s.ids)));
+        }
+        if let Some(logits) = logits.filter(|l| l.dim() == 3) {
+            self.kept.push((name("token_loss"), host_copy(&cross_entropy(logits, &batch.targets, Reduction::None)?.f_detach()?)));
+        }
+        Ok(())
     }
 
     /// Host copies of the parameters and of their gradients as backward left them
-    /// (before the all-reduce and clipping).
-    pub(super) fn tensors_before_update(&self) -> Vec<(String, Tensor)> {
+    /// (before the all-reduce and clipping): `param/<name>`, `grad/<name>`.
+    pub fn before_update(params: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
-        for (name, p) in &self.learner.params {
+        for (name, p) in params {
             out.push((format!("param/{name}"), host_copy(&p.detach())));
             let g = p.grad();
             if g.defined() {
@@ -122,19 +159,19 @@ impl Run {
         out
     }
 
-    /// Writes `<run-dir>/tensors-step<N>.rank<r>.safetensors`: `before`, each
-    /// micro-batch's tensors and per-token losses (`batch<m>/inputs`, `targets`,
-    /// `positions`, `segments`, `token_loss`) and the parameters after the update
-    /// (`updated/<name>`).
-    pub(super) fn dump_tensors(&mut self, step: u64, mut tensors: Vec<(String, Tensor)>) -> Result<()> {
-        tensors.append(&mut self.staged.dumped);
-        for (name, p) in &self.learner.params {
-            tensors.push((format!("updated/{name}"), host_copy(&p.detach())));
+    /// Writes `before`, the micro-batches kept and the parameters after the update
+    /// (`updated/<name>`) for `step`.
+    pub fn write(&mut self, step: u64, mut before: Vec<(String, Tensor)>, params: &[(String, Tensor)], run_dir: &Path, rank: u32) -> Result<()> {
+        before.append(&mut self.kept);
+        for (name, p) in params {
+            before.push((format!("updated/{name}"), host_copy(&p.detach())));
         }
-        let dir = &self.env.run_dir;
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
-        let path = dir.join(format!("tensors-step{step}.rank{}.safetensors", self.env.rank));
-        Tensor::write_safetensors(&tensors, &path)?;
+        std::fs::create_dir_all(run_dir).map_err(Error::writing(run_dir))?;
+        let path = run_dir.join(format!("tensors-step{step}.rank{rank}.safetensors"));
+        Tensor::write_safetensors(&before, &path)?;
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

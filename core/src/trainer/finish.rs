@@ -13,6 +13,7 @@ use ptrain_plugin_api::CheckpointReason;
 use tch::{Device, Kind, Tensor};
 
 use super::{
+    memory::MemoryFigures,
     run::Run,
     stop::Stop,
     summary::{PhaseSummary, Summary},
@@ -62,17 +63,18 @@ impl Run {
             self.emit_metrics(last_step, self.learner.lr_schedule.lr(last_step), StepPlan::NONE)?;
         }
         self.host.wait_saves();
-        self.learner.loader = None;
+        self.batches.stop();
         let wall_s = started.elapsed().as_secs_f64();
         // Every distributed stop is agreed (see `StopControl::agree`), so all ranks
         // end at the same step and can meet in one more collective.
+        let memory = |collective| MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, collective);
         let (first_loss, final_loss, memory) = if collective {
             let (first, last) = self.mean_losses(true)?;
-            (first, last, self.memory_figures(true)?)
+            (first, last, memory(true)?)
         } else {
             // What can still be read after a failure; a device that failed may fail again.
             let losses = panic::catching(|| self.mean_losses(false)).ok().and_then(|r| r.ok()).unwrap_or((None, None));
-            let memory = panic::catching(|| self.memory_figures(false)).ok().and_then(|r| r.ok()).unwrap_or_default();
+            let memory = panic::catching(|| memory(false)).ok().and_then(|r| r.ok()).unwrap_or_default();
             (losses.0, losses.1, memory)
         };
         self.metrics.progress.finish();
@@ -97,11 +99,8 @@ impl Run {
         let tokens = steps * tally.step_tokens * env.world as u64;
         let p = &tally.phases_total;
         let data_rows = self.learner.dataset.row_counts();
-        let trained_tokens = match &self.staged.units_all_ranks {
-            _ if data_rows.is_none() => None,
-            Some(all) => Some(all.f_to_device(tch::Device::Cpu).and_then(|t| t.f_double_value(&[])).map_or(0, |v| v as u64)),
-            None => Some(tally.trained_tokens),
-        };
+        // Instruction data: the units its objective counted are its trained tokens.
+        let trained_tokens = data_rows.as_ref().map(|_| self.batches.units_counted());
         let summary = Summary {
             epochs: tally.samples_seen as f64 / self.learner.dataset.train_len().max(1) as f64,
             trained_tokens,
@@ -164,7 +163,7 @@ impl Run {
         let summary = summary.with_parts(&env.run_dir.join("summary.json"), env.unix_start);
         if env.rank == 0 {
             let path = env.run_dir.join("summary.json");
-            summary.write(&path).map_err(|source| Error::Io { path, source })?;
+            summary.write(&path).map_err(Error::writing(&path))?;
         }
         // A barrier: launchers tear the job down when any rank exits non-zero (an
         // interrupted one exits 130), so no rank leaves before rank 0 has written
@@ -201,7 +200,7 @@ impl Run {
     /// `[debug] dump_params`: this rank's final parameters, so tests can compare ranks.
     fn dump_params(&self) -> Result<()> {
         let dir = &self.env.run_dir;
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+        std::fs::create_dir_all(dir).map_err(Error::writing(dir))?;
         let path = dir.join(format!("params-rank{}.safetensors", self.env.rank));
         let host: Vec<(&str, Tensor)> = self.learner.params.iter().map(|(n, t)| (n.as_str(), t.to_device(Device::Cpu))).collect();
         Tensor::write_safetensors(&host, &path)?;

@@ -2,14 +2,10 @@
 //! the run's state and the tensors alive at that point.
 
 use abi_stable::std_types::{RSlice, RStr};
-use ptrain_plugin_api::{Hook, NamedTensor, Needs, PhaseTimes, Scalar, StepContext, StepTensors, TensorRef};
+use ptrain_plugin_api::{Hook, NamedTensor, PhaseTimes, Scalar, StepContext, StepTensors, TensorRef};
 use tch::Tensor;
 
-use super::{
-    clock::unix_now,
-    run::{Run, RunEnv, Tally},
-};
-use crate::host::{Event, Reach};
+use super::{clock::unix_now, run::RunEnv, tally::Tally};
 
 /// Where in the run a hook is called.
 #[derive(Clone, Copy)]
@@ -55,23 +51,7 @@ pub(super) fn step_context<'a>(
     }
 }
 
-fn named<'a>(tensors: impl Iterator<Item = (&'a String, &'a Tensor)>) -> Vec<NamedTensor<'a>> {
+/// Borrowed handles of named tensors, for a context's `params` and `grads`.
+pub(super) fn named<'a>(tensors: impl Iterator<Item = (&'a String, &'a Tensor)>) -> Vec<NamedTensor<'a>> {
     tensors.map(|(n, t)| NamedTensor { name: RStr::from_str(n), tensor: TensorRef::of(t) }).collect()
-}
-
-impl Run {
-    /// Calls the inline plugins due at `at.hook`. Each gets the tensors its due
-    /// attachments asked for; parameter and gradient handles are gathered only for
-    /// the (rare) calls that asked for them.
-    pub(super) fn call_hook(&mut self, at: At, tensors: StepTensors) {
-        let params = &self.learner.params;
-        let wants_params = self.schedule.due().wants(at.hook, Needs::PARAMS.union(Needs::GRADS));
-        let grads: Vec<Tensor> = if wants_params { params.iter().map(|(_, t)| t.grad()).collect() } else { Vec::new() };
-        let param_refs = if wants_params { named(params.iter().map(|(n, t)| (n, t))) } else { Vec::new() };
-        let grad_refs = if wants_params { named(params.iter().map(|(n, _)| n).zip(&grads)) } else { Vec::new() };
-        let mut ctx = step_context(&self.env, &self.tally, self.learner.dataset.train_len(), at, tensors, &[]);
-        ctx.params = RSlice::from_slice(&param_refs);
-        ctx.grads = RSlice::from_slice(&grad_refs);
-        self.host.dispatch(Event::Step(&ctx), Reach::Due(self.schedule.due()));
-    }
 }

@@ -4,8 +4,11 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::run::Run;
-use crate::error::{Error, Result};
+use crate::{
+    dist::DataParallel,
+    error::{Error, Result},
+    optim::Optimizer,
+};
 
 /// One entry per rank.
 #[derive(Debug, Clone, Default)]
@@ -20,22 +23,52 @@ pub(super) struct MemoryFigures {
     pub gradient_peak_bytes: Vec<u64>,
 }
 
-impl Run {
-    /// A collective in a distributed run: every rank calls it at the same point.
-    /// Without `collective` (a failed run), only this rank's row is filled.
-    pub(super) fn memory_figures(&self, collective: bool) -> Result<MemoryFigures> {
-        let optimizer = &self.learner.optimizer;
+impl MemoryFigures {
+    /// What `optimizer` and `dist`'s buffers hold on every rank. A collective in a
+    /// distributed run: every rank calls it at the same point. Without
+    /// `collective` (a failed run), only this rank's row is filled.
+    pub fn gather(optimizer: &dyn Optimizer, dist: &dyn DataParallel, device: Device, collective: bool) -> Result<MemoryFigures> {
         let state = optimizer.state_bytes()?;
-        let gradient = optimizer.gradient_bytes()? + self.dist.gradient_buffer_bytes();
+        let gradient = optimizer.gradient_bytes()? + dist.gradient_buffer_bytes();
         let peak = optimizer.gradient_peak_bytes().unwrap_or(gradient);
-        let world = self.env.world as i64;
-        let mut all = Tensor::zeros([world, 3], (Kind::Int64, self.env.device));
-        all.get(self.env.rank as i64).copy_(&Tensor::from_slice(&[state as i64, gradient as i64, peak as i64]).to_device(self.env.device));
+        let mut all = Tensor::f_zeros([dist.world_size() as i64, 3], (Kind::Int64, device))?;
+        let mine = Tensor::from_slice(&[state as i64, gradient as i64, peak as i64]).f_to_device(device)?;
+        all.f_select(0, dist.rank() as i64)?.f_copy_(&mine)?;
         if collective {
-            self.dist.all_reduce_sum(&mut all).map_err(Error::Dist)?;
+            dist.all_reduce_sum(&mut all).map_err(Error::Dist)?;
         }
-        let rows = Vec::<i64>::try_from(all.to_device(Device::Cpu).flatten(0, -1)).map_err(|e| Error::Other(e.to_string()))?;
+        let rows = Vec::<i64>::try_from(all.f_to_device(Device::Cpu)?.f_flatten(0, -1)?)?;
         let column = |c: usize| rows.chunks(3).map(|r| r[c] as u64).collect();
         Ok(MemoryFigures { optimizer_state_bytes: column(0), gradient_bytes: column(1), gradient_peak_bytes: column(2) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::ConfigBuilder,
+        data::{BatchKey, Split},
+        dist::SingleRank,
+        objective::Forward,
+        trainer::learner::Learner,
+    };
+
+    #[test]
+    fn the_figures_are_the_bytes_of_the_optimizer_state_and_the_gradients_held() {
+        let config = ConfigBuilder::default().set("model.kind=\"mlp\"").unwrap().set("data.synthetic_len=64").unwrap().build().unwrap();
+        let mut learner = Learner::for_tests(&config);
+        let param_bytes: u64 = learner.params.iter().map(|(_, p)| (p.numel() * 4) as u64).sum();
+        let before = MemoryFigures::gather(learner.optimizer.as_ref(), &SingleRank, Device::Cpu, true).unwrap();
+        assert_eq!(before.gradient_bytes, [param_bytes], "one float gradient per parameter, held all run");
+
+        let batch = learner.dataset.batch(Split::Train, BatchKey { step: 1, micro: 0, first_sample: 0, count: 4, stream: 0 }).unwrap();
+        learner.forward(&batch, true).unwrap().sum(Kind::Float).backward();
+        learner.optimizer.step(1e-3, None).unwrap();
+        let after = MemoryFigures::gather(learner.optimizer.as_ref(), &SingleRank, Device::Cpu, true).unwrap();
+        assert_eq!(after.gradient_bytes, [param_bytes], "the same gradients after a step");
+        assert_eq!(after.gradient_peak_bytes, after.gradient_bytes, "replicated: the gradients live all run");
+        // AdamW: two moments per parameter, and its step counts.
+        assert!(after.optimizer_state_bytes[0] >= 2 * param_bytes, "{:?} for {param_bytes} bytes of parameters", after.optimizer_state_bytes);
     }
 }

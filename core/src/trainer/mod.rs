@@ -1,22 +1,35 @@
-//! The trainer: set-up, the loop, and what happens at its end. One file per job,
-//! in the order a run meets them:
+//! The trainer: set-up, the loop, and what happens at its end. `Run` (`run`) holds
+//! the run's components, each in a file of its own with its own tests, and only
+//! `setup`, `step` and `finish` implement `Run`, wiring the components together:
 //!
 //! - `run_dir`: the run directory's lock, and the guard against starting over in
 //!   a directory that holds checkpoints (`--overwrite` moves them aside);
 //! - `setup`: resume, device, data, model, optimizer, plugins and their schedule;
-//! - `run`: what a run holds, grouped by owner (`RunEnv`, `Learner`, `Tally`, ...);
 //! - `step`: the loop (`train`), one optimizer step (`train_step`), one micro-batch
 //!   (`forward_backward_step`), and what a due step does after the update;
-//! - `hooks`: the context inline plugins get at a hook point;
-//! - `nonfinite`, `stop`: skipping non-finite updates, and stopping early (agreed
-//!   across ranks);
-//! - `eval`, `metrics` (the core metrics and their since-last-emit state), `save`
-//!   (checkpoint payloads), `state` (the typed training state, and resuming);
 //! - `finish`, `summary`, `memory`: the end of the run, however it ended, and
 //!   `summary.json` (with each rank's optimizer and gradient memory);
+//!
+//! and the components:
+//!
+//! - `learner`: the model, its data and its optimizer; the one place the model is
+//!   called (`objective::Forward`), under the run's precision;
+//! - `batches`: a step's micro-batches, fetched ahead when the objective counts units;
+//! - `eval`: the held-out loss and metrics through the run's objective (`Evaluator`);
+//! - `tally`: running totals, the step losses kept on the device;
+//! - `metrics`: the core metrics, a `MetricBatch` built from the tally when due, and
+//!   progress lines (`MetricsProcessor`);
+//! - `save`: what a checkpoint hands to the checkpoint plugins; `state`: the typed
+//!   training state, and resuming;
+//! - `hooks`: the context inline plugins get at a hook point;
+//! - `nonfinite`, `stop`, `signals`: skipping non-finite updates, stopping early
+//!   (agreed across ranks), and SIGINT/SIGTERM;
 //! - `failure`: why a failed run failed (an error, a panic, out of memory);
-//! - `debug`: `[debug]` tools for tests (a gradient spike, tensor dumps, injected
-//!   failures).
+//! - `debug`: `[debug]` tools for tests (faults injected, tensor dumps).
+//!
+//! A new component is a struct in a file of its own here with its own unit tests,
+//! a field of `Run` made in `setup`, and a call from `step` or `finish`: it takes
+//! what it needs as arguments, not the whole run.
 //!
 //! ```no_run
 //! use ptrain_core::{config::Config, Trainer};
@@ -32,6 +45,7 @@ mod eval;
 mod failure;
 mod finish;
 mod hooks;
+mod learner;
 mod memory;
 mod metrics;
 mod nonfinite;
@@ -41,10 +55,12 @@ mod run;
 pub mod run_dir;
 mod save;
 mod setup;
+mod signals;
 mod state;
 mod step;
 mod stop;
 mod summary;
+mod tally;
 mod timing;
 
 use std::{path::PathBuf, sync::Arc};

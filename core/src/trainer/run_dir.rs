@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 pub const LOCK_FILE: &str = "ptrain.lock";
 
 /// The lock this process holds, for the one exit that skips destructors (a second
-/// signal exits at once: see [`crate::signals`]).
+/// signal exits at once: see [`super::signals`]).
 static HELD: Mutex<Option<(PathBuf, u32)>> = Mutex::new(None);
 
 /// Removes the lock this process holds, if any. For exits that skip destructors.
@@ -82,7 +82,7 @@ impl RunLock {
     /// left by a dead process of this host is taken over with a warning.
     pub fn acquire(dir: &Path) -> Result<RunLock> {
         let created_dir = !dir.exists();
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_owned(), source })?;
+        std::fs::create_dir_all(dir).map_err(Error::writing(dir))?;
         Self::lock(dir, created_dir)
     }
 
@@ -91,7 +91,7 @@ impl RunLock {
     /// and locked: for run directories named by default.
     pub fn acquire_new(base: &Path) -> Result<(PathBuf, RunLock)> {
         if let Some(parent) = base.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| Error::Io { path: parent.to_owned(), source })?;
+            std::fs::create_dir_all(parent).map_err(Error::writing(parent))?;
         }
         let name = base.file_name().map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned());
         for n in 1..1000 {
@@ -99,7 +99,7 @@ impl RunLock {
             match std::fs::create_dir(&dir) {
                 Ok(()) => return Ok((dir.clone(), Self::lock(&dir, true)?)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(source) => return Err(Error::Io { path: dir, source }),
+                Err(source) => return Err(Error::Write { path: dir, source }),
             }
         }
         Err(Error::RunDir { path: base.to_owned(), message: "999 run directories of this name and second exist: set --run-dir".into() })
@@ -111,7 +111,7 @@ impl RunLock {
         for _ in 0..3 {
             match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(mut file) => {
-                    file.write_all(me.text().as_bytes()).and_then(|()| file.sync_all()).map_err(|source| Error::Io { path: path.clone(), source })?;
+                    file.write_all(me.text().as_bytes()).and_then(|()| file.sync_all()).map_err(Error::writing(&path))?;
                     if let Ok(mut held) = HELD.lock() {
                         *held = Some((path.clone(), me.pid));
                     }
@@ -136,7 +136,7 @@ impl RunLock {
                     // Just created by another run, which is writing it now.
                     None => return Err(in_use(dir, "another run (its lock is being written)", &path)),
                 },
-                Err(source) => return Err(Error::Io { path, source }),
+                Err(source) => return Err(Error::Write { path, source }),
             }
         }
         Err(in_use(dir, "another run", &path))
@@ -200,14 +200,10 @@ pub fn guard(dir: &Path, resume: Option<&Resume>, overwrite: bool, lead: bool) -
     }
     let name = dir.file_name().map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned());
     let aside = dir.with_file_name(format!("{name}.old-{}", stamp()));
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| Error::Io { path, source }
-    };
-    std::fs::create_dir_all(&aside).map_err(io(&aside))?;
+    std::fs::create_dir_all(&aside).map_err(Error::writing(&aside))?;
     for entry in &entries {
         let to = aside.join(entry.file_name().unwrap_or_default());
-        std::fs::rename(entry, &to).map_err(io(entry))?;
+        std::fs::rename(entry, &to).map_err(Error::writing(entry))?;
     }
     tracing::warn!(
         "--overwrite: moved what {} held ({} checkpoint(s), logs, summary) to {}; delete that directory when you no longer need it",

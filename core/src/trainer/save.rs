@@ -1,70 +1,88 @@
-//! Handing a checkpoint to the checkpoint plugins. The loop waits only for a
-//! previous save still being written and for the copies to host memory; the
+//! What a checkpoint hands to the checkpoint plugins: the learner's weights and
+//! optimizer state copied to host memory (the only part of a save the loop waits
+//! for, besides a previous save still being written), and the training state. The
 //! plugin's worker thread does the I/O.
 
-use std::time::Instant;
-
-use ptrain_plugin_api::{CheckpointPayload, CheckpointReason};
+use abi_stable::std_types::RVec;
+use ptrain_plugin_api::{CheckpointPayload, CheckpointReason, NamedBlob};
 
 use super::{
+    learner::Learner,
+    nonfinite::NonFinite,
     payload,
-    run::Run,
+    run::RunEnv,
     state::{EvalRecord, TrainState},
+    tally::Tally,
 };
-use crate::{
-    config::ShardMode,
-    error::Result,
-    host::{Event, Reach},
-};
+use crate::error::Result;
 
-impl Run {
-    /// The training state at `step`, as `state.json` keeps it.
-    fn train_state(&self, step: u64) -> TrainState {
-        TrainState {
-            samples_seen: self.tally.samples_seen,
-            tokens_seen: self.tally.tokens_seen,
-            nonfinite_total: self.nonfinite.total,
-            nonfinite_run: self.nonfinite.run,
-            eval: self.tally.evals.last().map(|e| EvalRecord { step: e.step, loss: e.loss }),
-            shard: self.learner.optimizer.checkpoint_layout(),
-            lora_base_sha256: self.env.lora_base.clone(),
-            ..TrainState::new(step, self.env.config.run.seed, self.env.world)
-        }
+/// The training state at `step`, as `state.json` keeps it.
+pub(super) fn train_state(step: u64, env: &RunEnv, tally: &Tally, nonfinite: &NonFinite, learner: &Learner) -> TrainState {
+    TrainState {
+        samples_seen: tally.samples_seen,
+        tokens_seen: tally.tokens_seen,
+        nonfinite_total: nonfinite.total,
+        nonfinite_run: nonfinite.run,
+        eval: tally.evals.last().map(|e| EvalRecord { step: e.step, loss: e.loss }),
+        shard: learner.optimizer.checkpoint_layout(),
+        lora_base_sha256: env.lora_base.clone(),
+        ..TrainState::new(step, env.config.run.seed, env.world)
+    }
+}
+
+/// The checkpoint of `state.step`: the weights only from the `lead` rank (the
+/// others hand over their slice of a sharded optimizer's state), the plugins'
+/// states and the configuration.
+pub(super) fn payload(
+    reason: CheckpointReason,
+    state: &TrainState,
+    learner: &Learner,
+    lead: bool,
+    config_toml: &str,
+    plugin_states: RVec<NamedBlob>,
+) -> Result<CheckpointPayload> {
+    let weights = if lead { &learner.params[..] } else { &[] };
+    let model = weights.iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
+    let optimizer = learner.optimizer.state().iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
+    Ok(CheckpointPayload {
+        step: state.step,
+        reason,
+        model: model.into(),
+        optimizer: optimizer.into(),
+        state_json: state.to_json().into(),
+        config_toml: config_toml.into(),
+        plugin_states,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Device, Kind, Tensor};
+
+    use super::*;
+    use crate::config::{Config, ConfigBuilder};
+
+    fn mlp() -> Config {
+        ConfigBuilder::default().set("model.kind=\"mlp\"").unwrap().set("data.synthetic_len=64").unwrap().build().unwrap()
     }
 
-    /// Saves the run at `step`: rank 0 only, or, sharded, every rank (each hands
-    /// over its optimizer slice, rank 0 also the rest). A scheduled save reaches
-    /// the checkpoint plugins due now, an emergency save every checkpoint plugin.
-    pub(super) fn save(&mut self, step: u64, reason: CheckpointReason) -> Result<()> {
-        let sharded = self.learner.optimizer.shard_mode() != ShardMode::None;
-        if (self.env.rank != 0 && !sharded) || !self.host.has_checkpointer() {
-            return Ok(());
+    #[test]
+    fn the_lead_rank_hands_over_every_weight_and_every_rank_its_optimizer_state() {
+        let learner = Learner::for_tests(&mlp());
+        let state = TrainState { samples_seen: 96, ..TrainState::new(3, 1337, 2) };
+        let lead = payload(CheckpointReason::Scheduled, &state, &learner, true, "[run]", RVec::new()).unwrap();
+        assert_eq!((lead.step, lead.reason, lead.config_toml.as_str()), (3, CheckpointReason::Scheduled, "[run]"));
+        assert_eq!(lead.model.len(), learner.params.len());
+        for (blob, (name, param)) in lead.model.iter().zip(&learner.params) {
+            assert_eq!(blob.name.as_str(), name);
+            let saved = Tensor::from_slice(&blob.data).view_dtype(Kind::Float).view(param.size().as_slice());
+            assert!(saved.equal(&param.detach().to_device(Device::Cpu)), "{name} copied as it is");
         }
-        let waited = Instant::now();
-        self.host.wait_saves();
-        self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
-        let lead = self.env.rank == 0;
-        let weights = if lead { &self.learner.params[..] } else { &[] };
-        let model = weights.iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
-        let optimizer = self.learner.optimizer.state().iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
-        let plugin_states = if lead { self.host.save_states(step) } else { Vec::new().into() };
-        let payload = CheckpointPayload {
-            step,
-            reason,
-            model: model.into(),
-            optimizer: optimizer.into(),
-            state_json: self.train_state(step).to_json().into(),
-            config_toml: self.env.run_data.config_toml.as_str().into(),
-            plugin_states,
-        };
-        let reach = match reason {
-            CheckpointReason::Scheduled => Reach::Due(self.schedule.due()),
-            CheckpointReason::End if step == self.env.total_steps => Reach::Due(self.schedule.due()),
-            // A run a plugin ended early: its last step was not planned as the end.
-            CheckpointReason::End | CheckpointReason::Interrupted | CheckpointReason::NonFinite => Reach::Declared,
-        };
-        self.tally.last_save_step = Some(step);
-        self.host.dispatch(Event::Checkpoint(payload.into()), reach);
-        Ok(())
+        assert_eq!(lead.optimizer.len(), learner.optimizer.state().len());
+        assert!(!lead.optimizer.is_empty());
+        assert_eq!(serde_json::from_str::<TrainState>(lead.state_json.as_str()).unwrap(), state);
+        let other = payload(CheckpointReason::Scheduled, &state, &learner, false, "[run]", RVec::new()).unwrap();
+        assert!(other.model.is_empty(), "one copy of the weights, from rank 0");
+        assert_eq!(other.optimizer.len(), lead.optimizer.len());
     }
 }

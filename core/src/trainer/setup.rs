@@ -10,18 +10,23 @@ use std::{
 };
 
 use ptrain_plugin_api::{DeviceKind, Hook, Needs};
-use tch::{nn, Device, Tensor};
+use tch::{nn, Device};
 
 use super::{
+    batches::StepBatches,
     clock::{stamp, stamp_at, unix_now},
-    debug::{Faults, PanicAt},
+    debug::{Faults, PanicAt, TensorDump},
+    eval::Evaluator,
+    learner::Learner,
     metrics::MetricsProcessor,
     nonfinite::NonFinite,
     progress::Progress,
-    run::{Learner, Run, RunEnv, Tally},
+    run::{Run, RunEnv},
     run_dir::RunLock,
+    signals::Signals,
     state::{self, TrainState},
     stop::StopControl,
+    tally::Tally,
     Trainer,
 };
 use crate::{
@@ -31,9 +36,8 @@ use crate::{
     error::{Error, Result},
     host::{HostServices, PluginHost, RunData},
     model, objective,
-    optim::{self, LrSchedule, ShardSpec},
+    optim::ShardSpec,
     schedule::{Cadence, CoreTask, Gate, Owner, RunSchedule, SlotSpec, StepWindows},
-    signals::Signals,
 };
 
 /// `run.run_dir`, or `runs/<name>-<YYYYmmdd-HHMMSS>` (UTC) when it is empty, at
@@ -93,8 +97,6 @@ impl Run {
         }
         tch::manual_seed(config.run.seed as i64);
         let device = dist.device(&config)?;
-        // bf16 autocasts the forward pass on the CPU as on CUDA (libtorch supports both).
-        let autocast = (config.train.precision == Precision::Bf16).then_some(device.is_cuda());
 
         let dataset = match dataset {
             Some(d) => d,
@@ -123,13 +125,6 @@ impl Run {
             None => None,
         };
         let all_params = vs.variables().values().map(|t| t.numel() as u64).sum();
-        let mut params: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        params.sort_by(|a, b| a.0.cmp(&b.0));
-        if params.is_empty() {
-            return Err(Error::Other("the model has no trainable parameters".into()));
-        }
-        let mut optimizer = optim::build(&config.optim, &params, shard)?;
-
         let total_steps = match config.train.epochs {
             e if e > 0.0 => {
                 let global = config.data.batch_size as u64 * config.optim.accum_steps * world as u64;
@@ -139,11 +134,14 @@ impl Run {
             }
             _ => config.train.steps,
         };
+        let objective = objective::from_config(&config, model.task());
+        let (model_kind, task, layers) = (model.kind().to_string(), model.task(), model.layers(dataset.seq_len()));
+        let mut learner = Learner::new(vs, model, dataset.clone(), &config, shard, total_steps)?;
         if let Some(ckpt) = &checkpoint {
             state::check_lora_base(ckpt, lora_base.as_deref())?;
         }
         let restored = match &checkpoint {
-            Some(ckpt) => state::restore(ckpt, &mut params, optimizer.as_mut())?,
+            Some(ckpt) => state::restore(ckpt, &mut learner.params, learner.optimizer.as_mut())?,
             None => TrainState::new(0, config.run.seed, world),
         };
         let start_step = restored.step;
@@ -153,7 +151,7 @@ impl Run {
             }
             tracing::info!("resuming from {} (step {start_step})", ckpt.path.display());
         }
-        dist.broadcast_params(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
+        dist.broadcast_params(&learner.params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
 
         // The run's gate: its schedule raises it, requests from other threads
         // (through the host's services and the signal handlers) lower it.
@@ -162,10 +160,9 @@ impl Run {
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
-            let io = |path: PathBuf| move |source| Error::Io { path, source };
-            std::fs::create_dir_all(&run_dir).map_err(io(run_dir.clone()))?;
+            std::fs::create_dir_all(&run_dir).map_err(Error::writing(&run_dir))?;
             let config_path = run_dir.join("config.toml");
-            std::fs::write(&config_path, config.to_recorded_toml()).map_err(io(config_path.clone()))?;
+            std::fs::write(&config_path, config.to_recorded_toml()).map_err(Error::writing(&config_path))?;
             crate::config::keep_sources(&config, &run_dir)?;
         }
         slots.extend(core_slots(&config, device));
@@ -182,6 +179,7 @@ impl Run {
             step => Arc::new(PanicAt { inner: dataset.clone(), step }),
         };
         let loader = Loader::new(drawn, draws, config.data.num_workers, config.data.prefetch, pin.then_some(device));
+        let batches = StepBatches::new(loader, device, accum);
         let run_data = Arc::new(RunData {
             run_dir: run_dir.display().to_string(),
             run_name: config.run.name.clone(),
@@ -197,10 +195,10 @@ impl Run {
                 _ => -1,
             },
             device_name: device::name(device),
-            model_kind: model.kind().to_string(),
-            task: model.task(),
-            n_params: params.iter().map(|(_, p)| p.numel() as u64).sum(),
-            layers: model.layers(seq_len),
+            model_kind,
+            task,
+            n_params: learner.params.iter().map(|(_, p)| p.numel() as u64).sum(),
+            layers,
             datasets: dataset.dataset_names(),
             batch_size: b,
             seq_len: seq_len as u64,
@@ -213,26 +211,7 @@ impl Run {
         }
         let nonfinite_counts = (restored.nonfinite_run, restored.nonfinite_total);
         let nonfinite = NonFinite::new(&config.train, config.debug.nonfinite_loss_at.clone(), device, start_step, nonfinite_counts);
-        let tally = Tally {
-            step_samples: b * accum,
-            step_tokens: b * accum * seq_len.max(1) as u64,
-            samples_seen: restored.samples_seen,
-            tokens_seen: restored.tokens_seen,
-            ..Tally::default()
-        };
-        let objective = objective::from_config(&config, model.task());
-        let learner = Learner {
-            // Whether the model draws random numbers is the model's to say.
-            reseed: model.uses_randomness(),
-            lr_schedule: LrSchedule::new(&config.optim, total_steps),
-            _vs: vs,
-            model,
-            params,
-            optimizer,
-            dataset,
-            loader: Some(loader),
-            autocast,
-        };
+        let tally = Tally::new(b * accum, b * accum * seq_len.max(1) as u64, restored.samples_seen, restored.tokens_seen);
         let env = RunEnv {
             _lock: lock,
             resumed_from: checkpoint.as_ref().map(|c| c.path.display().to_string()),
@@ -253,10 +232,12 @@ impl Run {
             metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress, rank == 0)),
             stop: StopControl::new(signals, services),
             faults: Faults::new(&env.config.debug, device),
-            staged: Default::default(),
+            dump: TensorDump::new(&env.config.debug),
+            evaluator: Evaluator::new(&env.config, rank, world, device),
             env,
             learner,
             objective,
+            batches,
             schedule,
             host,
             dist,

@@ -1,22 +1,29 @@
 //! The loop: `train` runs the steps, `train_step` is one optimizer step,
 //! `forward_backward_step` one micro-batch, and `after_step` what a due step does
-//! after the update. A step with nothing due pays one gate check.
+//! after the update, through the run's components (evaluation, metrics,
+//! checkpoints, hooks). A step with nothing due pays one gate check.
 
 use std::time::Instant;
 
-use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, StepTensors, TensorRef};
+use abi_stable::std_types::RSlice;
+use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, Scalar, StepTensors, TensorRef};
 use tch::Tensor;
 
 use super::{
+    debug::TensorDump,
     failure::RunError,
-    hooks::At,
+    hooks::{named, step_context, At},
+    metrics::Sources,
     run::Run,
+    save,
     stop::Stop,
     timing::{Phase, StepTimer},
     Outcome,
 };
 use crate::{
+    config::ShardMode,
     error::Result,
+    host::{Event, Reach},
     objective::{add_metrics, Metrics, StepScale},
     panic,
     schedule::{CoreTask, StepPlan},
@@ -95,7 +102,7 @@ impl Run {
             timer.book(Phase::Hooks);
         }
         self.learner.optimizer.zero_grad()?;
-        let scale = self.stage_batches(&mut timer)?;
+        let scale = self.batches.stage(self.objective.as_ref(), self.dist.as_ref(), &mut timer)?;
         let mut step_loss: Option<Tensor> = None;
         // The objective's metrics, scaled as the loss: empty (no allocation) for
         // objectives without any.
@@ -114,7 +121,7 @@ impl Run {
             self.call_hook(At { hook: Hook::AfterBackward, step, micro_batch: accum - 1, lr, phases: timer.phases }, tensors);
             timer.book(Phase::Hooks);
         }
-        let dump = self.dumps_tensors_at(step).then(|| self.tensors_before_update());
+        let dump = self.dump.at(step).then(|| TensorDump::before_update(&self.learner.params));
         let found_inf = self.nonfinite.flag(step, &mut step_loss);
         self.learner.optimizer.reduce_gradients(self.dist.as_mut(), found_inf)?;
         if self.env.config.optim.grad_clip > 0.0 || detailed {
@@ -129,7 +136,7 @@ impl Run {
             timer.settle(Phase::Optimizer);
         }
         if let Some(before) = dump {
-            self.dump_tensors(step, before)?;
+            self.dump.write(step, before, &self.learner.params, &self.env.run_dir, self.env.rank)?;
         }
         let (phases, hooks_s) = timer.finish();
         self.tally.count_step(self.env.world as u64, &phases, hooks_s, step_loss, step_metrics);
@@ -147,7 +154,7 @@ impl Run {
         scale: &StepScale,
         timer: &mut StepTimer,
     ) -> Result<(Tensor, Metrics)> {
-        let batch = self.next_staged()?;
+        let batch = self.batches.next()?;
         timer.book(Phase::Data);
         let sum = self.objective.sum(&mut self.learner, &batch, true)?;
         let (logits, mut loss) = (sum.logits, scale.apply(sum.loss)?);
@@ -158,8 +165,8 @@ impl Run {
         if self.nonfinite.injects() && self.nonfinite.injected_at(step) {
             loss *= f64::NAN;
         }
-        if self.dumps_tensors_at(step) {
-            self.keep_batch_for_dump(micro, &batch, logits.as_ref())?;
+        if self.dump.at(step) {
+            self.dump.keep_batch(micro, &batch, logits.as_ref())?;
         }
         timer.book(Phase::Forward);
         if plan.has(Hook::AfterForward) {
@@ -176,7 +183,7 @@ impl Run {
         }
         // f_backward: a failure in backward (an activation checkpoint's recompute
         // running out of memory) ends the run as failed, not as a panic.
-        match self.grad_spike_at(step) {
+        match self.faults.grad_spike(step) {
             Some(factor) => (&loss * factor).f_backward()?,
             None => loss.f_backward()?,
         }
@@ -213,8 +220,82 @@ impl Run {
             self.save(step, reason)?;
         }
         if plan.core(CoreTask::Progress) {
-            self.show_progress(step, lr)?;
+            let from = Sources::of(&self.env, &self.learner, self.dist.as_ref());
+            self.metrics.show_progress(step, lr, &mut self.tally, &from)?;
         }
         Ok(stop)
+    }
+
+    /// Calls the inline plugins due at `at.hook`. Each gets the tensors its due
+    /// attachments asked for; parameter and gradient handles are gathered only for
+    /// the (rare) calls that asked for them.
+    fn call_hook(&mut self, at: At, tensors: StepTensors) {
+        let params = &self.learner.params;
+        let wants_params = self.schedule.due().wants(at.hook, Needs::PARAMS.union(Needs::GRADS));
+        let grads: Vec<Tensor> = if wants_params { params.iter().map(|(_, t)| t.grad()).collect() } else { Vec::new() };
+        let param_refs = if wants_params { named(params.iter().map(|(n, t)| (n, t))) } else { Vec::new() };
+        let grad_refs = if wants_params { named(params.iter().map(|(n, _)| n).zip(&grads)) } else { Vec::new() };
+        let mut ctx = step_context(&self.env, &self.tally, self.learner.dataset.train_len(), at, tensors, &[]);
+        ctx.params = RSlice::from_slice(&param_refs);
+        ctx.grads = RSlice::from_slice(&grad_refs);
+        self.host.dispatch(Event::Step(&ctx), Reach::Due(self.schedule.due()));
+    }
+
+    /// Evaluates, shows and keeps the result, and calls the `Eval` hook with it.
+    fn evaluate(&mut self, step: u64, lr: f64, phases: PhaseTimes) -> Result<()> {
+        let point = self.evaluator.run(&mut self.learner, self.objective.as_ref(), self.dist.as_ref(), step)?;
+        let metrics = self.metrics.record_eval(&point);
+        self.tally.evals.push(point);
+        let scalars: Vec<Scalar<'_>> = metrics.iter().filter_map(|m| Some(Scalar { name: m.name.as_rstr(), value: m.as_scalar()? })).collect();
+        let at = At { hook: Hook::Eval, step, micro_batch: 0, lr, phases };
+        let ctx = step_context(&self.env, &self.tally, self.learner.dataset.train_len(), at, StepTensors::NONE, &scalars);
+        self.host.dispatch(Event::Step(&ctx), Reach::Due(self.schedule.due()));
+        Ok(())
+    }
+
+    /// Whether inline plugins or evaluation emitted metrics not sent yet.
+    pub(super) fn has_emitted(&self) -> bool {
+        self.metrics.has_emitted() || self.host.has_emitted()
+    }
+
+    /// Sends what is due at `step` to the sinks: the core metrics the due sinks
+    /// asked for, plus whatever was emitted since the last batch (which reaches
+    /// every sink). In the order they were emitted: a step's plugin hooks, its
+    /// `Eval` hook, then evaluation's own.
+    pub(super) fn emit_metrics(&mut self, step: u64, lr: f64, plan: StepPlan) -> Result<()> {
+        let emitted = self.has_emitted();
+        let mut metrics = Vec::with_capacity(64);
+        self.host.drain_emitted(&mut metrics);
+        let from = Sources::of(&self.env, &self.learner, self.dist.as_ref());
+        let batch = self.metrics.batch(step, lr, plan.needs, metrics, &mut self.tally, &from)?;
+        let reach = if emitted { Reach::Declared } else { Reach::Due(self.schedule.due()) };
+        self.host.dispatch(Event::Metrics(batch.into()), reach);
+        Ok(())
+    }
+
+    /// Saves the run at `step`: rank 0 only, or, sharded, every rank (each hands
+    /// over its optimizer slice, rank 0 also the rest). A scheduled save reaches
+    /// the checkpoint plugins due now, an emergency save every checkpoint plugin.
+    pub(super) fn save(&mut self, step: u64, reason: CheckpointReason) -> Result<()> {
+        let sharded = self.learner.optimizer.shard_mode() != ShardMode::None;
+        if (self.env.rank != 0 && !sharded) || !self.host.has_checkpointer() {
+            return Ok(());
+        }
+        let waited = Instant::now();
+        self.host.wait_saves();
+        self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
+        let lead = self.env.rank == 0;
+        let state = save::train_state(step, &self.env, &self.tally, &self.nonfinite, &self.learner);
+        let plugin_states = if lead { self.host.save_states(step) } else { Vec::new().into() };
+        let payload = save::payload(reason, &state, &self.learner, lead, &self.env.run_data.config_toml, plugin_states)?;
+        let reach = match reason {
+            CheckpointReason::Scheduled => Reach::Due(self.schedule.due()),
+            CheckpointReason::End if step == self.env.total_steps => Reach::Due(self.schedule.due()),
+            // A run a plugin ended early: its last step was not planned as the end.
+            CheckpointReason::End | CheckpointReason::Interrupted | CheckpointReason::NonFinite => Reach::Declared,
+        };
+        self.tally.last_save_step = Some(step);
+        self.host.dispatch(Event::Checkpoint(payload.into()), reach);
+        Ok(())
     }
 }

@@ -1,11 +1,10 @@
 //! Why a run stops before its last step, and how ranks agree to stop together.
 
-use super::failure::RunError;
+use super::{failure::RunError, signals::Signals};
 use crate::{
     dist::DataParallel,
     error::{Error, Result},
     host::{HostServices, StopRequest},
-    signals::Signals,
 };
 
 /// A reason to stop early.

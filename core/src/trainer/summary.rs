@@ -20,12 +20,18 @@ pub struct PhaseSummary {
     pub hooks_s: f64,
 }
 
+/// One evaluation: the objective's loss and metrics over the held-out batches.
 #[derive(Debug, Clone, Serialize)]
 pub struct EvalPoint {
     pub step: u64,
     pub loss: f64,
+    /// Classification's accuracy (also among `metrics`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
+    /// Every metric of the objective, as `eval/<name>` reports it (not in
+    /// `summary.json`, which keeps `accuracy` alone).
+    #[serde(skip)]
+    pub metrics: Vec<(&'static str, f64)>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -40,17 +40,17 @@ impl Signals {
                 for sig in signals.forever() {
                     counter.fetch_add(1, Ordering::SeqCst);
                     if drain.load(Ordering::SeqCst) {
-                        crate::trainer::eprint_line(&format!("received signal {sig}: no longer waiting for plugins to finish"));
+                        super::eprint_line(&format!("received signal {sig}: no longer waiting for plugins to finish"));
                         let _ = flag.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
                         continue;
                     }
                     if flag.swap(sig, Ordering::SeqCst) != 0 {
-                        crate::trainer::eprint_line("second signal: exiting now (the last committed checkpoint is intact)");
+                        super::eprint_line("second signal: exiting now (the last committed checkpoint is intact)");
                         // No destructor runs past this exit: release the run directory here.
-                        crate::trainer::run_dir::release_held();
+                        super::run_dir::release_held();
                         std::process::exit(128 + sig);
                     }
-                    crate::trainer::eprint_line(&format!("received signal {sig}: finishing the step, then saving and exiting (again to force)"));
+                    super::eprint_line(&format!("received signal {sig}: finishing the step, then saving and exiting (again to force)"));
                     services.wake();
                 }
             })
