@@ -1,12 +1,16 @@
 //! Services the host offers plugins: logging, stopping the run, leaving the
-//! schedule, and collectives.
+//! schedule, collectives and deferred work. Every `impl HostApi` is in this file.
 
 use abi_stable::{
     std_types::{RResult, RStr, RString},
     StableAbi,
 };
 
-use crate::{context::TensorRef, deferred::DeferredBox};
+use crate::{
+    context::TensorRef,
+    deferred::{DeferredBox, RunOnce},
+    PluginResult,
+};
 
 /// How a stop request says it comes from a failure: its reason starts with this.
 /// A convention rather than a new `HostApi` function, so that the function table
@@ -32,6 +36,10 @@ pub enum LogLevel {
 /// Deferred work (`defer`, `wait_deferred`, added in 0.3.0): an inline plugin hands
 /// the host a job to run off the training thread ([`HostApi::defer`]) and may wait
 /// for its jobs at the end ([`HostApi::wait_deferred`]).
+///
+/// Valid for as long as the plugin instance it was given to lives (the host keeps
+/// its side alive until then, and for each deferred job until it has run): keep it
+/// in the plugin, never in a global that outlives the instance.
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy)]
 pub struct HostApi {
@@ -45,7 +53,8 @@ pub struct HostApi {
     pub wait_deferred: extern "C" fn(ctx: *const (), plugin: RStr<'_>) -> bool,
 }
 
-// SAFETY: the host's context is a `'static` object that is itself thread-safe.
+// SAFETY: the host's context is a thread-safe object the host keeps alive for as long
+// as the plugin instance it was given to can call it (from any of its threads).
 unsafe impl Send for HostApi {}
 // SAFETY: as above; the function pointers are plain `extern "C" fn`s.
 unsafe impl Sync for HostApi {}
@@ -89,6 +98,29 @@ impl HostApi {
 
     pub fn broadcast(&self, tensor: TensorRef, root: u32) -> Result<(), String> {
         (self.broadcast)(self.ctx, tensor, root).into_result().map_err(RString::into_string)
+    }
+
+    /// Hands `job` to the host, which runs it on its one deferred-work thread
+    /// (`ptrain-deferred`), after the jobs handed over before it: for slow work an
+    /// inline plugin must not do on the training thread (writing a file it recorded
+    /// there). Returns at once: a channel send, nothing waits for the job. A job
+    /// that returns `Err` or panics is logged at once and listed under
+    /// `plugin_failures` (hook `deferred`, at the run's last step); it does not
+    /// disable the plugin, whose later calls and jobs go on. Jobs of a plugin that failed still
+    /// run: they were complete when handed over. At the end of the run the host waits
+    /// for what is left at most `run.shutdown_timeout_s`, then gives the rest up
+    /// (listed under `abandoned_plugins`); a job never holds the process.
+    pub fn defer(&self, plugin: &str, job: impl FnOnce() -> PluginResult + Send + 'static) {
+        let job = DeferredBox::from_value(RunOnce(Some(job)), abi_stable::sabi_trait::TD_Opaque);
+        (self.defer)(self.ctx, plugin.into(), job)
+    }
+
+    /// Waits until every job `plugin` handed over ([`HostApi::defer`]) has run, at
+    /// most `run.shutdown_timeout_s`; `false` if some had not by then. For
+    /// `on_run_end`, to report what the jobs did. Blocks the calling thread: never
+    /// call it from a step hook.
+    pub fn wait_deferred(&self, plugin: &str) -> bool {
+        (self.wait_deferred)(self.ctx, plugin.into())
     }
 
     /// A host that only logs to stderr: for tests of plugins outside ptrain. It runs

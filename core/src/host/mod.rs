@@ -27,7 +27,7 @@ mod services;
 mod watchdog;
 mod worker;
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use ptrain_plugin_api::{Hook, Outbox, PluginBox, StepWindows, Threading};
 use serde::Serialize;
@@ -103,7 +103,8 @@ pub struct PluginHost {
     abandoned: BTreeMap<String, u64>,
     /// Warns while an inline plugin's hook runs too long; only with inline plugins.
     watchdog: Option<Watchdog>,
-    services: &'static HostServices,
+    /// Last: dropped after the plugins, which may call it until they are.
+    services: Arc<HostServices>,
 }
 
 impl PluginHost {
@@ -114,7 +115,7 @@ impl PluginHost {
         requests: &[String],
         tables: &BTreeMap<String, toml::Table>,
         origins: &KeyOrigins,
-        services: &'static HostServices,
+        services: Arc<HostServices>,
         rank: u32,
     ) -> Result<(PluginHost, Vec<SlotSpec>)> {
         let mut host = PluginHost {
@@ -124,7 +125,7 @@ impl PluginHost {
             departed: Vec::new(),
             abandoned: BTreeMap::new(),
             watchdog: None,
-            services,
+            services: services.clone(),
         };
         let mut slots = Vec::new();
         // Every library is checked, and every table claimed, before any plugin is created.
@@ -199,7 +200,7 @@ impl PluginHost {
                 }
                 match d.threading {
                     Threading::Inline => Runner::Inline(plugin),
-                    Threading::Worker => Runner::Worker(Worker::spawn(&name, plugin, settings.queue, settings.on_full, timer)),
+                    Threading::Worker => Runner::Worker(Worker::spawn(&name, plugin, settings.queue, settings.on_full, timer, services.clone())),
                 }
             } else {
                 Runner::Absent

@@ -21,6 +21,7 @@ use ptrain_plugin_api::{Needs, Outbox, PluginBox, Threading};
 use super::{
     event::{call, Event, Queued, Reply},
     queue::{BoundedQueue, Popped, QueueItem},
+    HostServices,
 };
 use crate::config::OnFull;
 
@@ -121,8 +122,9 @@ pub struct Worker {
 
 impl Worker {
     /// Starts the thread; `timer`: how often it calls the plugin's `on_timer`
-    /// (see [`timer`]).
-    pub fn spawn(name: &str, plugin: PluginBox, capacity: usize, on_full: OnFull, timer: Option<Duration>) -> Worker {
+    /// (see [`timer`]). The thread keeps `services` alive while it may call the
+    /// plugin (and so the plugin its `HostApi`), even once abandoned.
+    pub fn spawn(name: &str, plugin: PluginBox, capacity: usize, on_full: OnFull, timer: Option<Duration>, services: Arc<HostServices>) -> Worker {
         let queue = Arc::new(BoundedQueue::new(capacity, on_full));
         let shared = Arc::new(Shared {
             plugin: Mutex::new(plugin),
@@ -142,6 +144,10 @@ impl Worker {
                 run(&plugin_name, &q, &s, timer);
                 *s.exited.lock().expect("exit lock") = true;
                 s.exit.notify_all();
+                // The plugin (in `s`, unless the host still holds it) before the
+                // services it may call while it is dropped.
+                drop((s, q));
+                drop(services);
             })
             .expect("spawn plugin worker");
         Worker { queue, shared, thread: Some(thread) }

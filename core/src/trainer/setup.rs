@@ -158,8 +158,8 @@ impl Run {
         // The run's gate: its schedule raises it, requests from other threads
         // (through the host's services and the signal handlers) lower it.
         let gate = Arc::new(Gate::new(0));
-        let services = HostServices::leak(gate.clone(), dist.collectives(), Duration::from_secs_f64(config.run.shutdown_timeout_s));
-        let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
+        let services = HostServices::new(gate.clone(), dist.collectives(), Duration::from_secs_f64(config.run.shutdown_timeout_s));
+        let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services.clone(), rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
             let io = |path: PathBuf| move |source| Error::Io { path, source };
@@ -170,7 +170,7 @@ impl Run {
         }
         slots.extend(core_slots(&config, device));
         let schedule = RunSchedule::new(slots, start_step + 1, total_steps, config.train.eval_every, gate, world > 1);
-        let signals = if handle_signals { Some(Signals::install(services)?) } else { None };
+        let signals = if handle_signals { Some(Signals::install(services.clone())?) } else { None };
 
         let b = config.data.batch_size as u64;
         let accum = config.optim.accum_steps;

@@ -1,5 +1,7 @@
 //! Why a run stops before its last step, and how ranks agree to stop together.
 
+use std::sync::Arc;
+
 use super::failure::RunError;
 use crate::{
     dist::DataParallel,
@@ -24,13 +26,13 @@ pub(super) enum Stop {
 /// distributed run's ranks on them.
 pub(super) struct StopControl {
     pub signals: Option<Signals>,
-    pub services: &'static HostServices,
+    pub services: Arc<HostServices>,
     /// A stop request seen by this rank, not yet agreed with the others.
     pending: Option<Stop>,
 }
 
 impl StopControl {
-    pub fn new(signals: Option<Signals>, services: &'static HostServices) -> StopControl {
+    pub fn new(signals: Option<Signals>, services: Arc<HostServices>) -> StopControl {
         StopControl { signals, services, pending: None }
     }
 
