@@ -110,6 +110,8 @@ fn bus(c: &mut Criterion) {
         accum_steps: 1,
         precision: "fp32".into(),
         start_time: 0.0,
+        collective_timeout_s: 60.0,
+        debug: Default::default(),
     }));
     let names: Vec<String> = (0..16).map(|i| format!("train/metric_{i}")).collect();
     let mut step = 0u64;

@@ -9,7 +9,7 @@ use abi_stable::std_types::RSlice;
 
 use crate::{
     attachment::Hook,
-    context::{DeviceInfo, DeviceKind, ModelInfo, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task},
+    context::{DebugFaults, DeviceInfo, DeviceKind, ModelInfo, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task},
     metrics::{Metric, MetricBatch, Outbox},
 };
 
@@ -36,6 +36,8 @@ pub fn run_info() -> RunInfo<'static> {
         accum_steps: 1,
         precision: "fp32".into(),
         start_time: 0.0,
+        collective_timeout_s: 60.0,
+        debug: DebugFaults::default(),
     }
 }
 
@@ -51,6 +53,7 @@ pub fn step(hook: Hook, step: u64) -> StepContext<'static> {
         tokens_seen: 0,
         step_samples: 1,
         step_tokens: 1,
+        step_trained_tokens: 0,
         phases: PhaseTimes::default(),
         phases_total: PhaseTimes::default(),
         steps_run: step,

@@ -118,7 +118,8 @@ impl Run {
             self.staged.batches.push_back(batch);
         }
         timer.book(Phase::Data);
-        self.tally.trained_tokens += count.max(0) as u64;
+        self.tally.step_trained_tokens = count.max(0) as u64;
+        self.tally.trained_tokens += self.tally.step_trained_tokens;
         if self.env.world == 1 {
             // The count is this rank's alone, known on the host: no device scalar.
             return Ok(LossScale::PerTokenHost(1.0 / count.max(1) as f64));

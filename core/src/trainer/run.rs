@@ -121,8 +121,10 @@ pub(super) struct Tally {
     /// Over every rank, since the start of training (resumed runs included).
     pub samples_seen: u64,
     pub tokens_seen: u64,
-    /// Instruction data: trained tokens (targets that are not -100) on this rank.
+    /// Instruction data: trained tokens (targets that are not -100) on this rank,
+    /// in all and in the current step.
     pub trained_tokens: u64,
+    pub step_trained_tokens: u64,
     pub phases_total: PhaseTimes,
     /// Time spent in inline plugins' step hooks, kept out of the phases.
     pub hooks_total_s: f64,

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ptrain_plugin_api::{DeviceKind, Hook, Needs};
+use ptrain_plugin_api::{DebugFaults, DeviceKind, Hook, Needs};
 use tch::{nn, Device, Tensor};
 
 use super::{
@@ -183,7 +183,8 @@ impl Run {
         };
         let loader = Loader::new(drawn, draws, config.data.num_workers, config.data.prefetch, pin.then_some(device));
         let run_data = Arc::new(RunData {
-            run_dir: run_dir.display().to_string(),
+            // Absolute: a plugin may change its working directory, or hand the path on.
+            run_dir: std::path::absolute(&run_dir).unwrap_or_else(|_| run_dir.clone()).display().to_string(),
             run_name: config.run.name.clone(),
             config_toml: config.to_recorded_toml(),
             seed: config.run.seed,
@@ -207,6 +208,11 @@ impl Run {
             accum_steps: accum,
             precision: format!("{:?}", config.train.precision).to_lowercase(),
             start_time: unix_now(),
+            collective_timeout_s: config.dist.timeout_s as f64,
+            debug: DebugFaults {
+                pause_save_at_step: config.debug.pause_save_at_step,
+                pause_save_after_files: config.debug.pause_save_after_files.max(1),
+            },
         });
         if let Some(ckpt) = &checkpoint {
             host.load_states(&ckpt.plugin_states, start_step);
