@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use super::super::{HostServices, Instance, LoadedInfo, PluginHost, RunEndData, Runner};
+use super::super::{watchdog::Watched, HostServices, Instance, LoadedInfo, PluginHost, RunEndData, Runner};
 use crate::{config::KeyOrigins, dist::SingleRank, schedule::Gate};
 
 /// A host with one (not instantiated) plugin `p`, whose jobs the tests defer;
@@ -22,7 +22,7 @@ fn host(shutdown: Duration) -> (PluginHost, Arc<HostServices>) {
         detached: None,
         declared: 0,
         finish_timeout: Duration::from_secs(60),
-        hook_warn: Duration::from_secs(60),
+        watched: Watched::new("p", Duration::from_secs(60), None),
     });
     (host, services)
 }

@@ -80,13 +80,9 @@ impl PluginHost {
         let result = match &mut instance.runner {
             Runner::Inline(plugin) => {
                 let before = self.outbox.len();
-                if let Some(w) = &self.watchdog {
-                    w.begin(index, event.name(), event.step(), instance.hook_warn);
-                }
+                instance.watched.begin(event.name(), event.step());
                 let result = call(plugin, event, needs, &mut self.outbox);
-                if let Some(w) = &self.watchdog {
-                    w.end();
-                }
+                instance.watched.end();
                 if result.is_err() {
                     self.outbox.truncate(before);
                 }
@@ -180,7 +176,10 @@ impl PluginHost {
         for instance in &self.instances {
             if let Runner::Worker(w) = &instance.runner {
                 w.close();
-                waiting.push(instance.info.name.as_str());
+                // A disabled worker only drains its queue, calling nothing: not waited on.
+                if !instance.failed {
+                    waiting.push(instance.info.name.as_str());
+                }
             }
         }
         if !waiting.is_empty() {

@@ -39,7 +39,12 @@ pub use queue::{BoundedQueue, QueueItem};
 pub use run_data::{RunData, RunEndData};
 pub use services::{HostServices, StopRequest};
 
-use self::{watchdog::Watchdog, worker::Worker};
+pub use watchdog::{Running, Stall};
+
+use self::{
+    watchdog::{Watchdog, Watched},
+    worker::Worker,
+};
 use crate::{
     config::{explain_option_error, KeyOrigins, PluginSettings},
     error::{Error, Result},
@@ -80,8 +85,8 @@ struct Instance {
     declared: u32,
     /// `finish_timeout_s`: how long a worker may drain at the end.
     finish_timeout: Duration,
-    /// `hook_warn_s`: how long an inline hook may run before the watchdog warns.
-    hook_warn: Duration,
+    /// Its calls in progress and its stalls (`hook_warn_s`), for the watchdog.
+    watched: Arc<Watched>,
 }
 
 impl Instance {
@@ -101,7 +106,7 @@ pub struct PluginHost {
     /// Workers given up on at the end, with how many events they never handled,
     /// and plugins whose deferred jobs had not all run by then, with how many.
     abandoned: BTreeMap<String, u64>,
-    /// Warns while an inline plugin's hook runs too long; only with inline plugins.
+    /// Warns while a plugin's call runs too long; only with plugins that run here.
     watchdog: Option<Watchdog>,
     /// Last: dropped after the plugins, which may call it until they are.
     services: Arc<HostServices>,
@@ -188,6 +193,8 @@ impl PluginHost {
                 slots.push(SlotSpec { owner: Owner::Plugin(index), hook: a.hook, cadence, needs: a.needs, windows: StepWindows::NONE });
             }
             let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
+            let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
+            let mut watched = Watched::new(&name, hook_warn, None);
             let runner = if runs_here {
                 let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
                 let windows = plugin.step_windows().into_result().map_err(refused)?;
@@ -200,7 +207,12 @@ impl PluginHost {
                 }
                 match d.threading {
                     Threading::Inline => Runner::Inline(plugin),
-                    Threading::Worker => Runner::Worker(Worker::spawn(&name, plugin, settings.queue, settings.on_full, timer, services.clone())),
+                    Threading::Worker => {
+                        let queue = Arc::new(BoundedQueue::new(settings.queue, settings.on_full));
+                        let waiting = queue.clone();
+                        watched = Watched::new(&name, hook_warn, Some(Box::new(move || waiting.len())));
+                        Runner::Worker(Worker::spawn(&name, plugin, queue, timer, watched.clone(), services.clone()))
+                    }
                 }
             } else {
                 Runner::Absent
@@ -217,13 +229,11 @@ impl PluginHost {
                 detached: None,
                 declared,
                 finish_timeout: Duration::from_secs_f64(settings.finish_timeout_s),
-                hook_warn: Duration::from_secs_f64(settings.hook_warn_s),
+                watched,
             });
         }
-        let inline = host.instances.iter().filter(|i| matches!(i.runner, Runner::Inline(_)));
-        if let Some(shortest) = inline.map(|i| i.hook_warn).min() {
-            host.watchdog = Some(Watchdog::start(host.instances.iter().map(|i| i.info.name.clone()).collect(), shortest));
-        }
+        let here = host.instances.iter().filter(|i| !matches!(i.runner, Runner::Absent));
+        host.watchdog = Watchdog::start(here.map(|i| i.watched.clone()).collect());
         Ok((host, slots))
     }
 
@@ -238,6 +248,12 @@ impl PluginHost {
     /// Whether a checkpoint handed over now would reach a plugin that writes it.
     pub fn has_checkpointer(&self) -> bool {
         self.instances.iter().any(|i| i.declares(Hook::Checkpoint) && !i.failed && i.detached.is_none() && !matches!(i.runner, Runner::Absent))
+    }
+
+    /// Each plugin's calls that ran longer than its `hook_warn_s` (those still running
+    /// included): the longest, and how many.
+    pub fn stalls(&self) -> BTreeMap<String, Stall> {
+        self.instances.iter().filter_map(|i| Some((i.info.name.clone(), i.watched.stall()?))).collect()
     }
 
     /// Workers abandoned at the end, with how many events each never handled, and

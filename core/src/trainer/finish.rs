@@ -85,12 +85,10 @@ impl Run {
             Some(signals) => self.host.run_end(end, shutdown, &signals.draining()),
             None => self.host.run_end(end, shutdown, &|| false),
         };
-        // Decided after the plugins' end, which may fail too; the plugins saw how training went.
-        let exit_code = if exit_code == 0 && self.env.config.run.strict_plugins && !self.host.failures().is_empty() {
-            super::EXIT_PLUGIN_FAILED
-        } else {
-            exit_code
-        };
+        // Decided after the plugins' end, which may fail too; the plugins saw how training
+        // went. A plugin given up on at the end counts as failed.
+        let plugin_failed = !self.host.failures().is_empty() || !self.host.abandoned().is_empty();
+        let exit_code = if exit_code == 0 && self.env.config.run.strict_plugins && plugin_failed { super::EXIT_PLUGIN_FAILED } else { exit_code };
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
         let samples = steps * tally.step_samples * env.world as u64;
@@ -154,6 +152,7 @@ impl Run {
             plugin_failures: self.host.failures().to_vec(),
             detached_plugins: self.host.detached(),
             abandoned_plugins: self.host.abandoned().clone(),
+            plugin_stalls: self.host.stalls(),
             queue_drops: self.host.queue_drops(),
             plugins: plugin_summaries,
             parts: Vec::new(),
