@@ -10,7 +10,8 @@ const EXIT_CODES: &str = "Exit codes:
   0        the run completed, or a plugin ended it early as done (request_stop: early-stop)
   1        training failed (an error, a panic, out of memory, a data worker's death: summary.json has status
            \"failed\" and the error; the sinks are drained, the newest checkpoint is kept), or stopped
-           (non-finite losses, a save error with on_save_error = \"stop\", a plugin's request_failure_stop)
+           (non-finite losses, a save error with on_save_error = \"stop\", a plugin's request_failure_stop,
+           a failure or stall of a plugin set critical = true)
   2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin
            options, a checkpoint given to --resume that cannot be used (of another model: the differing key is named;
            LoRA adapters trained on another base model: the base weights' hashes differ),

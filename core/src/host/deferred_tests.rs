@@ -22,7 +22,8 @@ fn host(shutdown: Duration) -> (PluginHost, Arc<HostServices>) {
         detached: None,
         declared: 0,
         finish_timeout: Duration::from_secs(60),
-        watched: Watched::new("p", Duration::from_secs(60), None),
+        critical: false,
+        watched: Watched::new("p", Duration::from_secs(60), None, None),
     });
     (host, services)
 }

@@ -12,7 +12,7 @@ use ptrain_plugin_api::{Metric, NamedBlob, Needs};
 use super::{
     event::{call, Event, Reply},
     worker::Drain,
-    Failure, PluginHost, RunEndData, Runner,
+    Failure, PluginHost, RunEndData, Runner, StopRequest,
 };
 use crate::schedule::Due;
 
@@ -115,6 +115,10 @@ impl PluginHost {
     fn record_failure(&mut self, index: usize, hook: &str, step: u64, error: String) {
         let instance = &mut self.instances[index];
         instance.failed = true;
+        if instance.critical {
+            let what = format!("failed in {hook} at step {step}: {error}");
+            self.services.request_stop(StopRequest::critical(&instance.info.name, what));
+        }
         self.failures.push(Failure { plugin: instance.info.name.clone(), hook: hook.into(), step, error });
         self.departed.push(index);
     }

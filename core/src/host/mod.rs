@@ -85,6 +85,8 @@ struct Instance {
     declared: u32,
     /// `finish_timeout_s`: how long a worker may drain at the end.
     finish_timeout: Duration,
+    /// `critical`: its failure, stall or abandonment fails the run.
+    critical: bool,
     /// Its calls in progress and its stalls (`hook_warn_s`), for the watchdog.
     watched: Arc<Watched>,
 }
@@ -154,10 +156,11 @@ impl PluginHost {
             // A plugin whose first attachment has no cadence (run start) takes the
             // cadence keys of its table as its own options (the trace's `every`).
             let primary = d.attachments.first().filter(|a| a.hook.is_scheduled()).map(|a| a.cadence);
-            let settings = PluginSettings::parse(&name, table, &names, primary.is_some()).map_err(|e| origins.locate(e))?;
+            let worker = d.threading == Threading::Worker;
+            let settings = PluginSettings::parse(&name, table, &names, primary.is_some(), worker).map_err(|e| origins.locate(e))?;
             let refused = |e: abi_stable::std_types::RString| Error::Plugin {
                 name: name.clone(),
-                message: explain_option_error(&name, e.as_str(), &names, primary.is_some(), origins),
+                message: explain_option_error(&name, e.as_str(), &names, primary.is_some(), worker, origins),
             };
             let index = host.instances.len();
             let mut declared = 0;
@@ -194,7 +197,9 @@ impl PluginHost {
             }
             let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
             let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
-            let mut watched = Watched::new(&name, hook_warn, None);
+            // A critical plugin's stall fails the run (it may never return).
+            let critical = settings.critical.then(|| services.clone());
+            let mut watched = Watched::new(&name, hook_warn, None, critical.clone());
             let runner = if runs_here {
                 let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
                 let windows = plugin.step_windows().into_result().map_err(refused)?;
@@ -210,7 +215,7 @@ impl PluginHost {
                     Threading::Worker => {
                         let queue = Arc::new(BoundedQueue::new(settings.queue, settings.on_full));
                         let waiting = queue.clone();
-                        watched = Watched::new(&name, hook_warn, Some(Box::new(move || waiting.len())));
+                        watched = Watched::new(&name, hook_warn, Some(Box::new(move || waiting.len())), critical);
                         Runner::Worker(Worker::spawn(&name, plugin, queue, timer, watched.clone(), services.clone()))
                     }
                 }
@@ -229,6 +234,7 @@ impl PluginHost {
                 detached: None,
                 declared,
                 finish_timeout: Duration::from_secs_f64(settings.finish_timeout_s),
+                critical: settings.critical,
                 watched,
             });
         }
@@ -254,6 +260,12 @@ impl PluginHost {
     /// included): the longest, and how many.
     pub fn stalls(&self) -> BTreeMap<String, Stall> {
         self.instances.iter().filter_map(|i| Some((i.info.name.clone(), i.watched.stall()?))).collect()
+    }
+
+    /// Whether a critical plugin failed or was abandoned at the end: the run fails
+    /// (one that stopped already stopped as failed, `StopRequest::failure`).
+    pub fn critical_lost(&self) -> bool {
+        self.instances.iter().any(|i| i.critical && (i.failed || self.abandoned.contains_key(&i.info.name)))
     }
 
     /// Workers abandoned at the end, with how many events each never handled, and

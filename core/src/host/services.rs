@@ -29,6 +29,9 @@ pub struct StopRequest {
     pub reason: String,
     /// Asked through `HostApi::request_failure_stop`: the run ends as a failure.
     pub failure: bool,
+    /// Not asked by the plugin: the host ends the run (as a failure) because this
+    /// plugin, set `critical`, failed, stalled or was abandoned (`reason` says which).
+    pub critical: bool,
 }
 
 impl StopRequest {
@@ -38,7 +41,13 @@ impl StopRequest {
             Some(rest) => (rest, true),
             None => (reason, false),
         };
-        StopRequest { plugin: plugin.to_string(), reason: reason.to_string(), failure }
+        StopRequest { plugin: plugin.to_string(), reason: reason.to_string(), failure, critical: false }
+    }
+
+    /// The host's stop of a failed run for critical plugin `plugin`; `what` went wrong
+    /// ("failed in step_end at step 3: ...").
+    pub fn critical(plugin: &str, what: String) -> StopRequest {
+        StopRequest { plugin: plugin.to_string(), reason: what, failure: true, critical: true }
     }
 }
 
@@ -46,6 +55,8 @@ impl std::fmt::Display for StopRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.plugin.is_empty() {
             f.write_str(&self.reason)
+        } else if self.critical {
+            write!(f, "critical plugin `{}` {}", self.plugin, self.reason)
         } else {
             write!(f, "plugin `{}` asked to stop: {}", self.plugin, self.reason)
         }

@@ -20,6 +20,8 @@ use std::{
 
 use serde::Serialize;
 
+use super::{HostServices, StopRequest};
+
 /// How often a warning about the same call is repeated.
 const REPEAT: Duration = Duration::from_secs(60);
 
@@ -58,13 +60,20 @@ pub struct Watched {
     /// A worker's queue length, for the warning (`None`: an inline plugin, whose
     /// calls hold training).
     queued: Option<Box<dyn Fn() -> usize + Send + Sync>>,
+    /// A critical plugin's: where its first stall ends the run (as a failure).
+    critical: Option<Arc<HostServices>>,
     call: Mutex<Option<Call>>,
     stall: Mutex<Option<Stall>>,
 }
 
 impl Watched {
-    pub fn new(name: &str, warn_after: Duration, queued: Option<Box<dyn Fn() -> usize + Send + Sync>>) -> Arc<Watched> {
-        Arc::new(Watched { name: name.to_string(), warn_after, queued, call: Mutex::new(None), stall: Mutex::new(None) })
+    pub fn new(
+        name: &str,
+        warn_after: Duration,
+        queued: Option<Box<dyn Fn() -> usize + Send + Sync>>,
+        critical: Option<Arc<HostServices>>,
+    ) -> Arc<Watched> {
+        Arc::new(Watched { name: name.to_string(), warn_after, queued, critical, call: Mutex::new(None), stall: Mutex::new(None) })
     }
 
     pub fn begin(&self, hook: &'static str, step: u64) {
@@ -116,9 +125,19 @@ impl Watched {
         if !due {
             return;
         }
+        let first = call.warned_at.is_none();
         call.warned_at = Some(now);
         let (name, hook, step, secs) = (&self.name, call.hook, call.step, running.as_secs_f64());
         let setting = format!("plugins.{name}.hook_warn_s = {}", self.warn_after.as_secs_f64());
+        if let Some(services) = self.critical.as_ref().filter(|_| first) {
+            // Training stops at its next step: at once for a worker; for an inline
+            // plugin once its hook returns (the training thread is inside it).
+            tracing::error!("critical plugin `{name}` stalled in {hook} at step {step} ({setting}): the run stops as failed");
+            services.request_stop(StopRequest::critical(
+                name,
+                format!("stalled in {hook} at step {step} for more than {}s", self.warn_after.as_secs_f64()),
+            ));
+        }
         match &self.queued {
             None => tracing::warn!("plugin `{name}` has been in {hook} for {secs:.0}s at step {step}: training waits for it ({setting})"),
             Some(queued) => tracing::warn!(

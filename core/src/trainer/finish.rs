@@ -88,7 +88,12 @@ impl Run {
         // Decided after the plugins' end, which may fail too; the plugins saw how training
         // went. A plugin given up on at the end counts as failed.
         let plugin_failed = !self.host.failures().is_empty() || !self.host.abandoned().is_empty();
-        let exit_code = if exit_code == 0 && self.env.config.run.strict_plugins && plugin_failed { super::EXIT_PLUGIN_FAILED } else { exit_code };
+        let exit_code = match exit_code {
+            // A critical plugin failed or was given up on in its end, after training.
+            0 if self.host.critical_lost() => 1,
+            0 if self.env.config.run.strict_plugins && plugin_failed => super::EXIT_PLUGIN_FAILED,
+            code => code,
+        };
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
         let samples = steps * tally.step_samples * env.world as u64;

@@ -79,7 +79,12 @@ impl StopControl {
                 Stop::Requested(r)
             }
             Some(other) => other,
-            None => Stop::Requested(StopRequest { plugin: String::new(), reason: "another rank asked to stop".into(), failure: any_failure }),
+            None => Stop::Requested(StopRequest {
+                plugin: String::new(),
+                reason: "another rank asked to stop".into(),
+                failure: any_failure,
+                critical: false,
+            }),
         }))
     }
 }
