@@ -4,9 +4,11 @@
 //! `StepContext { elapsed_s: 2.0, ..testing::step(Hook::StepEnd, 10) }`; hand tensors
 //! over with `StepTensors { logits: TensorRef::of(&t), ..StepTensors::NONE }` and
 //! gradients with `grads: named.as_slice().into()` (see [`crate::NamedTensor::new`]).
+//! A [`RecordingHost`] stands in for the host and records what the plugin asked of it.
 
 use abi_stable::std_types::RSlice;
 
+pub use crate::host::{HostCall, RecordingHost};
 use crate::{
     attachment::Hook,
     context::{DebugFaults, DeviceInfo, DeviceKind, ModelInfo, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task},
