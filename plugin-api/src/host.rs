@@ -141,21 +141,44 @@ impl HostApi {
                 eprintln!("{plugin}: a deferred job failed: {e}");
             }
         }
-        HostApi { ctx: std::ptr::null(), log, request_stop, all_reduce_sum: no_reduce, broadcast: no_broadcast, detach, defer, wait_deferred: all_done }
+        HostApi {
+            ctx: std::ptr::null(),
+            log,
+            request_stop,
+            all_reduce_sum: no_reduce,
+            broadcast: no_broadcast,
+            detach,
+            defer,
+            wait_deferred: all_done,
+        }
     }
 }
 
 /// What a plugin asked of a [`RecordingHost`], in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostCall {
-    Log { level: LogLevel, plugin: String, message: String },
+    Log {
+        level: LogLevel,
+        plugin: String,
+        message: String,
+    },
     /// `request_stop` (`failure: false`) or `request_failure_stop` (`true`; the
     /// reason without the [`STOP_FAILURE_PREFIX`]).
-    Stop { plugin: String, reason: String, failure: bool },
-    Detach { plugin: String, reason: String },
+    Stop {
+        plugin: String,
+        reason: String,
+        failure: bool,
+    },
+    Detach {
+        plugin: String,
+        reason: String,
+    },
     /// A deferred job, run at once on the calling thread: `Err` with its error (or
     /// panic message) if it failed.
-    Deferred { plugin: String, result: Result<(), String> },
+    Deferred {
+        plugin: String,
+        result: Result<(), String>,
+    },
 }
 
 /// A host for unit tests that records what the plugin asked of it (logs, stop and
@@ -187,7 +210,16 @@ impl RecordingHost {
     /// bytes per test), so it is never left dangling.
     pub fn api(&self) -> HostApi {
         let ctx = std::sync::Arc::into_raw(self.calls.clone()) as *const ();
-        HostApi { ctx, log: rec_log, request_stop: rec_stop, all_reduce_sum: no_reduce, broadcast: no_broadcast, detach: rec_detach, defer: rec_defer, wait_deferred: all_done }
+        HostApi {
+            ctx,
+            log: rec_log,
+            request_stop: rec_stop,
+            all_reduce_sum: no_reduce,
+            broadcast: no_broadcast,
+            detach: rec_detach,
+            defer: rec_defer,
+            wait_deferred: all_done,
+        }
     }
 
     /// Every call, in order.
@@ -279,7 +311,6 @@ extern "C" fn no_broadcast(_: *const (), _: TensorRef, _: u32) -> RResult<(), RS
 extern "C" fn all_done(_: *const (), _: RStr<'_>) -> bool {
     true
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -112,9 +112,11 @@ impl PluginSettings {
             let err = |message: String| ConfigError { origin: source.clone(), key: path.clone(), message };
             match key.as_str() {
                 k if CADENCE_KEYS.contains(&k) && scheduled_primary => {}
-                k if WORKER_KEYS.contains(&k) && !worker => return Err(err(format!(
+                k if WORKER_KEYS.contains(&k) && !worker => {
+                    return Err(err(format!(
                     "applies to worker plugins only: `{plugin}` runs inline, on the training thread, with no queue and nothing to drain at the end"
-                ))),
+                )))
+                }
                 "critical" => settings.critical = value.as_bool().ok_or_else(|| err("must be true or false".into()))?,
                 "queue" => settings.queue = value.as_integer().filter(|q| *q >= 1).ok_or_else(|| err("must be an integer >= 1".into()))? as usize,
                 "on_full" => settings.on_full = value.clone().try_into().map_err(|_| err("must be \"drop_oldest\" or \"block\"".into()))?,
@@ -195,7 +197,13 @@ pub fn check_tables_claimed(tables: &BTreeMap<String, toml::Table>, claimed: &[&
             tracing::debug!("[plugins.{table}] is not used: the plugin {table} is installed but not loaded in this run");
             continue;
         }
-        let loaded: Vec<&str> = claimed.iter().copied().filter(|c| !c.contains('/') && !c.ends_with(".so")).collect();
+        // A plugin requested by name is claimed by its name twice (request and descriptor).
+        let mut loaded: Vec<&str> = Vec::new();
+        for name in claimed.iter().copied().filter(|c| !c.contains('/') && !c.ends_with(".so")) {
+            if !loaded.contains(&name) {
+                loaded.push(name);
+            }
+        }
         let mut names: Vec<&str> = loaded.iter().copied().chain(installed.iter().map(String::as_str)).collect();
         names.sort();
         names.dedup();
@@ -272,14 +280,15 @@ mod tests {
 
     #[test]
     fn a_table_of_no_installed_plugin_is_refused_naming_the_closest_one() {
-        let claimed = ["jsonl", "gradwatch", "./target/release/libptrain_plugin_gradwatch.so"];
+        // As the loader claims them: each plugin's name, then what it was requested as.
+        let claimed = ["jsonl", "jsonl", "gradwatch", "./target/release/libptrain_plugin_gradwatch.so"];
         let installed = ["jsonl".to_string(), "checkpoint".to_string()];
         assert!(check_tables_claimed(&tables(&["jsonl", "gradwatch"]), &claimed, &installed).is_ok());
         // Installed, not loaded this time: kept for a run that loads it.
         assert!(check_tables_claimed(&tables(&["checkpoint"]), &claimed, &installed).is_ok());
         let e = check_tables_claimed(&tables(&["gradwach"]), &claimed, &installed).unwrap_err().to_string();
         assert!(e.starts_with("plugin gradwach: [plugins.gradwach] configures a plugin that is neither loaded nor installed"), "{e}");
-        assert!(e.contains("did you mean `gradwatch`? (loaded: jsonl, gradwatch"), "{e}");
+        assert!(e.contains("did you mean `gradwatch`? (loaded: jsonl, gradwatch;"), "each loaded plugin once: {e}");
         let e = check_tables_claimed(&tables(&["chekpoint"]), &[], &installed).unwrap_err().to_string();
         assert!(e.contains("did you mean `checkpoint`?"), "{e}");
         let e = check_tables_claimed(&tables(&["flops"]), &[], &[]).unwrap_err().to_string();
