@@ -245,7 +245,7 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     def __init__(self, m):
         super().__init__()
-        d, bias = m["n_embd"], m["bias"]
+        d, bias = m["n_embd"], m["gpt"]["bias"]
         self.n_head, self.dropout = m["n_head"], m["dropout"]
         self.ln_1 = nn.LayerNorm(d)
         self.c_attn = nn.Linear(d, 3 * d, bias=bias)
@@ -295,9 +295,9 @@ class Gpt(nn.Module):
 def model(config, data):
     m = config["model"]
     if m["kind"] == "mlp":
-        input_dim = m["input_dim"] or data.features
-        classes = m["num_classes"] or data.classes
-        return Mlp([input_dim, *m["hidden"], classes])
+        input_dim = m["mlp"]["input_dim"] or data.features
+        classes = m["mlp"]["num_classes"] or data.classes
+        return Mlp([input_dim, *m["mlp"]["hidden"], classes])
     if m["kind"] == "gpt":
         return Gpt(m)
     raise SystemExit(f"model.kind = {m['kind']}: the Python contenders implement mlp and gpt")

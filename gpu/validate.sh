@@ -183,6 +183,7 @@ print(6 * (s['parameters'] - T * d) + 12 * L * T * d)" "$p" 2>/dev/null)
   read -r rel st < <(within "$(field "$p" plugins.flops.flops_per_token)" "${expect:-0}" 0.05)
   row "flops: count vs 6N+attn" "$st" "$(field "$p" plugins.flops.flops_per_token) vs $expect FLOP/token, rel. $rel" "bound 5%"
 
+  finetune
   if [ "$device" = cuda ]; then
     echo "== GPT-2 small"
     run gpt-small --config "$root/configs/gpu-gpt-small.toml" --steps 50 --set train.eval_every=0 --plugins flops,perf && s=ok || s=FAIL
@@ -190,6 +191,74 @@ print(6 * (s['parameters'] - T * d) + 12 * L * T * d)" "$p" 2>/dev/null)
     [ -n "$(field "$g" device_name)" ] && [ -n "$(field "$g" plugins.flops.mfu)" ] || s=FAIL
     row "gpu-gpt-small 50 steps" "$s" "$(field "$g" parameters) params, MFU $(field "$g" plugins.flops.mfu), peak $(field "$g" peak_memory_bytes) B" "$(field "$g" device_name); $(field "$g" tokens_per_s) tokens/s"
   fi
+}
+
+# The fine-tuning path: a random Qwen2 that transformers makes (tests/support/hf.py and
+# chat.py), its logits against transformers' on the same device, then chat rows packed,
+# with activation checkpointing, LoRA and the chunked loss, each against the plain run.
+finetune() {
+  echo "== fine-tuning"
+  local ft="$work/ft" s rel st a b
+  local sup="$root/tests/support"
+  mkdir -p "$ft"
+  "$py" "$sup/hf.py" make-llama qwen2 "$ft/qwen2" >"$work/ft-make.log" 2>&1 \
+    && "$py" "$sup/hf.py" make-tokens "$ft/tokens.bin" 20000 >>"$work/ft-make.log" 2>&1 \
+    && "$py" "$sup/chat.py" make "$ft/chat" 64 1 >>"$work/ft-make.log" 2>&1
+  if [ $? != 0 ]; then
+    row "qwen2 made by transformers" FAIL "" "$(tail -n 1 "$work/ft-make.log" | cut -c1-160)"
+    return
+  fi
+  local lm=(--set data.kind=tokens --set "data.path=$ft/tokens.bin" --set "model.init_from=$ft/qwen2"
+    --set data.max_seq_len=64 --set data.batch_size=4 --set train.eval_batches=1)
+  # `ptrain logits` computes on the CPU: the logits against transformers' there; on the
+  # device, the first training loss (a function of every logit) against transformers'
+  # loss on the same device, in fp32 and under bf16 autocast.
+  "$ptrain" logits --split train --step 1 --out "$ft/qwen2.probe" "${lm[@]}" >"$work/ft-logits.log" 2>&1
+  "$py" "$sup/hf.py" compare-logits "$ft/qwen2" "$ft/qwen2.probe" >"$work/ft-compare-cpu.json" 2>>"$work/ft-logits.log"
+  local diff; diff=$(field "$work/ft-compare-cpu.json" max_abs_diff)
+  s=$("$py" -c "import sys; print('ok' if float(sys.argv[1]) <= 1e-4 else 'FAIL')" "$diff" 2>/dev/null || echo FAIL)
+  row "qwen2 logits vs HF (cpu)" "$s" "max |diff| $diff (logits up to $(field "$work/ft-compare-cpu.json" logit_scale))" "bound 1e-4; fp32"
+  local prec bound
+  for prec in fp32 bf16; do
+    local hf_flags=() ours=()
+    [ "$device" = cuda ] && hf_flags+=(--cuda)
+    bound=1e-5; [ "$device" = cuda ] && bound=1e-3
+    if [ $prec = bf16 ]; then hf_flags+=(--bf16); ours=(--set train.precision=\"bf16\"); bound=0.01; fi
+    "$py" "$sup/hf.py" compare-logits "$ft/qwen2" "$ft/qwen2.probe" "${hf_flags[@]}" >"$work/ft-compare-$prec.json" 2>>"$work/ft-logits.log"
+    run ft-$prec --device "$device" --steps 1 "${lm[@]}" "${ours[@]}" && s=ok || s=FAIL
+    read -r rel st < <(within "$(field "$work/ft-$prec/summary.json" first_loss)" "$(field "$work/ft-compare-$prec.json" hf_loss)" $bound)
+    [ "$s" = ok ] && s=$st
+    row "qwen2 $prec loss vs HF" "$s" "$(field "$work/ft-$prec/summary.json" first_loss) vs $(field "$work/ft-compare-$prec.json" hf_loss), rel. $rel" "bound $bound; the same batch, transformers on the same device"
+  done
+
+  local chat=(--device "$device" --set model.kind=llama --set "model.init_from=$ft/chat" --set data.kind=chat
+    --set "data.path=$ft/chat/chat.jsonl" --set "data.tokens_cache=$ft/cache" --set data.packing=true
+    --set data.max_seq_len=256 --set data.batch_size=2 --set train.eval_every=0 --set optim.warmup_steps=0)
+  run ft-chat --steps 20 "${chat[@]}" && s=ok || s=FAIL
+  a=$(field "$work/ft-chat/summary.json" first_loss) b=$(field "$work/ft-chat/summary.json" final_loss)
+  "$py" -c "import sys; sys.exit(0 if float(sys.argv[2]) < float(sys.argv[1]) else 1)" "$a" "$b" 2>/dev/null || s=FAIL
+  row "chat rows, packed" "$s" "loss $a -> $b, $(field "$work/ft-chat/summary.json" trained_tokens) trained tokens" "20 steps; the loss falls"
+
+  run ft-ckpt --steps 20 "${chat[@]}" --set train.activation_checkpointing=\"full\" && s=ok || s=FAIL
+  a=$(field "$work/ft-chat/summary.json" final_loss) b=$(field "$work/ft-ckpt/summary.json" final_loss)
+  [ -n "$a" ] && [ "$a" = "$b" ] || s=FAIL
+  row "activation checkpointing" "$s" "final loss $b vs $a without" "bit for bit"
+  local cfg="$root/configs/tiny-gpt.toml"
+  run ckpt-dropout --config "$cfg" --device "$device" --steps 10 --set train.eval_every=0 --set model.dropout=0.1 --set train.activation_checkpointing=\"full\" && s=ok || s=FAIL
+  run ckpt-dropout-ref --config "$cfg" --device "$device" --steps 10 --set train.eval_every=0 --set model.dropout=0.1
+  a=$(field "$work/ckpt-dropout-ref/summary.json" final_loss) b=$(field "$work/ckpt-dropout/summary.json" final_loss)
+  [ -n "$a" ] && [ "$a" = "$b" ] || s=FAIL
+  row "checkpointing, dropout" "$s" "final loss $b vs $a without" "bit for bit: the recompute draws the same masks"
+
+  run ft-lora --steps 20 "${chat[@]}" --set lora.rank=8 --set lora.alpha=16.0 && s=ok || s=FAIL
+  a=$(field "$work/ft-chat/summary.json" first_loss) b=$(field "$work/ft-lora/summary.json" first_loss)
+  [ -n "$a" ] && [ "$a" = "$b" ] || s=FAIL
+  row "lora" "$s" "first loss $b (base $a), final $(field "$work/ft-lora/summary.json" final_loss)" "B = 0 at the start: the base's first loss exactly"
+
+  run ft-chunk --steps 20 "${chat[@]}" --set train.loss_chunk=64 && s=ok || s=FAIL
+  read -r rel st < <(within "$(field "$work/ft-chunk/summary.json" final_loss)" "$(field "$work/ft-chat/summary.json" final_loss)" 1e-4)
+  [ "$s" = ok ] && s=$st
+  row "chunked loss" "$s" "final loss $(field "$work/ft-chunk/summary.json" final_loss), rel. $rel to whole logits" "bound 1e-4"
 }
 
 started=$(date +%s)

@@ -4,8 +4,12 @@
 # benchmark loop and the one-rank collective smoke program, plus the configs, the
 # bench scripts, the tests' Python helpers and gpu/validate.sh. See docs/gpu.md.
 #
-#   scripts/bundle.sh OUT_DIR              # builds what it needs first
+#   scripts/bundle.sh OUT_DIR              # builds the workspace first, as scripts/test.sh does
 #   scripts/bundle.sh --no-build OUT_DIR   # uses target/release as it is
+#
+# The build is scripts/test.sh's own (`--workspace --all-targets`, release): a narrower package
+# selection unifies other features and relinks the binary the tests run, so after the tests'
+# build the bundle's build compiles nothing.
 #
 # Stripping uses `strip --strip-debug` on copies: the symbol table stays (a
 # backtrace still names functions), the DWARF line tables go. target/ keeps its
@@ -16,7 +20,7 @@ build=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     -*) echo "error: unknown option \`$1\`" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -27,11 +31,10 @@ out=$1
 plugins=(checkpoint csv dataset-metrics early-stop flops health jsonl mlflow perf tensorboard trace wandb)
 if [ "$build" = 1 ]; then
   . "$root/scripts/env.sh"
-  (cd "$root" && cargo build --release -p ptrain -p ptrain-bench-bare "${plugins[@]/#/-p ptrain-plugin-}" \
-    && cargo build --release -p ptrain-dist --example collectives)
+  (cd "$root" && cargo build --release --workspace --all-targets)
 fi
 # PTRAIN_RELEASE_DIR: another build directory (the tests pass theirs).
-rel="${PTRAIN_RELEASE_DIR:-$root/target/release}"
+rel="${PTRAIN_RELEASE_DIR:-${CARGO_TARGET_DIR:-$root/target}/release}"
 for f in "$rel/ptrain" "$rel/bare-tch" "$rel/examples/collectives"; do
   [ -x "$f" ] || { echo "error: $f is missing: build first (without --no-build this script does)" >&2; exit 2; }
 done

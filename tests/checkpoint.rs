@@ -390,6 +390,65 @@ fn too_many_non_finite_losses_stop_with_the_last_good_state_saved() {
     assert_eq!((report["model_equal"].as_bool(), report["optimizer_equal"].as_bool()), (Some(true), Some(true)), "{report}");
 }
 
+/// Rewrites a run's or a checkpoint's `config.toml` as versions before the model kinds'
+/// tables wrote it: `[model.gpt]`, `[model.mlp]` and `[model.torchscript]`'s keys flat
+/// in `[model]` (and, in a checkpoint, the manifest's size and CRC of the file).
+fn flatten_model_tables(dir: &Path) {
+    let path = dir.join("config.toml");
+    let mut config: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+    let model = config["model"].as_table_mut().unwrap();
+    for kind in ["gpt", "mlp", "torchscript"] {
+        let toml::Value::Table(keys) = model.remove(kind).unwrap() else { panic!("[model.{kind}] is a table") };
+        model.extend(keys);
+    }
+    let text = toml::to_string(&config).unwrap();
+    assert!(text.contains("\nbias = true\n") && !text.contains("[model.gpt]"), "{text}");
+    std::fs::write(&path, &text).unwrap();
+    let manifest_path = dir.join("manifest.json");
+    let Ok(manifest) = std::fs::read_to_string(&manifest_path) else { return };
+    let mut manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    for entry in manifest["files"].as_array_mut().unwrap().iter_mut().filter(|e| e["path"] == "config.toml") {
+        entry["size"] = text.len().into();
+        entry["crc32"] = crc32fast::hash(text.as_bytes()).into();
+    }
+    std::fs::write(&manifest_path, serde_json::to_string_pretty(&manifest).unwrap()).unwrap();
+}
+
+#[test]
+fn a_run_and_checkpoint_from_before_the_model_tables_resume_and_are_compared_key_for_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--set", "optim.schedule=\"constant\"", "--set", "optim.warmup_steps=0"];
+    let whole = dir.path().join("whole");
+    run_expect(ptrain().args(args(4)).args(extra).arg("--run-dir").arg(&whole), 0);
+    let run = dir.path().join("run");
+    run_expect(ptrain().args(args(2)).args(extra).arg("--run-dir").arg(&run), 0);
+    let ckpt = ckpt_dir(&run).join("step-00000002");
+    flatten_model_tables(&run);
+    flatten_model_tables(&ckpt);
+    // A flat key that differs is named by its path now (the checkpoint's was bias = true).
+    let out = run_expect(
+        ptrain()
+            .args(args(4))
+            .args(extra)
+            .args(["--set", "model.gpt.bias=false", "--resume"])
+            .arg(&ckpt)
+            .arg("--run-dir")
+            .arg(dir.path().join("other")),
+        2,
+    );
+    assert!(stderr(&out).contains("model.gpt.bias: checkpoint true, configuration false"), "{}", stderr(&out));
+    // The flat name itself, in a user's --set, is refused naming its name now.
+    let out = run_expect(ptrain().args(args(4)).args(["--set", "model.bias=false", "--run-dir"]).arg(dir.path().join("flat")), 2);
+    assert!(stderr(&out).contains("`model.bias`") && stderr(&out).contains("model.gpt.bias"), "{}", stderr(&out));
+    // `ptrain logits --checkpoint` reads the checkpoint's own (flat) config.toml.
+    run_expect(ptrain().args(["logits", "--split", "val", "--checkpoint"]).arg(&ckpt).arg("--out").arg(dir.path().join("probe.safetensors")), 0);
+    // Without --config, --auto-resume reads the run's own (flat) config.toml.
+    run_expect(ptrain().args(args(4)).args(extra).arg("--auto-resume").arg("--run-dir").arg(&run), 0);
+    let (s, w) = (summary(&run), summary(&whole));
+    assert_eq!(s["start_step"], 2);
+    assert_eq!(s["final_loss"].as_f64().map(f64::to_bits), w["final_loss"].as_f64().map(f64::to_bits), "as the uninterrupted run");
+}
+
 #[test]
 fn resume_errors_are_usage_errors() {
     let out = run_expect(ptrain().args(tiny_gpt(3)).args(["--resume", "/no/such/checkpoint"]), 2);

@@ -249,7 +249,7 @@ fn a_torchscript_module_from_python_trains() {
                 "model.kind=\"torchscript\"",
                 "--set",
             ])
-            .arg(format!("model.path={:?}", module.display().to_string()))
+            .arg(format!("model.torchscript.path={:?}", module.display().to_string()))
             .arg("--run-dir")
             .arg(&out_dir),
         0,

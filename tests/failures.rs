@@ -109,7 +109,7 @@ fn a_torchscript_model_that_raises_fails_the_run_cleanly() {
             .args(["--set", "model.kind=\"torchscript\"", "--set", "run.threads=1", "--set", "train.eval_every=0"])
             .args(["--plugins", "checkpoint,jsonl,tensorboard", "--set", "plugins.checkpoint.every=2", "--set", "plugins.jsonl.every=1"])
             .args(["--set", "plugins.tensorboard.every=1", "--set"])
-            .arg(format!("model.path={:?}", module.display().to_string()))
+            .arg(format!("model.torchscript.path={:?}", module.display().to_string()))
             .arg("--run-dir")
             .arg(&run);
         cmd

@@ -12,7 +12,7 @@ const MLP: &[&str] = &[
     "--set",
     "data.synthetic_features=24",
     "--set",
-    "model.hidden=[40, 16]",
+    "model.mlp.hidden=[40, 16]",
     "--set",
     "data.synthetic_classes=5",
     "--set",
@@ -121,7 +121,8 @@ fn a_model_that_cannot_describe_itself_is_profiled() {
     std::fs::write(&script, SCRIPTED).unwrap();
     assert!(python().arg(&script).arg(&module).status().unwrap().success());
     let run_dir = dir.path().join("run");
-    let (rows, s) = mlp_run(&run_dir, &["--set", "model.kind=\"torchscript\"", "--set", &format!("model.path={:?}", module.display().to_string())]);
+    let (rows, s) =
+        mlp_run(&run_dir, &["--set", "model.kind=\"torchscript\"", "--set", &format!("model.torchscript.path={:?}", module.display().to_string())]);
     let forward = 2.0 * (24.0 * 40.0 + 40.0 * 5.0);
     let want = (3.0 * forward - 2.0 * 24.0 * 40.0) * 12.0 * 3.0;
     let reported = flops_per_step(&rows);

@@ -19,6 +19,41 @@ fn folder_bytes(dir: &std::path::Path) -> u64 {
         .sum()
 }
 
+fn modified(path: &std::path::Path) -> std::time::SystemTime {
+    std::fs::metadata(path).unwrap().modified().unwrap()
+}
+
+/// The build mode, as a user runs it on a fresh checkout, against the tests' own
+/// build: it must build (its cargo command once handed cargo `-p ptrain-plugin-x`
+/// as one word) and, being scripts/test.sh's build, compile and relink nothing.
+#[test]
+fn the_bundle_builds_what_the_tests_built_and_compiles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    let binary = build_dir().join("ptrain");
+    let before = modified(&binary);
+    let mut bundle_sh = Command::new(repo().join("scripts/bundle.sh"));
+    // A user's shell: none of the variables cargo and nextest set for a test (ring's
+    // build script tracks OUT_DIR and CARGO_MANIFEST_DIR: it would run again and
+    // everything above it would rebuild), and the library path as it was.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let set_for_tests = ["CARGO", "NEXTEST", "__CARGO", "OUT_DIR", "PTRAIN_BUILD_", "RUST_RECURSION_COUNT"].iter().any(|p| key.starts_with(p));
+        if set_for_tests && key != "CARGO_HOME" {
+            bundle_sh.env_remove(&*key);
+        }
+    }
+    if let Some(path) = std::env::var_os("NEXTEST_LD_LIBRARY_PATH") {
+        bundle_sh.env("LD_LIBRARY_PATH", path);
+    }
+    let packed = bundle_sh.arg(&bundle).env("CARGO_TARGET_DIR", build_dir().parent().unwrap()).env_remove("PTRAIN_RELEASE_DIR").output().unwrap();
+    let text = String::from_utf8_lossy(&packed.stdout).to_string() + &String::from_utf8_lossy(&packed.stderr);
+    assert!(packed.status.success(), "bundle.sh (build mode) failed:\n{text}");
+    assert!(!text.contains("Compiling"), "the bundle's build compiled something the tests' build had built:\n{text}");
+    assert_eq!(modified(&binary), before, "the bundle's build relinked the tests' binary:\n{text}");
+    assert!(bundle.join("bin/ptrain").exists() && bundle.join("bin/libptrain_plugin_checkpoint.so").exists(), "{text}");
+}
+
 #[test]
 fn the_bundle_is_small_and_its_validation_passes_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,6 +96,14 @@ fn the_bundle_is_small_and_its_validation_passes_on_the_cpu() {
         "torchrun, 2 ranks, gradients",
         "every plugin, defaults",
         "flops: MFU",
+        "qwen2 logits vs HF (cpu)",
+        "qwen2 fp32 loss vs HF",
+        "qwen2 bf16 loss vs HF",
+        "chat rows, packed",
+        "activation checkpointing",
+        "checkpointing, dropout",
+        "lora",
+        "chunked loss",
     ] {
         assert!(steps.contains(&step), "no `{step}` row in {steps:?}");
     }

@@ -72,7 +72,7 @@ fn a_gpt2_from_transformers_computes_the_same_logits_and_first_loss() {
     // The architecture came from config.json (GPT-2's gelu_new is the tanh approximation).
     let resolved: toml::Table = std::fs::read_to_string(run_dir.join("config.toml")).unwrap().parse().unwrap();
     let m = resolved["model"].as_table().unwrap();
-    assert_eq!(m["activation"].as_str(), Some("gelu_tanh"));
+    assert_eq!(m["gpt"]["activation"].as_str(), Some("gelu_tanh"));
     assert_eq!((m["vocab_size"].as_integer(), m["block_size"].as_integer(), m["n_embd"].as_integer()), (Some(512), Some(128), Some(64)));
     assert_eq!(m["init_from"].as_str(), Some(s(&repo).as_str()));
 }

@@ -49,8 +49,8 @@ impl ConfigBuilder {
 
 impl Config {
     /// Fills the model keys that come from `model.init_from`'s `config.json`
-    /// (`vocab_size`, `n_layer`, `n_head`, `n_embd`, `block_size`, `layer_norm_eps`,
-    /// `activation`, `bias`), and `model.vocab_size` from `data.tokenizer` when
+    /// (`vocab_size`, `n_layer`, `n_head`, `n_embd`, `block_size`, and `[model.gpt]`'s
+    /// or `[model.llama]`'s), and `model.vocab_size` from `data.tokenizer` when
     /// nothing else fixes it. `explicit` maps the keys a layer set to that layer
     /// (see [`ConfigBuilder`]): one of them that disagrees is an error naming
     /// both values. Library users who build a `Config` by hand call this with an

@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -73,10 +74,29 @@ extern "C" bool pd_nccl_compiled() {
 #endif
 }
 
+// Gloo's flight recorder (one per process, on by default with 2000 entries)
+// inserts a group's first status into a std::map before taking its mutex
+// (torch 2.11, FlightRecorderDetail.hpp recordWithResetEnabled), so two groups of
+// one process recording at once corrupt the map and crash: the in-process
+// two-rank tests and examples did, about one run in ten. ptrain has one group per
+// process and never dumps Gloo's recorder, and the record also gathers a
+// traceback per collective, so it is turned off: the recorder reads the variable
+// once, when it is made (at the first Gloo collective), and a value the user set
+// (either name) wins. NCCL groups keep theirs (hang dumps); a process holds
+// either kind, never both.
+static void disable_gloo_flight_recorder() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("TORCH_FR_BUFFER_SIZE") == nullptr && std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE") == nullptr)
+      setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+  });
+}
+
 static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                    int rank, int world,
                                                    std::chrono::milliseconds timeout,
                                                    const std::string& iface, bool loopback) {
+  disable_gloo_flight_recorder();
   // The options' timeout bounds every Gloo operation, so a dead or stuck peer
   // surfaces as an exception from wait() instead of a hang.
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);

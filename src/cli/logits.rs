@@ -51,12 +51,15 @@ pub struct LogitsArgs {
 
 pub fn run(args: LogitsArgs) -> anyhow::Result<ExitCode> {
     let recorded = args.checkpoint.as_ref().map(|c| ptrain_core::model::hf::resolve_checkpoint(c)).transpose()?;
-    let files = match &recorded {
-        Some(checkpoint) if args.config.is_empty() => vec![checkpoint.join("config.toml")],
-        _ => args.config.clone(),
+    let builder = match &recorded {
+        Some(checkpoint) if args.config.is_empty() => {
+            let own = ptrain_core::ConfigBuilder::default().recorded_file(&checkpoint.join("config.toml"))?;
+            args.set.iter().try_fold(own, |b, s| b.set(s))?
+        }
+        _ => ptrain_core::ConfigBuilder::layered(&args.config, &args.set)?,
     };
     let run = recorded.as_deref().map(ptrain_core::config::run_dir_of);
-    let mut config = ptrain_core::ConfigBuilder::layered(&files, &args.set)?.weights_from(run).build()?;
+    let mut config = builder.weights_from(run).build()?;
     if recorded.is_some() && config.lora().is_none() {
         // The checkpoint has every weight: model.init_from's are not read (it may be gone).
         // A LoRA checkpoint has the adapters only: the base is model.init_from's.

@@ -107,7 +107,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let builder = match own {
         Some(own) => {
             tracing::info!("--auto-resume without --config: the run's own {}", own.display());
-            args.set.iter().try_fold(ConfigBuilder::default().toml(&recorded_without_debug(&own)?, &own.display().to_string())?, |b, s| b.set(s))?
+            args.set
+                .iter()
+                .try_fold(ConfigBuilder::default().recorded(&recorded_without_debug(&own)?, &own.display().to_string())?, |b, s| b.set(s))?
         }
         None => ConfigBuilder::layered(&args.config, &args.set)?,
     };

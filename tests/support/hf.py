@@ -20,9 +20,10 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
   hf.py drop-tensor DIR TENSOR               rewrites DIR/model.safetensors without TENSOR
   hf.py add-chat-template DIR                a ChatML chat_template in DIR/tokenizer_config.json
   hf.py chat-ids DIR TEXT                    apply_chat_template([user: TEXT], add_generation_prompt=True)
-  hf.py compare-logits MODEL_DIR PROBE [--bf16]
+  hf.py compare-logits MODEL_DIR PROBE [--bf16] [--cuda]
                                              transformers' logits and loss on PROBE's batch vs ptrain's
-                                             (--bf16: transformers' loss under CPU bf16 autocast)
+                                             (--bf16: transformers' loss under bf16 autocast; --cuda: on
+                                             the GPU, as gpu/validate.sh --device cuda compares)
   hf.py generate MODEL_DIR IDS N             model.generate(do_sample=False, max_new_tokens=N) from the
                                              comma-separated prompt IDS: the new ids
   hf.py check-ids TOKENIZER SOURCE CACHE [--jsonl FIELD EOS]
@@ -262,10 +263,12 @@ def compare_logits(model_dir, probe_path, *flags):
     import torch
     from safetensors.torch import load_file
 
-    probe = load_file(probe_path)
+    device = "cuda" if "--cuda" in flags else "cpu"
+    probe = {k: v.to(device) for k, v in load_file(probe_path).items()}
     model, _, _ = load_model(model_dir)
+    model.to(device)
     inputs, targets = probe["inputs"], probe["targets"]
-    bf16 = torch.autocast("cpu", dtype=torch.bfloat16) if "--bf16" in flags else contextlib.nullcontext()
+    bf16 = torch.autocast(device, dtype=torch.bfloat16) if "--bf16" in flags else contextlib.nullcontext()
     with torch.no_grad():
         logits = model(inputs).logits
         # transformers' own loss: labels are the window of inputs followed by the

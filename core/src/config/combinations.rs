@@ -92,8 +92,8 @@ impl Config {
         if !self.tokenizes() {
             return Err(bad("data.tokenizer", "tokenizes data.kind = \"text\", \"jsonl\", \"chat\" or \"prompt_completion\""));
         }
-        let language_model =
-            matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) || (m.kind == ModelKind::Torchscript && m.task == TaskKind::LanguageModel);
+        let language_model = matches!(m.kind, ModelKind::Gpt | ModelKind::Llama)
+            || (m.kind == ModelKind::Torchscript && m.torchscript.task == TaskKind::LanguageModel);
         if !language_model {
             return Err(bad(
                 "data.tokenizer",

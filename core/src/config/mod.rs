@@ -30,7 +30,9 @@ pub use data::{DataConfig, DataKind, DatasetSpec, Overflow, TrainOn};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use lora::LoraConfig;
-pub use model::{Activation, LlamaArgs, ModelConfig, ModelKind, RopeScaling, TaskKind};
+pub(crate) use model::move_flat_keys;
+use model::refuse_flat_keys;
+pub use model::{Activation, GptArgs, LlamaArgs, MlpArgs, ModelConfig, ModelKind, RopeScaling, TaskKind, TorchScriptArgs};
 pub use optim::{LrScheduleKind, OptimConfig, OptimName};
 pub use origins::KeyOrigins;
 pub(crate) use paths::looks_like_hub_name;
@@ -114,14 +116,17 @@ impl ConfigBuilder {
 
     /// Layers a TOML file over the configuration so far.
     pub fn file(self, path: &Path) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::MissingFile { what: "config file", path: path.to_owned() },
-            _ => Error::Io { path: path.to_owned(), source: e },
-        })?;
+        let text = read_file(path)?;
         let origin = path.display().to_string();
         let mut layer = parse_layer(&text, &origin)?;
         paths::resolve_in_file(&mut layer, path.parent().unwrap_or(Path::new("")));
         self.layer(layer, &origin)
+    }
+
+    /// Layers a run's or a checkpoint's recorded `config.toml` ([`Self::recorded`]).
+    pub fn recorded_file(self, path: &Path) -> Result<Self, Error> {
+        let text = read_file(path)?;
+        self.recorded(&text, &path.display().to_string())
     }
 
     /// The weights come from a checkpoint of `run_dir` (resuming, `ptrain logits
@@ -136,6 +141,16 @@ impl ConfigBuilder {
     /// Layers TOML text over the configuration so far; `origin` names it in errors.
     pub fn toml(self, text: &str, origin: &str) -> Result<Self, Error> {
         let layer = parse_layer(text, origin)?;
+        self.layer(layer, origin)
+    }
+
+    /// Layers a configuration a run recorded (its or a checkpoint's `config.toml`,
+    /// absolute paths): one written before the model kinds' tables has their keys
+    /// flat in `[model]` (`hidden`, `bias`, `path`, ...); they are read into their
+    /// tables, where a user's file or `--set` is refused them.
+    pub fn recorded(self, text: &str, origin: &str) -> Result<Self, Error> {
+        let mut layer = parse_toml(text, origin)?;
+        flat_model_keys(&mut layer, origin, true)?;
         self.layer(layer, origin)
     }
 
@@ -159,6 +174,7 @@ impl ConfigBuilder {
                 .expect("just inserted a table");
         }
         cursor.insert(keys[keys.len() - 1].to_string(), value);
+        flat_model_keys(&mut layer, &source, false)?;
         self.layer(layer, &source)
     }
 
@@ -184,12 +200,33 @@ impl ConfigBuilder {
     }
 }
 
+fn read_file(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::MissingFile { what: "config file", path: path.to_owned() },
+        _ => Error::Io { path: path.to_owned(), source: e },
+    })
+}
+
 fn parse_layer(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
+    let mut layer = parse_toml(text, origin)?;
+    flat_model_keys(&mut layer, origin, false)?;
+    Ok(layer)
+}
+
+fn parse_toml(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
     text.parse().map_err(|e: toml::de::Error| ConfigError {
         origin: origin.to_string(),
         key: String::new(),
         message: e.to_string().trim().replace('\n', " "),
     })
+}
+
+/// Earlier versions' flat `[model]` keys: read into their tables in a `recorded`
+/// configuration ([`move_flat_keys`]), refused elsewhere naming the key's name now.
+fn flat_model_keys(layer: &mut toml::Table, origin: &str, recorded: bool) -> Result<(), ConfigError> {
+    let Some(toml::Value::Table(model)) = layer.get_mut("model") else { return Ok(()) };
+    let found = if recorded { move_flat_keys(model) } else { refuse_flat_keys(model) };
+    found.map_err(|(key, message)| ConfigError { origin: origin.into(), key, message })
 }
 
 /// Records the dotted path of every value in `layer` (tables are walked into).
@@ -296,7 +333,7 @@ impl Config {
             files.extend(self.data.datasets.iter().filter_map(|d| named(&d.path)).map(|p| ("data.datasets.path", p)));
         }
         if self.model.kind == ModelKind::Torchscript {
-            files.push(("model.path", PathBuf::from(&self.model.path)));
+            files.push(("model.torchscript.path", PathBuf::from(&self.model.torchscript.path)));
         }
         if let Some(p) = named(&self.data.tokenizer).filter(|_| self.data.tokenizer != BYTES_TOKENIZER) {
             files.push(("data.tokenizer", p));

@@ -1,6 +1,8 @@
 use serde::{Deserialize, Serialize};
 
-/// `[model]`: one flat table; each kind reads its own keys (see default.toml).
+/// `[model]`: `kind` chooses the model; the shape keys here are shared by the
+/// language models (`gpt`, `llama`); each kind's own keys are in its table
+/// (`[model.gpt]`, `[model.llama]`, `[model.mlp]`, `[model.torchscript]`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
@@ -8,29 +10,98 @@ pub struct ModelConfig {
     pub vocab_size: i64,
     pub n_layer: i64,
     pub n_head: i64,
+    /// The hidden size.
     pub n_embd: i64,
+    /// The most positions (context length).
     pub block_size: i64,
+    /// gpt: embedding, attention and residual dropout; llama: attention dropout.
     pub dropout: f64,
+    /// A local Hugging Face directory to start from (empty: random init).
+    pub init_from: String,
+    // The kinds' tables last: a table must follow plain values in TOML output.
+    pub gpt: GptArgs,
+    pub llama: LlamaArgs,
+    pub mlp: MlpArgs,
+    pub torchscript: TorchScriptArgs,
+}
+
+/// `[model.gpt]`: what only the `gpt` kind reads.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GptArgs {
+    /// Biases in the linear layers.
     pub bias: bool,
     /// `gelu` (exact, erf) or `gelu_tanh` (the tanh approximation GPT-2 uses).
     pub activation: Activation,
     pub layer_norm_eps: f64,
-    /// A local Hugging Face GPT-2 directory to start from (empty: random init).
-    pub init_from: String,
+}
+
+/// `[model.mlp]`: the classifier on feature vectors.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MlpArgs {
+    /// Hidden layer widths.
     pub hidden: Vec<i64>,
+    /// 0 = taken from the data.
     pub input_dim: i64,
+    /// 0 = taken from the data.
     pub num_classes: i64,
+}
+
+/// `[model.torchscript]`: a scripted module file exported from Python.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TorchScriptArgs {
     pub path: String,
     pub task: TaskKind,
-    /// `[model.llama]`: what only the `llama` kind reads. Last: a table must follow
-    /// plain values in TOML output.
-    pub llama: LlamaArgs,
+}
+
+/// The keys earlier versions had flat in `[model]`, with the table each moved to.
+const MOVED: &[(&str, &str)] = &[
+    ("bias", "gpt"),
+    ("activation", "gpt"),
+    ("layer_norm_eps", "gpt"),
+    ("hidden", "mlp"),
+    ("input_dim", "mlp"),
+    ("num_classes", "mlp"),
+    ("path", "torchscript"),
+    ("task", "torchscript"),
+];
+
+/// Refuses the flat keys of earlier versions (`model.hidden`) in a configuration a
+/// user writes (a file, `--set`): the error names the key's name now
+/// (`model.mlp.hidden`).
+pub(crate) fn refuse_flat_keys(model: &toml::Table) -> Result<(), (String, String)> {
+    match MOVED.iter().find(|(key, _)| model.contains_key(*key)) {
+        Some((key, table)) => Err((
+            format!("model.{key}"),
+            format!("is now model.{table}.{key} (in the [model.{table}] table, or --set model.{table}.{key}=...): rename it"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Moves the flat keys of earlier versions (`model.hidden`) in a recorded `[model]`
+/// (a run's or a checkpoint's `config.toml` written before the kinds' tables) into
+/// their tables (`model.mlp.hidden`), so those runs resume and read as they did.
+/// Both spellings in one table: an error naming the key to keep.
+pub(crate) fn move_flat_keys(model: &mut toml::Table) -> Result<(), (String, String)> {
+    for (key, table) in MOVED {
+        let Some(value) = model.remove(*key) else { continue };
+        let inner = model.entry(table.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(inner) = inner.as_table_mut() else {
+            return Err((format!("model.{table}"), format!("must be a table ([model.{table}]), holding {key}")));
+        };
+        if inner.contains_key(*key) {
+            return Err((format!("model.{key}"), format!("is also set as model.{table}.{key} (its name now): keep that one")));
+        }
+        inner.insert(key.to_string(), value);
+    }
+    Ok(())
 }
 
 /// `[model.llama]`: the Llama / Qwen2 / Qwen3 / Mistral family (`model.kind = "llama"`).
-/// The shared keys (`vocab_size`, `n_layer`, `n_head`, `n_embd` = hidden size,
-/// `block_size` = max positions, `dropout` = attention dropout, `init_from`) stay in
-/// `[model]`; with `init_from`, every key here comes from the checkpoint's `config.json`.
+/// With `init_from`, every key here comes from the checkpoint's `config.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LlamaArgs {

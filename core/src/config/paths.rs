@@ -17,15 +17,15 @@ pub(crate) fn looks_like_hub_name(spec: &str) -> bool {
     parts.len() <= 2 && parts.iter().all(|p| part(p)) && !spec.contains("..")
 }
 
-/// The keys whose values are paths (`data.datasets` entries' `path` too).
+/// The keys whose values are paths, by table (`data.datasets` entries' `path` too).
 const PATH_KEYS: &[(&str, &str)] = &[
     ("run", "run_dir"),
     ("data", "path"),
     ("data", "val_path"),
     ("data", "tokenizer"),
     ("data", "tokens_cache"),
-    ("model", "path"),
     ("model", "init_from"),
+    ("model.torchscript", "path"),
 ];
 
 /// Not a file: `data.tokenizer = "bytes"` (raw bytes, no tokenizer).
@@ -57,7 +57,11 @@ pub(super) fn resolve_in_file(layer: &mut toml::Table, base: &Path) {
         *value = toml::Value::String(joined.display().to_string());
     };
     for (section, key) in PATH_KEYS {
-        if let Some(value) = layer.get_mut(*section).and_then(toml::Value::as_table_mut).and_then(|t| t.get_mut(*key)) {
+        let mut table = Some(&mut *layer);
+        for part in section.split('.') {
+            table = table.and_then(|t| t.get_mut(part)).and_then(toml::Value::as_table_mut);
+        }
+        if let Some(value) = table.and_then(|t| t.get_mut(*key)) {
             rebase(key, value);
         }
     }
@@ -84,7 +88,7 @@ impl Config {
         fix("val_path", &mut config.data.val_path);
         fix("tokenizer", &mut config.data.tokenizer);
         fix("tokens_cache", &mut config.data.tokens_cache);
-        fix("path", &mut config.model.path);
+        fix("path", &mut config.model.torchscript.path);
         if Path::new(&config.model.init_from).exists() {
             fix("init_from", &mut config.model.init_from);
         }

@@ -72,7 +72,7 @@ fn wrong_types_and_syntax_are_reported_with_their_source() {
 #[test]
 fn set_values_parse_as_toml_or_fall_back_to_strings() {
     let config = ConfigBuilder::default()
-        .set("model.hidden=[64, 32]")
+        .set("model.mlp.hidden=[64, 32]")
         .unwrap()
         .set("run.name=experiment-1")
         .unwrap()
@@ -80,9 +80,37 @@ fn set_values_parse_as_toml_or_fall_back_to_strings() {
         .unwrap()
         .build()
         .unwrap();
-    assert_eq!(config.model.hidden, vec![64, 32]);
+    assert_eq!(config.model.mlp.hidden, vec![64, 32]);
     assert_eq!(config.run.name, "experiment-1");
     assert_eq!(config.plugins["flops"]["every"].as_integer(), Some(500));
+}
+
+#[test]
+fn the_flat_model_keys_of_earlier_versions_are_refused_naming_their_new_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(&dir, "[model]\nkind = \"mlp\"\nhidden = [32]\n");
+    let e = config_error(ConfigBuilder::default().file(&file));
+    assert_eq!((e.key.as_str(), e.origin.as_str()), ("model.hidden", file.display().to_string().as_str()));
+    assert!(e.message.contains("model.mlp.hidden"), "{e}");
+    let e = config_error(ConfigBuilder::default().set("model.activation=\"gelu_tanh\""));
+    assert_eq!((e.key.as_str(), e.origin.as_str()), ("model.activation", "--set model.activation=\"gelu_tanh\""));
+    assert!(e.message.contains("model.gpt.activation"), "{e}");
+    let e = config_error(ConfigBuilder::default().toml("[model]\npath = \"m.pt\"\n", "text.toml"));
+    assert!(e.key == "model.path" && e.message.contains("model.torchscript.path"), "{e}");
+}
+
+#[test]
+fn a_recorded_configuration_from_before_the_model_tables_reads_into_them() {
+    let old =
+        "[model]\nkind = \"torchscript\"\npath = \"/abs/m.pt\"\ntask = \"language_model\"\nhidden = [32]\nbias = false\nlayer_norm_eps = 1e-3\n";
+    let config = ConfigBuilder::default().recorded(old, "config.toml").unwrap().build_recorded().unwrap();
+    let m = &config.model;
+    assert_eq!((m.mlp.hidden.as_slice(), m.gpt.bias, m.gpt.layer_norm_eps), (&[32][..], false, 1e-3));
+    assert_eq!((m.torchscript.task, m.torchscript.path.as_str()), (TaskKind::LanguageModel, "/abs/m.pt"));
+    // Both spellings at once: which one to keep.
+    let e = config_error(ConfigBuilder::default().recorded("[model]\nhidden = [8]\n[model.mlp]\nhidden = [16]\n", "both.toml"));
+    assert_eq!((e.key.as_str(), e.origin.as_str()), ("model.hidden", "both.toml"));
+    assert!(e.message.contains("model.mlp.hidden"), "{e}");
 }
 
 #[test]
@@ -208,7 +236,7 @@ fn init_from_fills_the_architecture_keys() {
     let config = ConfigBuilder::default().set(&format!("model.init_from={}", gpt2_dir(&dir))).unwrap().build().unwrap();
     let m = &config.model;
     assert_eq!((m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.block_size), (3, 2, 48, 300, 96));
-    assert_eq!((m.layer_norm_eps, m.activation), (1e-6, Activation::GeluTanh));
+    assert_eq!((m.gpt.layer_norm_eps, m.gpt.activation), (1e-6, Activation::GeluTanh));
 }
 
 #[test]
@@ -216,7 +244,7 @@ fn a_key_set_to_another_value_than_init_from_names_both() {
     let dir = tempfile::tempdir().unwrap();
     let init = format!("model.init_from={}", gpt2_dir(&dir));
     // Agreeing explicit keys are fine, wherever they were set.
-    let file = write(&dir, "[model]\nn_layer = 3\nactivation = \"gelu_tanh\"\n");
+    let file = write(&dir, "[model]\nn_layer = 3\n[model.gpt]\nactivation = \"gelu_tanh\"\n");
     ConfigBuilder::default().file(&file).unwrap().set(&init).unwrap().build().unwrap();
     let e = config_error(ConfigBuilder::default().set(&init).unwrap().set("model.block_size=64").unwrap().build().map(|_| ConfigBuilder::default()));
     assert_eq!((e.key.as_str(), e.origin.as_str()), ("model.block_size", "--set model.block_size=64"));

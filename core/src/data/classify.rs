@@ -122,7 +122,7 @@ impl Classification {
             weights.push(weight);
             datasets.push(Named { name, train, val });
         }
-        Ok(Self::mix(config.run.seed, f, classes.max(config.model.num_classes), datasets, weights))
+        Ok(Self::mix(config.run.seed, f, classes.max(config.model.mlp.num_classes), datasets, weights))
     }
 
     fn mix(seed: u64, features: usize, classes: i64, datasets: Vec<Named>, weights: Vec<f64>) -> Classification {

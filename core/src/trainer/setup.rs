@@ -30,7 +30,7 @@ use crate::{
     device,
     error::{Error, Result},
     host::{HostServices, PluginHost, RunData},
-    model,
+    model, objective,
     optim::{self, LrSchedule, ShardSpec},
     schedule::{Cadence, CoreTask, Gate, Owner, RunSchedule, SlotSpec, StepWindows},
     signals::Signals,
@@ -116,7 +116,7 @@ impl Run {
             Some(_) => {
                 let hash = model::lora::base_hash(&vs)?;
                 if config.train.precision == Precision::Bf16 {
-                    model::lora::store_base_bf16(&vs)?;
+                    model::lora::store_base_bf16(model.as_ref())?;
                 }
                 Some(hash)
             }
@@ -226,8 +226,8 @@ impl Run {
             tokens_seen: restored.tokens_seen,
             ..Tally::default()
         };
+        let objective = objective::from_config(&config, model.task());
         let learner = Learner {
-            task: model.task(),
             // Whether the model draws random numbers is the model's to say.
             reseed: model.uses_randomness(),
             lr_schedule: LrSchedule::new(&config.optim, total_steps),
@@ -262,6 +262,7 @@ impl Run {
             staged: Default::default(),
             env,
             learner,
+            objective,
             schedule,
             host,
             dist,

@@ -165,7 +165,7 @@ pub fn check_lora_base(checkpoint: &Checkpoint, live: Option<&str>) -> Result<()
 
 /// `[model]` keys that may change on resume: where the weights first came from
 /// (the checkpoint has them all now), dropout, a TorchScript file's path.
-const MAY_CHANGE: &[&str] = &["init_from", "dropout", "path"];
+const MAY_CHANGE: &[&str] = &["model.init_from", "model.dropout", "model.torchscript.path"];
 
 /// Compares the `[model]` the checkpoint was trained with against this run's,
 /// before any weight is touched: a resumed run with another model size is refused
@@ -173,9 +173,11 @@ const MAY_CHANGE: &[&str] = &["init_from", "dropout", "path"];
 pub fn check_model(checkpoint: &Checkpoint, config: &crate::config::Config) -> Result<()> {
     let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
     let saved: toml::Table = checkpoint.config_toml.parse().map_err(|e| bad(format!("{}: {e}", ckpt::CONFIG_FILE)))?;
-    let Some(saved) = saved.get("model").and_then(toml::Value::as_table) else { return Ok(()) };
+    let Some(mut saved) = saved.get("model").and_then(toml::Value::as_table).cloned() else { return Ok(()) };
+    // A checkpoint from before the kinds' tables has their keys flat in [model].
+    crate::config::move_flat_keys(&mut saved).map_err(|(key, message)| bad(format!("{key} {message}")))?;
     let live = toml::Table::try_from(&config.model).expect("[model] serializes");
-    match first_difference(saved, &live, "model") {
+    match first_difference(&saved, &live, "model") {
         None => Ok(()),
         Some((key, was, now)) => Err(bad(format!(
             "{key}: checkpoint {was}, configuration {now}. The checkpoint is of another model: resume with the configuration it was \
@@ -190,10 +192,10 @@ pub fn check_model(checkpoint: &Checkpoint, config: &crate::config::Config) -> R
 fn first_difference(saved: &toml::Table, live: &toml::Table, prefix: &str) -> Option<(String, toml::Value, toml::Value)> {
     for (key, was) in saved {
         let Some(now) = live.get(key) else { continue };
-        if prefix == "model" && MAY_CHANGE.contains(&key.as_str()) {
+        let path = format!("{prefix}.{key}");
+        if MAY_CHANGE.contains(&path.as_str()) {
             continue;
         }
-        let path = format!("{prefix}.{key}");
         match (was, now) {
             (toml::Value::Table(a), toml::Value::Table(b)) => {
                 if let Some(found) = first_difference(a, b, &path) {

@@ -94,8 +94,8 @@ impl Gpt2Arch {
             n_embd: m.n_embd,
             n_layer: m.n_layer,
             n_head: m.n_head,
-            layer_norm_epsilon: m.layer_norm_eps,
-            activation: m.activation,
+            layer_norm_epsilon: m.gpt.layer_norm_eps,
+            activation: m.gpt.activation,
         }
     }
 
@@ -107,10 +107,10 @@ impl Gpt2Arch {
             ("n_head", "n_head", toml::Value::Integer(self.n_head)),
             ("n_embd", "n_embd", toml::Value::Integer(self.n_embd)),
             ("block_size", "n_positions", toml::Value::Integer(self.n_positions)),
-            ("layer_norm_eps", "layer_norm_epsilon", toml::Value::Float(self.layer_norm_epsilon)),
-            ("activation", "activation_function", toml::Value::String(self.activation.name().into())),
+            ("gpt.layer_norm_eps", "layer_norm_epsilon", toml::Value::Float(self.layer_norm_epsilon)),
+            ("gpt.activation", "activation_function", toml::Value::String(self.activation.name().into())),
             // GPT-2's linear layers all have biases.
-            ("bias", "(GPT-2 layers have biases)", toml::Value::Boolean(true)),
+            ("gpt.bias", "(GPT-2 layers have biases)", toml::Value::Boolean(true)),
         ]
     }
 
@@ -128,12 +128,12 @@ impl Gpt2Arch {
             return Some(format!("model.{key} = {a} but {hf} = {b}"));
         }
         if ours.layer_norm_epsilon != self.layer_norm_epsilon {
-            return Some(format!("model.layer_norm_eps = {} but layer_norm_epsilon = {}", ours.layer_norm_epsilon, self.layer_norm_epsilon));
+            return Some(format!("model.gpt.layer_norm_eps = {} but layer_norm_epsilon = {}", ours.layer_norm_epsilon, self.layer_norm_epsilon));
         }
         if ours.activation != self.activation {
-            return Some(format!("model.activation = \"{}\" but the checkpoint's is \"{}\"", ours.activation.name(), self.activation.name()));
+            return Some(format!("model.gpt.activation = \"{}\" but the checkpoint's is \"{}\"", ours.activation.name(), self.activation.name()));
         }
-        (!m.bias).then(|| "model.bias = false but GPT-2 layers have biases".to_string())
+        (!m.gpt.bias).then(|| "model.gpt.bias = false but GPT-2 layers have biases".to_string())
     }
 
     /// The `config.json` of an export: `base` (the `init_from` one, if any) with

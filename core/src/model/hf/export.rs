@@ -48,7 +48,7 @@ pub const GENERATION_CONFIG: &str = "generation_config.json";
 pub fn recorded_config(checkpoint: &Path) -> Result<Config> {
     let path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
-    let mut config = ConfigBuilder::default().toml(&text, &path.display().to_string())?.build_recorded()?;
+    let mut config = ConfigBuilder::default().recorded(&text, &path.display().to_string())?.build_recorded()?;
     config.use_kept_tokenizer(&crate::config::run_dir_of(checkpoint));
     Ok(config)
 }
@@ -101,8 +101,8 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Res
                 let found: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
                 return Err(checkpoint_error(&weights_path, format!("`{}` has shape {found:?}, expected {shape:?}", p.name)));
             }
-            // Without biases (model.bias = false) the same model has zero biases.
-            None if !m.bias && p.name.ends_with(".bias") && !p.name.contains(".ln_") => {
+            // Without biases (model.gpt.bias = false) the same model has zero biases.
+            None if !m.gpt.bias && p.name.ends_with(".bias") && !p.name.contains(".ln_") => {
                 (DType::F32, vec![0u8; shape.iter().product::<usize>() * DType::F32.size()])
             }
             None => return Err(checkpoint_error(&weights_path, format!("no tensor `{}`", p.name))),
