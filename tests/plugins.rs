@@ -47,6 +47,11 @@ fn a_foreign_shared_library_is_refused() {
     assert!(stderr(&out).contains("not a ptrain plugin"), "{}", stderr(&out));
 }
 
+/// This plugin-api's minor version (the host loads plugins of the same 0.minor).
+fn api_minor() -> u64 {
+    API_VERSION.split('.').nth(1).and_then(|m| m.parse().ok()).expect("plugin-api's 0.minor.patch")
+}
+
 #[test]
 fn a_plugin_built_against_another_plugin_api_is_refused_naming_both_versions() {
     let old = fixture("old-api");
@@ -54,7 +59,18 @@ fn a_plugin_built_against_another_plugin_api_is_refused_naming_both_versions() {
     let err = stderr(&out);
     let line = err.lines().find(|l| l.contains("error:")).unwrap_or_default();
     assert!(line.contains(&old.display().to_string()), "{err}");
-    assert!(line.contains("ptrain-plugin-api 0.2.0") && line.contains(&format!("ptrain-plugin-api {API_VERSION}")), "{line}");
+    let previous = format!("ptrain-plugin-api 0.{}.0", api_minor() - 1);
+    assert!(line.contains(&previous) && line.contains(&format!("ptrain-plugin-api {API_VERSION}")), "{line}");
+}
+
+#[test]
+fn a_plugin_built_against_a_later_patch_of_this_plugin_api_loads_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let patched = fixture("later-patch");
+    run_expect(ptrain().args(with_plugins(3, &patched.display().to_string())).arg("--run-dir").arg(dir.path()), 0);
+    let s = summary(dir.path());
+    assert_eq!(s["plugins"]["later-patch"]["built_against"], format!("0.{}.9", api_minor()), "{s}");
+    assert_eq!(s["plugins"]["later-patch"]["ended_at"], 3, "{s}");
 }
 
 /// The one `error:` line of a refused run.
@@ -70,7 +86,7 @@ fn a_plugin_of_another_plugin_api_version_is_refused_for_the_version_even_with_i
     let line = error_line(&out);
     assert!(line.contains(&newer.display().to_string()), "{line}");
     assert!(
-        line.contains("built against ptrain-plugin-api 0.4.0")
+        line.contains(&format!("built against ptrain-plugin-api 0.{}.0", api_minor() + 1))
             && line.contains(&format!("this ptrain uses ptrain-plugin-api {API_VERSION}"))
             && line.contains("the versions are incompatible"),
         "{line}"
@@ -87,9 +103,10 @@ fn a_plugin_of_this_version_whose_types_changed_is_refused_for_their_layout() {
     assert!(
         line.contains(&format!("built against ptrain-plugin-api {API_VERSION}, the version this ptrain uses"))
             && line.contains("the layout of its types differs")
-            && line.contains("in `PluginMod`"),
-        "{line}"
+            && line.contains("in `HostApi`, reached through create:"),
+        "the type that changed, not the root module: {line}"
     );
+    assert!(!line.contains("mismatched package"), "compared as plugin-api's own types: {line}");
     assert!(!line.contains("versions are incompatible"), "{line}");
 }
 
@@ -428,4 +445,22 @@ fn the_same_plugin_loaded_twice_is_refused_by_name_or_by_path() {
         assert!(stderr(&out).contains("plugin jsonl: requested twice"), "{plugins}: {}", stderr(&out));
         assert!(!run.exists(), "{plugins}: nothing may be written before training");
     }
+}
+
+#[test]
+fn a_plugin_is_told_the_absolute_run_dir_and_the_hosts_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = fixture("inline-faults").display().to_string();
+    // A relative --run-dir, from the temporary directory.
+    let out = ptrain()
+        .args(with_plugins(2, &faults))
+        .args(["--set", "dist.timeout_s=77", "--run-dir", "relative/run"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let run = dir.path().join("relative/run");
+    let told = &summary(&run)["plugins"]["inline-faults"]["run"];
+    assert_eq!(told["run_dir"], run.display().to_string(), "absolute: {told}");
+    assert_eq!(told["collective_timeout_s"], 77.0, "dist.timeout_s: {told}");
 }

@@ -156,7 +156,7 @@ fn an_inline_hook_that_runs_too_long_is_named_by_the_watchdog() {
         .args(["--set", "plugins.inline-faults.hook_warn_s=0.5"])
         .arg("--run-dir")
         .arg(dir.path())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -168,12 +168,65 @@ fn an_inline_hook_that_runs_too_long_is_named_by_the_watchdog() {
         }
         lines.push(line);
     }
-    assert_eq!(child.wait().unwrap().code(), Some(0), "{lines:#?}");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{lines:#?}");
     let err = lines.join("\n");
     let warnings: Vec<&str> = err.lines().filter(|l| l.contains("plugin `inline-faults` has been in step_end for")).collect();
     assert_eq!(warnings.len(), 1, "one warning (the next would come a minute later):\n{err}");
     assert!(warnings[0].contains("at step 3") && warnings[0].contains("hook_warn_s = 0.5"), "{}", warnings[0]);
-    assert!(summary(dir.path())["plugin_failures"].as_array().unwrap().is_empty(), "a slow hook is not a failure");
+    let s = summary(dir.path());
+    assert!(s["plugin_failures"].as_array().unwrap().is_empty(), "a slow hook is not a failure");
+    // It is on the record: in the summary, with the longest stall, and in the closing line.
+    let stall = &s["plugin_stalls"]["inline-faults"];
+    assert_eq!((&stall["hook"], &stall["step"], &stall["count"]), (&"step_end".into(), &3.into(), &1.into()), "{s}");
+    assert!(stall["seconds"].as_f64().unwrap() >= 0.5, "{s}");
+    let report = stdout(&out);
+    let closing = report.lines().find(|l| l.starts_with("completed:")).unwrap_or_else(|| panic!("no closing line: {report}"));
+    assert!(closing.contains("plugin inline-faults stalled 1 time(s)") && closing.contains("in step_end at step 3"), "{closing}");
+}
+
+#[test]
+fn a_worker_stuck_in_a_call_is_named_while_the_run_goes_on_and_its_stall_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    // The sink's first batch (step 10) returns once the test saw the warning about it.
+    let release = dir.path().join("release");
+    let mut child = sink_run(
+        dir.path(),
+        &[&format!("plugins.worker-faults.wait_for={:?}", release.display().to_string()), "plugins.worker-faults.hook_warn_s=0.5"],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("plugin `worker-faults` has been in metrics for") && !release.exists() {
+            std::fs::write(&release, "").unwrap();
+        }
+        lines.push(line);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{lines:#?}");
+    let err = lines.join("\n");
+    let warning = lines.iter().find(|l| l.contains("plugin `worker-faults` has been in metrics for")).unwrap_or_else(|| panic!("no warning:\n{err}"));
+    assert!(warning.contains("at step 10") && warning.contains("training goes on") && warning.contains("hook_warn_s = 0.5"), "{warning}");
+    let s = summary(dir.path());
+    assert_eq!(s["plugin_stalls"]["worker-faults"]["step"], 10, "{s}");
+    assert_eq!(s["plugins"]["worker-faults"]["received"], 4, "nothing lost: {s}");
+}
+
+#[test]
+fn under_strict_plugins_a_sink_abandoned_at_the_end_fails_the_run_with_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child =
+        sink_run(dir.path(), &["plugins.worker-faults.hang_at=10", "run.shutdown_timeout_s=2", "run.strict_plugins=true"]).spawn().unwrap();
+    let lines = stderr_lines(&mut child);
+    let code = wait_at_most(&mut child, Duration::from_secs(2 + 60));
+    let err: String = lines.iter().collect::<Vec<_>>().join("\n");
+    assert_eq!(code, 3, "{err}");
+    let s = summary(dir.path());
+    assert_eq!(s["exit_code"], 3, "{s}");
+    assert!(s["abandoned_plugins"]["worker-faults"].as_u64().unwrap() >= 1, "{s}");
 }
 
 #[test]
@@ -214,4 +267,16 @@ fn a_second_signal_exits_at_once_and_the_last_committed_checkpoint_stays_valid()
     let listing = stdout(&run_expect(ptrain().args(["checkpoints", "list"]).arg(dir.path()), 0));
     assert!(listing.contains("step-00000002") && listing.contains("<- latest") && !listing.contains("INVALID"), "{listing}");
     assert!(!dir.path().join("checkpoints/step-00000003").exists());
+}
+
+#[test]
+fn the_final_wait_lists_only_the_workers_still_running() {
+    // The sink panics at its first batch and is disabled: nothing is waited on for it.
+    let dir = tempfile::tempdir().unwrap();
+    let out = sink_run(dir.path(), &["plugins.worker-faults.panic_at=10"]).args(["--plugins", "jsonl"]).output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let line = err.lines().find(|l| l.contains("waiting for worker plugins to finish")).unwrap_or_else(|| panic!("no wait line:\n{err}"));
+    assert!(line.ends_with(": jsonl"), "{line}");
+    assert_eq!(summary(dir.path())["plugin_failures"][0]["plugin"], "worker-faults");
 }

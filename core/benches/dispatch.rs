@@ -47,7 +47,7 @@ fn loaded(plugins: &[&str], every: i64) -> (PluginHost, RunSchedule) {
         tables.insert(library.descriptor.name.as_str().to_string(), t);
     }
     let gate = Arc::new(Gate::new(0));
-    let services = HostServices::leak(gate.clone(), Arc::new(ptrain_core::dist::SingleRank), Duration::from_secs(60));
+    let services = HostServices::new(gate.clone(), Arc::new(ptrain_core::dist::SingleRank), Duration::from_secs(60));
     let (host, slots) = PluginHost::load(&requests, &tables, &Default::default(), services, 0).expect("plugins load");
     (host, RunSchedule::new(slots, 1, u64::MAX - 1, 0, gate, false))
 }
@@ -110,6 +110,8 @@ fn bus(c: &mut Criterion) {
         accum_steps: 1,
         precision: "fp32".into(),
         start_time: 0.0,
+        collective_timeout_s: 60.0,
+        debug: Default::default(),
     }));
     let names: Vec<String> = (0..16).map(|i| format!("train/metric_{i}")).collect();
     let mut step = 0u64;

@@ -44,14 +44,15 @@ pub trait FfiPlugin: Send {
     #[sabi(last_prefix_field)]
     fn on_run_end(&mut self, end: &RunEnd<'_>) -> RResult<RString, RString>;
 
-    /// Added after the first release: optional in the vtable, so a plugin built
-    /// before it still loads, and the host then sees this default (no windows).
+    /// Windows of steps (see [`crate::Plugin::step_windows`]). The defaults of this
+    /// and the next methods are for a trait object written by hand; the host loads
+    /// only plugins of its own minor version, whose vtables have every entry.
     fn step_windows(&self) -> RResult<StepWindows, RString> {
         RResult::ROk(StepWindows::NONE)
     }
 
     /// Seconds between two [`FfiPlugin::on_timer`] calls; 0: no timer. Asked once,
-    /// after `create`. Added in 0.2.0 (optional in the vtable, like `step_windows`).
+    /// after `create`.
     fn timer_secs(&self) -> RResult<f64, RString> {
         RResult::ROk(0.0)
     }

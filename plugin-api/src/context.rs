@@ -141,6 +141,14 @@ pub struct DeviceInfo<'a> {
 }
 
 /// The context of a scheduled hook call (and of [`Hook::Eval`]).
+///
+/// The counters, in one place: `step_*` are this rank's and this step's, known from
+/// the step's start (every hook of step N sees step N's). `*_seen` and `epoch` are
+/// over every rank (and include the steps before a resume); they and `phases_total`
+/// count the *finished* steps: at `StepStart`, `AfterForward` and `AfterBackward` of step N,
+/// the steps before N; at `StepEnd` and `Eval`, step N too. Tokens are positions of
+/// the batch as configured, padding included (`batch_size x accum_steps x seq_len` a
+/// step on each rank); the tokens the loss is computed on are `step_trained_tokens`.
 #[repr(C)]
 #[derive(StableAbi, Debug)]
 pub struct StepContext<'a> {
@@ -150,21 +158,36 @@ pub struct StepContext<'a> {
     /// The micro-batch within the step (from 0): `AfterForward` is called for each
     /// of the `accum_steps` micro-batches of a due step.
     pub micro_batch: u64,
+    /// Whole passes over the training samples: `samples_seen / (training samples)`,
+    /// rounded down.
     pub epoch: u64,
+    /// The learning rate this step's update uses (the schedule's value at `step`).
     pub lr: f64,
+    /// Samples of every rank in the finished steps (resumed runs count from the start
+    /// of training).
     pub samples_seen: u64,
+    /// Token positions of every rank in the finished steps, padding included:
+    /// `samples_seen x seq_len` (a classifier's sample counts as one).
     pub tokens_seen: u64,
-    /// Samples and tokens in one optimizer step on this rank.
+    /// Samples in this optimizer step on this rank: `batch_size x accum_steps`
+    /// (multiply by `world_size` for the global batch).
     pub step_samples: u64,
+    /// Token positions in this optimizer step on this rank, padding included:
+    /// `step_samples x seq_len` (a classifier's sample counts as one).
     pub step_tokens: u64,
-    /// Phase times of this step.
+    /// Instruction data: the tokens of this step on this rank that the loss is
+    /// computed on (targets that are not the ignore index: assistant turns, no
+    /// padding), known from the step's start. 0 for other data.
+    pub step_trained_tokens: u64,
+    /// Phase times of this step so far (at `StepEnd`: the whole step's).
     pub phases: PhaseTimes,
-    /// Phase times summed over the steps of this run so far: difference two calls
+    /// Phase times summed over this process's finished steps: difference two calls
     /// to get a window.
     pub phases_total: PhaseTimes,
-    /// Steps run by this process so far (excludes steps before a resume).
+    /// Steps run by this process so far, this one included (excludes steps before a
+    /// resume): `step - start_step`.
     pub steps_run: u64,
-    /// Seconds since the run started (excluding set-up).
+    /// Seconds since training started (set-up excluded), at the call.
     pub elapsed_s: f64,
     pub rank: u32,
     pub world_size: u32,
@@ -238,31 +261,56 @@ pub struct ModelInfo<'a> {
     pub layers: RSlice<'a, LayerSpec<'a>>,
 }
 
+/// ptrain's `[debug]` keys that a plugin acts on: fault injection for ptrain's own
+/// tests (other plugins ignore it). All zero in a normal run.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DebugFaults {
+    /// `debug.pause_save_at_step`: the checkpoint plugin's save of this step stops for
+    /// good after its `pause_save_after_files`-th file (0: never).
+    pub pause_save_at_step: u64,
+    /// `debug.pause_save_after_files` (at least 1).
+    pub pause_save_after_files: u64,
+}
+
 /// What a plugin learns once at the start of the run.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy)]
 pub struct RunInfo<'a> {
+    /// The run directory, absolute (`run.run_dir`, or the name ptrain gave it).
     pub run_dir: RStr<'a>,
+    /// `run.name`.
     pub run_name: RStr<'a>,
-    /// The fully resolved configuration, as TOML.
+    /// The fully resolved configuration, as TOML, as recorded in `<run_dir>/config.toml`
+    /// (for showing it: a value ptrain passes a plugin has a field of its own here).
     pub config_toml: RStr<'a>,
+    /// `run.seed`.
     pub seed: u64,
     /// The step the run resumes after (0 for a fresh run) and the last step.
     pub start_step: u64,
     pub total_steps: u64,
+    /// This process in a distributed run (0 and 1 alone).
     pub rank: u32,
     pub world_size: u32,
     pub device: DeviceInfo<'a>,
     pub model: ModelInfo<'a>,
     /// Dataset names; a batch's `dataset_ids` index into this.
     pub datasets: RSlice<'a, RStr<'a>>,
+    /// Samples in one micro-batch on one rank (`data.batch_size`).
     pub batch_size: u64,
+    /// Positions per sample (the data's sequence length; 1 for classifiers).
     pub seq_len: u64,
+    /// Micro-batches per optimizer step (`optim.accum_steps`).
     pub accum_steps: u64,
     /// `fp32` or `bf16`.
     pub precision: RStr<'a>,
     /// Unix time of the run start, seconds.
     pub start_time: f64,
+    /// `dist.timeout_s`: how long a rank waits for the others (in a collective, or for
+    /// their part of a sharded checkpoint) before giving up.
+    pub collective_timeout_s: f64,
+    /// `[debug]` fault injection (ptrain's tests).
+    pub debug: DebugFaults,
 }
 
 /// What a plugin learns at the end; it may answer with a JSON summary fragment.

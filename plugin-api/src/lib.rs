@@ -40,7 +40,8 @@ pub use abi::{FfiPlugin, FfiPlugin_TO, PluginBox, PluginMod, PluginModRef, ROOT_
 pub use attachment::{Attachment, Cadence, Descriptor, Hook, Needs, StepWindows, Threading};
 pub use checkpoint::{CheckpointPayload, CheckpointReason, DType, NamedBlob, TensorBlob};
 pub use context::{
-    DeviceInfo, DeviceKind, LayerKind, LayerSpec, ModelInfo, NamedTensor, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task, TensorRef,
+    DebugFaults, DeviceInfo, DeviceKind, LayerKind, LayerSpec, ModelInfo, NamedTensor, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task,
+    TensorRef,
 };
 pub use deferred::{DeferredBox, FfiDeferred, FfiDeferred_TO};
 pub use error::{PluginError, PluginResult};

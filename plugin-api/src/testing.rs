@@ -4,12 +4,14 @@
 //! `StepContext { elapsed_s: 2.0, ..testing::step(Hook::StepEnd, 10) }`; hand tensors
 //! over with `StepTensors { logits: TensorRef::of(&t), ..StepTensors::NONE }` and
 //! gradients with `grads: named.as_slice().into()` (see [`crate::NamedTensor::new`]).
+//! A [`RecordingHost`] stands in for the host and records what the plugin asked of it.
 
 use abi_stable::std_types::RSlice;
 
+pub use crate::host::{HostCall, RecordingHost};
 use crate::{
     attachment::Hook,
-    context::{DeviceInfo, DeviceKind, ModelInfo, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task},
+    context::{DebugFaults, DeviceInfo, DeviceKind, ModelInfo, PhaseTimes, RunEnd, RunInfo, StepContext, StepTensors, Task},
     metrics::{Metric, MetricBatch, Outbox},
 };
 
@@ -36,6 +38,8 @@ pub fn run_info() -> RunInfo<'static> {
         accum_steps: 1,
         precision: "fp32".into(),
         start_time: 0.0,
+        collective_timeout_s: 60.0,
+        debug: DebugFaults::default(),
     }
 }
 
@@ -51,6 +55,7 @@ pub fn step(hook: Hook, step: u64) -> StepContext<'static> {
         tokens_seen: 0,
         step_samples: 1,
         step_tokens: 1,
+        step_trained_tokens: 0,
         phases: PhaseTimes::default(),
         phases_total: PhaseTimes::default(),
         steps_run: step,

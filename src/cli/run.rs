@@ -10,12 +10,14 @@ const EXIT_CODES: &str = "Exit codes:
   0        the run completed, or a plugin ended it early as done (request_stop: early-stop)
   1        training failed (an error, a panic, out of memory, a data worker's death: summary.json has status
            \"failed\" and the error; the sinks are drained, the newest checkpoint is kept), or stopped
-           (non-finite losses, a save error with on_save_error = \"stop\", a plugin's request_failure_stop)
+           (non-finite losses, a save error with on_save_error = \"stop\", a plugin's request_failure_stop,
+           a failure or stall of a plugin set critical = true)
   2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin
            options, a checkpoint given to --resume that cannot be used (of another model: the differing key is named;
            LoRA adapters trained on another base model: the base weights' hashes differ),
            a run directory another run holds, or one holding checkpoints without --auto-resume/--resume/--overwrite
-  3        the run completed, but a plugin failed and --strict-plugins (run.strict_plugins) is set
+  3        the run completed, but a plugin failed (or was given up on at the end) and --strict-plugins
+           (run.strict_plugins) is set
   130/143  interrupted by SIGINT/SIGTERM after saving an emergency checkpoint";
 
 #[derive(Debug, Args)]
@@ -63,9 +65,9 @@ pub struct RunArgs {
     /// progress lines or evaluation lines (`PTRAIN_LOG` overrides the log level).
     #[arg(long)]
     pub quiet: bool,
-    /// A plugin failure (a plugin disabled after an error or a panic) makes a run that
-    /// otherwise completed exit 3, after finishing and writing its summary
-    /// (`run.strict_plugins`). For CI.
+    /// A plugin failure (a plugin disabled after an error or a panic, or one given up on
+    /// at the end) makes a run that otherwise completed exit 3, after finishing and
+    /// writing its summary (`run.strict_plugins`). For CI.
     #[arg(long)]
     strict_plugins: bool,
 }
@@ -156,7 +158,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         reportln!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
     }
     if outcome.exit_code == ptrain_core::trainer::EXIT_PLUGIN_FAILED {
-        reportln!("exit {}: a plugin failed, and run.strict_plugins is set", outcome.exit_code);
+        reportln!("exit {}: a plugin failed or was given up on, and run.strict_plugins is set", outcome.exit_code);
     }
     if rank == 0 {
         reportln!("summary: {}", outcome.run_dir.join("summary.json").display());
@@ -215,6 +217,12 @@ fn problems(s: &ptrain_core::Summary) -> Vec<String> {
     }
     for (name, lost) in &s.abandoned_plugins {
         out.push(format!("plugin {name} abandoned at the end with {lost} event(s) unhandled"));
+    }
+    for (name, stall) in &s.plugin_stalls {
+        out.push(format!(
+            "plugin {name} stalled {} time(s), the longest {:.0}s in {} at step {}",
+            stall.count, stall.seconds, stall.hook, stall.step
+        ));
     }
     for (name, dropped) in s.queue_drops.iter().filter(|(_, n)| **n > 0) {
         out.push(format!("plugin {name} dropped {dropped} metrics batch(es) from its full queue"));

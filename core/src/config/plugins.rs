@@ -13,11 +13,13 @@ use crate::{
     schedule::Cadence,
 };
 
-/// Keys of a plugin table that override a cadence; with `queue` and `on_full` the
-/// host's keys. Every other key is a plugin option.
+/// Keys of a plugin table that override a cadence; with the keys below the host's
+/// keys. Every other key is a plugin option.
 const CADENCE_KEYS: &[&str] = &["every", "every_secs", "first_step", "at_eval", "at_checkpoint", "at_end"];
-/// The host's keys of a plugin table besides the cadence keys.
-const OTHER_HOST_KEYS: &[&str] = &["queue", "on_full", "finish_timeout_s", "hook_warn_s"];
+/// The host's keys of any plugin's table besides the cadence keys.
+const OTHER_HOST_KEYS: &[&str] = &["hook_warn_s", "critical"];
+/// The host's keys of a worker plugin's table only: its queue and its drain at the end.
+const WORKER_KEYS: &[&str] = &["queue", "on_full", "finish_timeout_s"];
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
@@ -69,8 +71,10 @@ pub struct PluginSettings {
     pub on_full: OnFull,
     /// Seconds a worker plugin gets to drain its queue at the end.
     pub finish_timeout_s: f64,
-    /// Seconds an inline plugin's hook may run before a watchdog warns.
+    /// Seconds a plugin's call may run before a watchdog warns (a stall).
     pub hook_warn_s: f64,
+    /// A failure of the plugin (error, panic, a stall, abandonment at the end) fails the run.
+    pub critical: bool,
     /// The remaining keys, for the plugin.
     pub options: serde_json::Value,
 }
@@ -80,7 +84,16 @@ impl PluginSettings {
     /// `[plugins.x.<attachment>]` tables are recognised as cadences, not options.
     /// `scheduled_primary`: whether the plugin's first attachment has a cadence for
     /// the table's cadence keys to override; when it has none, they are options.
-    pub fn parse(plugin: &str, table: &toml::Table, attachments: &[&str], scheduled_primary: bool) -> Result<PluginSettings, ConfigError> {
+    /// `worker`: whether the plugin runs on its own thread; an inline plugin's table
+    /// refuses the worker keys (`queue`, `on_full`, `finish_timeout_s`), which would
+    /// otherwise be accepted and mean nothing.
+    pub fn parse(
+        plugin: &str,
+        table: &toml::Table,
+        attachments: &[&str],
+        scheduled_primary: bool,
+        worker: bool,
+    ) -> Result<PluginSettings, ConfigError> {
         let source = format!("[plugins.{plugin}]");
         let empty = toml::Table::new();
         let mut settings = PluginSettings {
@@ -90,6 +103,7 @@ impl PluginSettings {
             on_full: OnFull::default(),
             finish_timeout_s: 30.0,
             hook_warn_s: 60.0,
+            critical: false,
             options: serde_json::Value::Object(Default::default()),
         };
         let mut options = serde_json::Map::new();
@@ -98,6 +112,12 @@ impl PluginSettings {
             let err = |message: String| ConfigError { origin: source.clone(), key: path.clone(), message };
             match key.as_str() {
                 k if CADENCE_KEYS.contains(&k) && scheduled_primary => {}
+                k if WORKER_KEYS.contains(&k) && !worker => {
+                    return Err(err(format!(
+                    "applies to worker plugins only: `{plugin}` runs inline, on the training thread, with no queue and nothing to drain at the end"
+                )))
+                }
+                "critical" => settings.critical = value.as_bool().ok_or_else(|| err("must be true or false".into()))?,
                 "queue" => settings.queue = value.as_integer().filter(|q| *q >= 1).ok_or_else(|| err("must be an integer >= 1".into()))? as usize,
                 "on_full" => settings.on_full = value.clone().try_into().map_err(|_| err("must be \"drop_oldest\" or \"block\"".into()))?,
                 "finish_timeout_s" | "hook_warn_s" => {
@@ -139,7 +159,7 @@ impl PluginSettings {
 /// and the plugin does not: where the offending key was set (`(in configs/a.toml)`),
 /// and, for an unknown key, the host's keys and the plugin's attachments it may have
 /// meant (`evry` for `every`, `grad` for the attachment `grads`).
-pub fn explain_option_error(plugin: &str, error: &str, attachments: &[&str], scheduled_primary: bool, origins: &KeyOrigins) -> String {
+pub fn explain_option_error(plugin: &str, error: &str, attachments: &[&str], scheduled_primary: bool, worker: bool, origins: &KeyOrigins) -> String {
     let table = format!("plugins.{plugin}");
     let unknown = error.split("unknown field `").nth(1).and_then(|rest| rest.split('`').next());
     // The key the error is about: the unknown field, or the longest key path it names.
@@ -152,7 +172,8 @@ pub fn explain_option_error(plugin: &str, error: &str, attachments: &[&str], sch
     }
     if let Some(field) = unknown {
         let cadence = if scheduled_primary { CADENCE_KEYS } else { &[] };
-        let host: Vec<&str> = cadence.iter().chain(OTHER_HOST_KEYS).copied().collect();
+        let worker_keys = if worker { WORKER_KEYS } else { &[] };
+        let host: Vec<&str> = cadence.iter().chain(worker_keys).chain(OTHER_HOST_KEYS).copied().collect();
         match closest(field, host.iter().chain(attachments).copied()) {
             Some(k) if attachments.contains(&k) => message += &format!("; did you mean `{k}`, the plugin's attachment ([{table}.{k}])?"),
             Some(k) => message += &format!("; did you mean `{k}`, a key of the host?"),
@@ -176,7 +197,13 @@ pub fn check_tables_claimed(tables: &BTreeMap<String, toml::Table>, claimed: &[&
             tracing::debug!("[plugins.{table}] is not used: the plugin {table} is installed but not loaded in this run");
             continue;
         }
-        let loaded: Vec<&str> = claimed.iter().copied().filter(|c| !c.contains('/') && !c.ends_with(".so")).collect();
+        // A plugin requested by name is claimed by its name twice (request and descriptor).
+        let mut loaded: Vec<&str> = Vec::new();
+        for name in claimed.iter().copied().filter(|c| !c.contains('/') && !c.ends_with(".so")) {
+            if !loaded.contains(&name) {
+                loaded.push(name);
+            }
+        }
         let mut names: Vec<&str> = loaded.iter().copied().chain(installed.iter().map(String::as_str)).collect();
         names.sort();
         names.dedup();
@@ -228,7 +255,7 @@ mod tests {
     fn a_refused_option_is_explained_with_its_file_and_the_key_meant() {
         let set = [("plugins.g.evry", "a.toml"), ("plugins.g.grad.every", "b.toml"), ("plugins.g.limit", "a.toml")];
         let origins = KeyOrigins::new(set.map(|(k, v)| (k.to_string(), v.to_string())).into());
-        let explain = |error: &str, scheduled: bool| explain_option_error("g", error, &["grads"], scheduled, &origins);
+        let explain = |error: &str, scheduled: bool| explain_option_error("g", error, &["grads"], scheduled, true, &origins);
         let e = explain("invalid options: plugins.g.evry: unknown field `evry`, expected `limit`", true);
         assert!(
             e.starts_with(
@@ -236,7 +263,10 @@ mod tests {
             ),
             "{e}"
         );
-        assert!(e.ends_with("[plugins.g] takes the host's keys every, every_secs, first_step, at_eval, at_checkpoint, at_end, queue, on_full, finish_timeout_s, hook_warn_s, a table per attachment of the plugin (grads), and the plugin's own options"), "{e}");
+        assert!(e.ends_with("[plugins.g] takes the host's keys every, every_secs, first_step, at_eval, at_checkpoint, at_end, queue, on_full, finish_timeout_s, hook_warn_s, critical, a table per attachment of the plugin (grads), and the plugin's own options"), "{e}");
+        // An inline plugin's table has no worker keys to offer.
+        let e = explain_option_error("g", "unknown field `qeue`", &[], true, false, &origins);
+        assert!(e.ends_with("takes the host's keys every, every_secs, first_step, at_eval, at_checkpoint, at_end, hook_warn_s, critical, and the plugin's own options"), "{e}");
         let e = explain("unknown field `grad`, expected `limit`", true);
         assert!(e.contains("(in b.toml); did you mean `grads`, the plugin's attachment ([plugins.g.grads])?"), "{e}");
         // Without a scheduled first attachment the cadence keys are the plugin's options.
@@ -250,14 +280,15 @@ mod tests {
 
     #[test]
     fn a_table_of_no_installed_plugin_is_refused_naming_the_closest_one() {
-        let claimed = ["jsonl", "gradwatch", "./target/release/libptrain_plugin_gradwatch.so"];
+        // As the loader claims them: each plugin's name, then what it was requested as.
+        let claimed = ["jsonl", "jsonl", "gradwatch", "./target/release/libptrain_plugin_gradwatch.so"];
         let installed = ["jsonl".to_string(), "checkpoint".to_string()];
         assert!(check_tables_claimed(&tables(&["jsonl", "gradwatch"]), &claimed, &installed).is_ok());
         // Installed, not loaded this time: kept for a run that loads it.
         assert!(check_tables_claimed(&tables(&["checkpoint"]), &claimed, &installed).is_ok());
         let e = check_tables_claimed(&tables(&["gradwach"]), &claimed, &installed).unwrap_err().to_string();
         assert!(e.starts_with("plugin gradwach: [plugins.gradwach] configures a plugin that is neither loaded nor installed"), "{e}");
-        assert!(e.contains("did you mean `gradwatch`? (loaded: jsonl, gradwatch"), "{e}");
+        assert!(e.contains("did you mean `gradwatch`? (loaded: jsonl, gradwatch;"), "each loaded plugin once: {e}");
         let e = check_tables_claimed(&tables(&["chekpoint"]), &[], &installed).unwrap_err().to_string();
         assert!(e.contains("did you mean `checkpoint`?"), "{e}");
         let e = check_tables_claimed(&tables(&["flops"]), &[], &[]).unwrap_err().to_string();

@@ -141,21 +141,30 @@ fn instruction_reading_keys_need_instruction_data_and_a_glob_need_not_exist_yet(
 #[test]
 fn plugin_tables_split_host_keys_from_options() {
     let table: toml::Table = toml::from_str("every = 20\nqueue = 8\non_full = \"block\"\nproject = \"p\"\n[histograms]\nevery = 0\n").unwrap();
-    let s = PluginSettings::parse("tensorboard", &table, &["scalars", "histograms"], true).unwrap();
+    let s = PluginSettings::parse("tensorboard", &table, &["scalars", "histograms"], true, true).unwrap();
     assert_eq!(s.primary.every, Some(20));
     assert_eq!((s.queue, s.on_full), (8, OnFull::Block));
     assert_eq!(s.attachments["histograms"].every, Some(0));
     assert_eq!(s.options, serde_json::json!({"project": "p"}));
 
     let bad: toml::Table = toml::from_str("[histograms]\nevry = 3\n").unwrap();
-    let e = PluginSettings::parse("tensorboard", &bad, &["scalars", "histograms"], true).unwrap_err();
+    let e = PluginSettings::parse("tensorboard", &bad, &["scalars", "histograms"], true, true).unwrap_err();
     assert_eq!(e.key, "plugins.tensorboard.histograms.evry");
+
+    // An inline plugin has no queue: its table refuses the worker keys.
+    for key in ["queue = 8", "on_full = \"block\"", "finish_timeout_s = 5"] {
+        let inline: toml::Table = toml::from_str(key).unwrap();
+        let e = PluginSettings::parse("health", &inline, &["grads"], true, false).unwrap_err();
+        assert!(e.key.starts_with("plugins.health.") && e.message.contains("worker plugins only"), "{key}: {e:?}");
+    }
+    let critical: toml::Table = toml::from_str("critical = true").unwrap();
+    assert!(PluginSettings::parse("health", &critical, &["grads"], true, false).unwrap().critical);
 }
 
 #[test]
 fn cadence_keys_are_options_of_a_plugin_without_a_scheduled_primary() {
     let table: toml::Table = toml::from_str("every = 500\nactive = 2\n").unwrap();
-    let s = PluginSettings::parse("trace", &table, &["start", "step_start"], false).unwrap();
+    let s = PluginSettings::parse("trace", &table, &["start", "step_start"], false, false).unwrap();
     assert!(s.primary.is_empty());
     assert_eq!(s.options, serde_json::json!({"every": 500, "active": 2}));
 }

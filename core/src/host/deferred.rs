@@ -10,6 +10,7 @@
 //! process, and a job still running is left to it: nothing joins the thread.
 
 use std::{
+    any::Any,
     collections::{BTreeMap, HashMap},
     panic::{catch_unwind, AssertUnwindSafe},
     sync::{mpsc, Arc, Condvar, Mutex, OnceLock},
@@ -25,6 +26,9 @@ const SLICE: Duration = Duration::from_millis(100);
 struct Job {
     plugin: String,
     job: DeferredBox,
+    /// What the job may call back into (the host's services), kept alive until it has
+    /// run; dropped last.
+    keep_alive: Arc<dyn Any + Send + Sync>,
 }
 
 #[derive(Default)]
@@ -55,8 +59,9 @@ impl Deferred {
         Deferred { queue: OnceLock::new(), shared: Arc::default(), bound }
     }
 
-    /// Queues `job` (called on the training thread: a channel send, no wait).
-    pub fn submit(&self, plugin: &str, job: DeferredBox) {
+    /// Queues `job` (called on the training thread: a channel send, no wait);
+    /// `keep_alive` lives until the job has run.
+    pub fn submit(&self, plugin: &str, job: DeferredBox, keep_alive: Arc<dyn Any + Send + Sync>) {
         {
             let mut state = self.shared.state.lock().expect("deferred lock");
             match state.counts.get_mut(plugin) {
@@ -65,7 +70,7 @@ impl Deferred {
             }
         }
         let queue = self.queue.get_or_init(|| self.start());
-        let job = Job { plugin: plugin.to_string(), job };
+        let job = Job { plugin: plugin.to_string(), job, keep_alive };
         let unsent = match queue {
             Some(queue) => queue.send(job).err().map(|e| e.0),
             None => Some(job),
@@ -143,6 +148,9 @@ fn run(shared: &Shared, mut job: Job) {
         state.failures.push((job.plugin, e));
     }
     shared.ran.notify_all();
+    drop(state);
+    // Last: this may drop the services, and with them this thread's queue.
+    drop(job.keep_alive);
 }
 
 #[cfg(test)]

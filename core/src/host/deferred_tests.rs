@@ -7,14 +7,14 @@ use std::{
     time::Duration,
 };
 
-use super::super::{HostServices, Instance, LoadedInfo, PluginHost, RunEndData, Runner};
+use super::super::{watchdog::Watched, HostServices, Instance, LoadedInfo, PluginHost, RunEndData, Runner};
 use crate::{config::KeyOrigins, dist::SingleRank, schedule::Gate};
 
 /// A host with one (not instantiated) plugin `p`, whose jobs the tests defer;
 /// `shutdown`: how long the plugin's own wait may last.
-fn host(shutdown: Duration) -> (PluginHost, &'static HostServices) {
-    let services = HostServices::leak(Arc::new(Gate::new(0)), Arc::new(SingleRank), shutdown);
-    let (mut host, _) = PluginHost::load(&[], &BTreeMap::new(), &KeyOrigins::default(), services, 0).unwrap();
+fn host(shutdown: Duration) -> (PluginHost, Arc<HostServices>) {
+    let services = HostServices::new(Arc::new(Gate::new(0)), Arc::new(SingleRank), shutdown);
+    let (mut host, _) = PluginHost::load(&[], &BTreeMap::new(), &KeyOrigins::default(), services.clone(), 0).unwrap();
     host.instances.push(Instance {
         info: LoadedInfo { name: "p".into(), version: "0".into(), path: "p".into(), threading: "inline" },
         runner: Runner::Absent,
@@ -22,7 +22,8 @@ fn host(shutdown: Duration) -> (PluginHost, &'static HostServices) {
         detached: None,
         declared: 0,
         finish_timeout: Duration::from_secs(60),
-        hook_warn: Duration::from_secs(60),
+        critical: false,
+        watched: Watched::new("p", Duration::from_secs(60), None, None),
     });
     (host, services)
 }
@@ -87,4 +88,24 @@ fn a_failing_or_panicking_job_is_the_plugins_failure_and_the_thread_goes_on() {
     assert!(errors[0].3.contains("boom") && errors[1].3 == "disk full", "{errors:?}");
     assert!(errors.iter().all(|e| e.0 == "p" && e.1 == "deferred" && e.2 == 7), "{errors:?}");
     assert!(host.abandoned().is_empty());
+}
+
+#[test]
+fn the_services_go_with_the_last_holder_a_job_still_to_run_included() {
+    let (host, services) = host(Duration::from_secs(60));
+    let gone = Arc::downgrade(&services);
+    let (release, hold) = mpsc::channel::<()>();
+    services.api().defer("p", move || {
+        let _ = hold.recv();
+        Ok(())
+    });
+    drop((host, services));
+    assert!(gone.upgrade().is_some(), "the job still to run keeps the services it may call");
+    drop(release);
+    // The job returns at once now; the services go with it, on the deferred thread.
+    let start = std::time::Instant::now();
+    while gone.upgrade().is_some() {
+        assert!(start.elapsed() < Duration::from_secs(60), "the services outlived their last holder: leaked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

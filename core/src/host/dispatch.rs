@@ -12,7 +12,7 @@ use ptrain_plugin_api::{Metric, NamedBlob, Needs};
 use super::{
     event::{call, Event, Reply},
     worker::Drain,
-    Failure, PluginHost, RunEndData, Runner,
+    Failure, PluginHost, RunEndData, Runner, StopRequest,
 };
 use crate::schedule::Due;
 
@@ -80,13 +80,9 @@ impl PluginHost {
         let result = match &mut instance.runner {
             Runner::Inline(plugin) => {
                 let before = self.outbox.len();
-                if let Some(w) = &self.watchdog {
-                    w.begin(index, event.name(), event.step(), instance.hook_warn);
-                }
+                instance.watched.begin(event.name(), event.step());
                 let result = call(plugin, event, needs, &mut self.outbox);
-                if let Some(w) = &self.watchdog {
-                    w.end();
-                }
+                instance.watched.end();
                 if result.is_err() {
                     self.outbox.truncate(before);
                 }
@@ -119,6 +115,10 @@ impl PluginHost {
     fn record_failure(&mut self, index: usize, hook: &str, step: u64, error: String) {
         let instance = &mut self.instances[index];
         instance.failed = true;
+        if instance.critical {
+            let what = format!("failed in {hook} at step {step}: {error}");
+            self.services.request_stop(StopRequest::critical(&instance.info.name, what));
+        }
         self.failures.push(Failure { plugin: instance.info.name.clone(), hook: hook.into(), step, error });
         self.departed.push(index);
     }
@@ -180,7 +180,10 @@ impl PluginHost {
         for instance in &self.instances {
             if let Runner::Worker(w) = &instance.runner {
                 w.close();
-                waiting.push(instance.info.name.as_str());
+                // A disabled worker only drains its queue, calling nothing: not waited on.
+                if !instance.failed {
+                    waiting.push(instance.info.name.as_str());
+                }
             }
         }
         if !waiting.is_empty() {

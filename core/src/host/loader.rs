@@ -92,8 +92,11 @@ fn compatible_range(ours: VersionNumber) -> String {
     }
 }
 
-/// The first difference abi_stable found, from its report (which lists both layouts
-/// in full, then each difference with the field path that leads to it).
+/// The first difference abi_stable found, in the innermost type that holds it, with
+/// the fields that lead there from the root module. The report compares the types
+/// level by level, each level opening with `N error(s)` and the fields walked so far,
+/// then the layouts compared (`Layout of expected type:`); the differences
+/// (`Error:`) follow the level that holds them, the last one before them.
 fn layout_difference(report: &str) -> String {
     tracing::debug!("abi_stable's layout report:\n{report}");
     let lines: Vec<&str> = report.lines().map(str::trim).collect();
@@ -103,10 +106,17 @@ fn layout_difference(report: &str) -> String {
     let what = lines[at].trim_start_matches("Error:").trim();
     let values = lines[at + 1..].iter().take_while(|l| !l.is_empty() && !l.starts_with("Error:")).copied().collect::<Vec<_>>().join(" ");
     let values = values.replace("Expected:", "expected").replace(" Found:", ", found");
-    let in_type = lines.iter().position(|l| *l == "Layout of expected type:").and_then(|i| lines[i..].iter().find_map(|l| l.strip_prefix("type:")));
-    let mut difference = match in_type {
-        Some(ty) => format!("{what} in `{ty}`: {values}"),
-        None => format!("{what}: {values}"),
+    let level = lines[..at].iter().rposition(|l| l.contains(" error(s)")).map_or(&lines[..0], |start| &lines[start..at]);
+    let layout = level.iter().position(|l| *l == "Layout of expected type:").unwrap_or(level.len());
+    let in_type = level[layout..].iter().find_map(|l| l.strip_prefix("type:")).map(type_name);
+    // The fields walked, less abi_stable's own plumbing (a trait object's vtable, a
+    // reference's pointee, a function's parameters and result).
+    let plumbing = |f: &str| f.parse::<u32>().is_ok() || f.starts_with("param_") || f.starts_with('_') || ["field_0", "obj", "vtable"].contains(&f);
+    let path: Vec<&str> = level[..layout].iter().filter_map(|l| l.strip_prefix("field_name:")).filter(|f| !plumbing(f)).collect();
+    let mut difference = match (in_type, path.is_empty()) {
+        (Some(ty), true) => format!("{what} in `{ty}`: {values}"),
+        (Some(ty), false) => format!("{what} in `{ty}`, reached through {}: {values}", path.join(" -> ")),
+        (None, _) => format!("{what}: {values}"),
     };
     if difference.len() > 300 {
         let cut = (0..=300).rev().find(|&i| difference.is_char_boundary(i)).unwrap_or(0);
@@ -114,6 +124,13 @@ fn layout_difference(report: &str) -> String {
         difference.push_str("...");
     }
     difference
+}
+
+/// `RunEnd` for abi_stable's `RunEnd<'a>`, `&'a  RunEnd<'a> ` or `PrefixRef<'a, PluginMod>`.
+fn type_name(layout_type: &str) -> String {
+    let t = layout_type.trim().trim_start_matches('&').trim_start_matches("'a").trim();
+    let t = t.strip_prefix("PrefixRef<'a, ").map_or(t, |inner| inner.trim_end_matches('>'));
+    t.split('<').next().unwrap_or(t).trim().to_string()
 }
 
 fn first_line(text: impl ToString) -> String {
@@ -141,14 +158,16 @@ pub fn load(path: &Path) -> Result<PluginLibrary, Error> {
     }
     // The version first, so that a plugin of another version is refused for that,
     // whether or not its types changed (abi_stable lets a newer 0.x minor version
-    // through to the layout check, which would then blame the types).
+    // through to the layout check, which would then blame the types). The rule: the
+    // same 0.minor, any patch (plugin-api's Cargo.toml says when each is bumped).
     let built = header.version_strings();
     let ours = VersionNumber::new(VersionStrings::new(API_VERSION)).expect("plugin-api's own version parses");
     let theirs = VersionNumber::new(built).map_err(|e| refuse(format!("not a ptrain plugin: unreadable plugin-api version: {e}")))?;
     if !ours.is_loosely_compatible(theirs) {
         return Err(refuse(format!(
             "built against ptrain-plugin-api {theirs}, but this ptrain uses ptrain-plugin-api {API_VERSION} and loads only plugins built \
-             against {}: the versions are incompatible; rebuild the plugin against ptrain-plugin-api {API_VERSION}",
+             against {}: the versions are incompatible (each minor release changes types the host and plugins share); rebuild the \
+             plugin against ptrain-plugin-api {API_VERSION}",
             compatible_range(ours)
         )));
     }
@@ -191,4 +210,63 @@ pub(super) fn claim_tables(
     let claimed: Vec<&str> = libraries.iter().flat_map(|(request, lib, _)| [lib.descriptor.name.as_str(), request.as_str()]).collect();
     let installed: Vec<String> = available().into_iter().map(|(name, _)| name).collect();
     crate::config::check_tables_claimed(tables, &claimed, &installed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layout_difference;
+
+    /// abi_stable's report of a plugin whose `RunEnd` has one more field, cut to its
+    /// structure: two levels without differences, then the one that holds them.
+    const REPORT: &str = "Compared <this>:
+    --- Type Layout ---
+    type:PrefixRef<'a, PluginMod>
+0 error(s).
+0 error(s)inside:
+    <other>
+    field_name:0
+    type:PluginMod
+Layout of expected type:
+    --- Type Layout ---
+    type:PluginMod
+5 error(s)inside:
+    <other>
+    field_name:0
+    type:PluginMod
+    field_name:create
+    type:AFunctionPointer
+    field_name:__returns
+    field_name:field_0
+    field_name:obj
+    field_name:vtable
+    field_name:0
+    type:VTable
+    field_name:on_run_end
+    field_name:param_1
+    type:&'a  RunEnd<'a>
+    field_name:0
+    type:RunEnd<'a>
+Layout of expected type:
+    --- Type Layout ---
+    type:RunEnd<'a>
+    size:40 align:8
+Layout of found type:
+    --- Type Layout ---
+    type:RunEnd<'a>
+    size:48 align:8
+
+Error:incompatible type size
+Expected:
+    40
+Found:
+    48
+
+Error:too many fields
+";
+
+    #[test]
+    fn a_layout_difference_names_the_innermost_type_and_the_way_there() {
+        assert_eq!(layout_difference(REPORT), "incompatible type size in `RunEnd`, reached through create -> on_run_end: expected 40, found 48");
+        assert_eq!(layout_difference("no errors here"), "PTRAIN_LOG=debug shows abi_stable's report");
+    }
 }

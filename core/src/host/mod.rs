@@ -27,7 +27,7 @@ mod services;
 mod watchdog;
 mod worker;
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use ptrain_plugin_api::{Hook, Outbox, PluginBox, StepWindows, Threading};
 use serde::Serialize;
@@ -39,7 +39,12 @@ pub use queue::{BoundedQueue, QueueItem};
 pub use run_data::{RunData, RunEndData};
 pub use services::{HostServices, StopRequest};
 
-use self::{watchdog::Watchdog, worker::Worker};
+pub use watchdog::{Running, Stall};
+
+use self::{
+    watchdog::{Watchdog, Watched},
+    worker::Worker,
+};
 use crate::{
     config::{explain_option_error, KeyOrigins, PluginSettings},
     error::{Error, Result},
@@ -80,8 +85,10 @@ struct Instance {
     declared: u32,
     /// `finish_timeout_s`: how long a worker may drain at the end.
     finish_timeout: Duration,
-    /// `hook_warn_s`: how long an inline hook may run before the watchdog warns.
-    hook_warn: Duration,
+    /// `critical`: its failure, stall or abandonment fails the run.
+    critical: bool,
+    /// Its calls in progress and its stalls (`hook_warn_s`), for the watchdog.
+    watched: Arc<Watched>,
 }
 
 impl Instance {
@@ -101,9 +108,10 @@ pub struct PluginHost {
     /// Workers given up on at the end, with how many events they never handled,
     /// and plugins whose deferred jobs had not all run by then, with how many.
     abandoned: BTreeMap<String, u64>,
-    /// Warns while an inline plugin's hook runs too long; only with inline plugins.
+    /// Warns while a plugin's call runs too long; only with plugins that run here.
     watchdog: Option<Watchdog>,
-    services: &'static HostServices,
+    /// Last: dropped after the plugins, which may call it until they are.
+    services: Arc<HostServices>,
 }
 
 impl PluginHost {
@@ -114,7 +122,7 @@ impl PluginHost {
         requests: &[String],
         tables: &BTreeMap<String, toml::Table>,
         origins: &KeyOrigins,
-        services: &'static HostServices,
+        services: Arc<HostServices>,
         rank: u32,
     ) -> Result<(PluginHost, Vec<SlotSpec>)> {
         let mut host = PluginHost {
@@ -124,7 +132,7 @@ impl PluginHost {
             departed: Vec::new(),
             abandoned: BTreeMap::new(),
             watchdog: None,
-            services,
+            services: services.clone(),
         };
         let mut slots = Vec::new();
         // Every library is checked, and every table claimed, before any plugin is created.
@@ -148,10 +156,11 @@ impl PluginHost {
             // A plugin whose first attachment has no cadence (run start) takes the
             // cadence keys of its table as its own options (the trace's `every`).
             let primary = d.attachments.first().filter(|a| a.hook.is_scheduled()).map(|a| a.cadence);
-            let settings = PluginSettings::parse(&name, table, &names, primary.is_some()).map_err(|e| origins.locate(e))?;
+            let worker = d.threading == Threading::Worker;
+            let settings = PluginSettings::parse(&name, table, &names, primary.is_some(), worker).map_err(|e| origins.locate(e))?;
             let refused = |e: abi_stable::std_types::RString| Error::Plugin {
                 name: name.clone(),
-                message: explain_option_error(&name, e.as_str(), &names, primary.is_some(), origins),
+                message: explain_option_error(&name, e.as_str(), &names, primary.is_some(), worker, origins),
             };
             let index = host.instances.len();
             let mut declared = 0;
@@ -187,6 +196,10 @@ impl PluginHost {
                 slots.push(SlotSpec { owner: Owner::Plugin(index), hook: a.hook, cadence, needs: a.needs, windows: StepWindows::NONE });
             }
             let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
+            let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
+            // A critical plugin's stall fails the run (it may never return).
+            let critical = settings.critical.then(|| services.clone());
+            let mut watched = Watched::new(&name, hook_warn, None, critical.clone());
             let runner = if runs_here {
                 let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
                 let windows = plugin.step_windows().into_result().map_err(refused)?;
@@ -199,7 +212,12 @@ impl PluginHost {
                 }
                 match d.threading {
                     Threading::Inline => Runner::Inline(plugin),
-                    Threading::Worker => Runner::Worker(Worker::spawn(&name, plugin, settings.queue, settings.on_full, timer)),
+                    Threading::Worker => {
+                        let queue = Arc::new(BoundedQueue::new(settings.queue, settings.on_full));
+                        let waiting = queue.clone();
+                        watched = Watched::new(&name, hook_warn, Some(Box::new(move || waiting.len())), critical);
+                        Runner::Worker(Worker::spawn(&name, plugin, queue, timer, watched.clone(), services.clone()))
+                    }
                 }
             } else {
                 Runner::Absent
@@ -216,13 +234,12 @@ impl PluginHost {
                 detached: None,
                 declared,
                 finish_timeout: Duration::from_secs_f64(settings.finish_timeout_s),
-                hook_warn: Duration::from_secs_f64(settings.hook_warn_s),
+                critical: settings.critical,
+                watched,
             });
         }
-        let inline = host.instances.iter().filter(|i| matches!(i.runner, Runner::Inline(_)));
-        if let Some(shortest) = inline.map(|i| i.hook_warn).min() {
-            host.watchdog = Some(Watchdog::start(host.instances.iter().map(|i| i.info.name.clone()).collect(), shortest));
-        }
+        let here = host.instances.iter().filter(|i| !matches!(i.runner, Runner::Absent));
+        host.watchdog = Watchdog::start(here.map(|i| i.watched.clone()).collect());
         Ok((host, slots))
     }
 
@@ -237,6 +254,18 @@ impl PluginHost {
     /// Whether a checkpoint handed over now would reach a plugin that writes it.
     pub fn has_checkpointer(&self) -> bool {
         self.instances.iter().any(|i| i.declares(Hook::Checkpoint) && !i.failed && i.detached.is_none() && !matches!(i.runner, Runner::Absent))
+    }
+
+    /// Each plugin's calls that ran longer than its `hook_warn_s` (those still running
+    /// included): the longest, and how many.
+    pub fn stalls(&self) -> BTreeMap<String, Stall> {
+        self.instances.iter().filter_map(|i| Some((i.info.name.clone(), i.watched.stall()?))).collect()
+    }
+
+    /// Whether a critical plugin failed or was abandoned at the end: the run fails
+    /// (one that stopped already stopped as failed, `StopRequest::failure`).
+    pub fn critical_lost(&self) -> bool {
+        self.instances.iter().any(|i| i.critical && (i.failed || self.abandoned.contains_key(&i.info.name)))
     }
 
     /// Workers abandoned at the end, with how many events each never handled, and

@@ -2,7 +2,7 @@
 //! borrowed stable-ABI views built from them for each call.
 
 use abi_stable::std_types::{RSlice, RStr};
-use ptrain_plugin_api::{DeviceInfo, DeviceKind, LayerSpec, ModelInfo, RunEnd, RunInfo, Scalar, Task};
+use ptrain_plugin_api::{DebugFaults, DeviceInfo, DeviceKind, LayerSpec, ModelInfo, RunEnd, RunInfo, Scalar, Task};
 
 use crate::model::Layer;
 
@@ -29,6 +29,8 @@ pub struct RunData {
     pub accum_steps: u64,
     pub precision: String,
     pub start_time: f64,
+    pub collective_timeout_s: f64,
+    pub debug: DebugFaults,
 }
 
 impl RunData {
@@ -75,6 +77,8 @@ impl RunData {
             accum_steps: self.accum_steps,
             precision: RStr::from_str(&self.precision),
             start_time: self.start_time,
+            collective_timeout_s: self.collective_timeout_s,
+            debug: self.debug,
         };
         f(&info)
     }

@@ -1,6 +1,11 @@
 //! What plugins can ask of the host through [`HostApi`]: logging, stopping the run,
-//! leaving the schedule, collectives and deferred work (`deferred.rs`). The context is a leaked `'static` object, since plugins may keep
-//! their `HostApi` for as long as they live.
+//! leaving the schedule, collectives and deferred work (`deferred.rs`).
+//!
+//! The run owns its services through an `Arc`, and so does everything that may still
+//! call a plugin (and so its `HostApi`) after the run let go: the plugin host (its
+//! inline plugins), each worker plugin's thread (abandoned ones included), and each
+//! deferred job until it has run. The services are dropped with the last of them,
+//! not leaked once per run.
 
 use std::{
     sync::{
@@ -24,6 +29,9 @@ pub struct StopRequest {
     pub reason: String,
     /// Asked through `HostApi::request_failure_stop`: the run ends as a failure.
     pub failure: bool,
+    /// Not asked by the plugin: the host ends the run (as a failure) because this
+    /// plugin, set `critical`, failed, stalled or was abandoned (`reason` says which).
+    pub critical: bool,
 }
 
 impl StopRequest {
@@ -33,7 +41,13 @@ impl StopRequest {
             Some(rest) => (rest, true),
             None => (reason, false),
         };
-        StopRequest { plugin: plugin.to_string(), reason: reason.to_string(), failure }
+        StopRequest { plugin: plugin.to_string(), reason: reason.to_string(), failure, critical: false }
+    }
+
+    /// The host's stop of a failed run for critical plugin `plugin`; `what` went wrong
+    /// ("failed in step_end at step 3: ...").
+    pub fn critical(plugin: &str, what: String) -> StopRequest {
+        StopRequest { plugin: plugin.to_string(), reason: what, failure: true, critical: true }
     }
 }
 
@@ -41,6 +55,8 @@ impl std::fmt::Display for StopRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.plugin.is_empty() {
             f.write_str(&self.reason)
+        } else if self.critical {
+            write!(f, "critical plugin `{}` {}", self.plugin, self.reason)
         } else {
             write!(f, "plugin `{}` asked to stop: {}", self.plugin, self.reason)
         }
@@ -62,8 +78,8 @@ pub struct HostServices {
 
 impl HostServices {
     /// `shutdown`: how long a plugin's `wait_deferred` may wait (`run.shutdown_timeout_s`).
-    pub fn leak(gate: Arc<Gate>, collectives: Arc<dyn Collectives>, shutdown: Duration) -> &'static HostServices {
-        Box::leak(Box::new(HostServices {
+    pub fn new(gate: Arc<Gate>, collectives: Arc<dyn Collectives>, shutdown: Duration) -> Arc<HostServices> {
+        Arc::new(HostServices {
             gate,
             stop: AtomicBool::new(false),
             stop_request: Mutex::new(None),
@@ -71,7 +87,7 @@ impl HostServices {
             detach_requests: Mutex::new(Vec::new()),
             detach_pending: AtomicBool::new(false),
             deferred: Deferred::new(shutdown),
-        }))
+        })
     }
 
     pub fn request_stop(&self, request: StopRequest) {
@@ -109,14 +125,28 @@ impl HostServices {
         std::mem::take(&mut *self.detach_requests.lock().expect("detach lock"))
     }
 
-    pub fn api(&'static self) -> HostApi {
-        HostApi { ctx: self as *const HostServices as *const (), log, request_stop, all_reduce_sum, broadcast, detach, defer, wait_deferred }
+    /// The function table handed to a plugin. Its context is this object, which the
+    /// caller keeps alive for as long as the plugin may call it (see the module doc).
+    pub fn api(self: &Arc<Self>) -> HostApi {
+        HostApi { ctx: Arc::as_ptr(self) as *const (), log, request_stop, all_reduce_sum, broadcast, detach, defer, wait_deferred }
     }
 }
 
-fn services(ctx: *const ()) -> &'static HostServices {
-    // SAFETY: ctx is always the leaked HostServices that built this HostApi.
+fn services<'a>(ctx: *const ()) -> &'a HostServices {
+    // SAFETY: ctx is the `Arc<HostServices>` that built this HostApi (`HostServices::api`),
+    // alive while a plugin can call it: whoever calls a plugin holds a strong reference.
     unsafe { &*(ctx as *const HostServices) }
+}
+
+/// One more strong reference to the services behind `ctx`, for a job that outlives the call.
+fn services_arc(ctx: *const ()) -> Arc<HostServices> {
+    let ptr = ctx as *const HostServices;
+    // SAFETY: as in `services`: `ptr` came from `Arc::as_ptr` of an `Arc` that is alive
+    // during this call, so its count may be raised and a new `Arc` made from it.
+    unsafe {
+        Arc::increment_strong_count(ptr);
+        Arc::from_raw(ptr)
+    }
 }
 
 extern "C" fn log(_ctx: *const (), level: LogLevel, plugin: RStr<'_>, message: RStr<'_>) {
@@ -137,7 +167,9 @@ extern "C" fn detach(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
 }
 
 extern "C" fn defer(ctx: *const (), plugin: RStr<'_>, job: DeferredBox) {
-    services(ctx).deferred.submit(plugin.as_str(), job);
+    // The job may call its HostApi: it keeps the services alive until it has run.
+    let host = services_arc(ctx);
+    host.deferred.submit(plugin.as_str(), job, host.clone());
 }
 
 extern "C" fn wait_deferred(ctx: *const (), plugin: RStr<'_>) -> bool {

@@ -1,8 +1,13 @@
-//! The inline-plugin watchdog. The training thread cannot be preempted while an
-//! inline plugin's hook runs, but the user must be told what it is waiting on: a
-//! thread looks at the call in progress every quarter of the shortest
-//! `hook_warn_s`, and warns when one has run longer than its plugin's
-//! `hook_warn_s`, again at most every minute while it goes on.
+//! The plugin watchdog. A plugin's call cannot be preempted, but the user must be
+//! told what the run waits on: one thread looks at every plugin's call in progress
+//! (inline plugins' on the training thread, worker plugins' on their own) every
+//! quarter of the shortest `hook_warn_s`, and warns when one has run longer than its
+//! plugin's `hook_warn_s`, again at most every minute while it goes on. An inline
+//! call holds training; a worker's holds its queue (training goes on, metrics may be
+//! dropped, and the end of the run waits for it at most `finish_timeout_s`).
+//!
+//! Each call that ran longer than `hook_warn_s` is a stall, kept per plugin (the
+//! longest, and how many) for `summary.json`'s `plugin_stalls`.
 
 use std::{
     sync::{
@@ -13,22 +18,139 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde::Serialize;
+
+use super::{HostServices, StopRequest};
+
 /// How often a warning about the same call is repeated.
 const REPEAT: Duration = Duration::from_secs(60);
 
+/// A call in progress.
 struct Call {
-    /// Index into the plugin names.
-    plugin: usize,
     hook: &'static str,
     step: u64,
     started: Instant,
-    warn_after: Duration,
     warned_at: Option<Instant>,
 }
 
-struct Shared {
-    names: Vec<String>,
+/// A plugin's calls that ran longer than its `hook_warn_s`: the longest, and how many.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Stall {
+    pub hook: &'static str,
+    pub step: u64,
+    pub seconds: f64,
+    pub count: u64,
+}
+
+/// A call in progress, as the signal handler and the summary of a forced exit tell it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Running {
+    pub plugin: String,
+    pub hook: &'static str,
+    pub step: u64,
+    pub seconds: f64,
+}
+
+/// One plugin, watched: its call in progress and its stalls. The thread that calls
+/// the plugin marks each call (`begin`, `end`): a lock and a clock read, no allocation.
+pub struct Watched {
+    pub name: String,
+    /// `hook_warn_s`.
+    warn_after: Duration,
+    /// A worker's queue length, for the warning (`None`: an inline plugin, whose
+    /// calls hold training).
+    queued: Option<Box<dyn Fn() -> usize + Send + Sync>>,
+    /// A critical plugin's: where its first stall ends the run (as a failure).
+    critical: Option<Arc<HostServices>>,
     call: Mutex<Option<Call>>,
+    stall: Mutex<Option<Stall>>,
+}
+
+impl Watched {
+    pub fn new(
+        name: &str,
+        warn_after: Duration,
+        queued: Option<Box<dyn Fn() -> usize + Send + Sync>>,
+        critical: Option<Arc<HostServices>>,
+    ) -> Arc<Watched> {
+        Arc::new(Watched { name: name.to_string(), warn_after, queued, critical, call: Mutex::new(None), stall: Mutex::new(None) })
+    }
+
+    pub fn begin(&self, hook: &'static str, step: u64) {
+        *self.call.lock().expect("watchdog lock") = Some(Call { hook, step, started: Instant::now(), warned_at: None });
+    }
+
+    pub fn end(&self) {
+        let Some(call) = self.call.lock().expect("watchdog lock").take() else { return };
+        let ran = call.started.elapsed();
+        if ran >= self.warn_after {
+            let mut stall = self.stall.lock().expect("watchdog lock");
+            let count = stall.as_ref().map_or(0, |s| s.count) + 1;
+            let longest = stall.as_ref().filter(|s| s.seconds >= ran.as_secs_f64()).cloned();
+            *stall = Some(match longest {
+                Some(s) => Stall { count, ..s },
+                None => Stall { hook: call.hook, step: call.step, seconds: ran.as_secs_f64(), count },
+            });
+        }
+    }
+
+    /// The call in progress, if any.
+    pub fn running(&self) -> Option<Running> {
+        let call = self.call.lock().expect("watchdog lock");
+        call.as_ref().map(|c| Running { plugin: self.name.clone(), hook: c.hook, step: c.step, seconds: c.started.elapsed().as_secs_f64() })
+    }
+
+    /// Its stalls, the call in progress counted if it has run past `hook_warn_s`.
+    pub fn stall(&self) -> Option<Stall> {
+        let mut stall = self.stall.lock().expect("watchdog lock").clone();
+        if let Some(now) = self.running().filter(|r| r.seconds >= self.warn_after.as_secs_f64()) {
+            let count = stall.as_ref().map_or(0, |s| s.count) + 1;
+            stall = Some(match stall.filter(|s| s.seconds >= now.seconds) {
+                Some(s) => Stall { count, ..s },
+                None => Stall { hook: now.hook, step: now.step, seconds: now.seconds, count },
+            });
+        }
+        stall
+    }
+
+    fn warn_if_late(&self) {
+        let mut guard = self.call.lock().expect("watchdog lock");
+        let Some(call) = guard.as_mut() else { return };
+        let now = Instant::now();
+        let running = now - call.started;
+        let due = match call.warned_at {
+            None => running >= self.warn_after,
+            Some(last) => now - last >= REPEAT,
+        };
+        if !due {
+            return;
+        }
+        let first = call.warned_at.is_none();
+        call.warned_at = Some(now);
+        let (name, hook, step, secs) = (&self.name, call.hook, call.step, running.as_secs_f64());
+        let setting = format!("plugins.{name}.hook_warn_s = {}", self.warn_after.as_secs_f64());
+        if let Some(services) = self.critical.as_ref().filter(|_| first) {
+            // Training stops at its next step: at once for a worker; for an inline
+            // plugin once its hook returns (the training thread is inside it).
+            tracing::error!("critical plugin `{name}` stalled in {hook} at step {step} ({setting}): the run stops as failed");
+            services.request_stop(StopRequest::critical(
+                name,
+                format!("stalled in {hook} at step {step} for more than {}s", self.warn_after.as_secs_f64()),
+            ));
+        }
+        match &self.queued {
+            None => tracing::warn!("plugin `{name}` has been in {hook} for {secs:.0}s at step {step}: training waits for it ({setting})"),
+            Some(queued) => tracing::warn!(
+                "plugin `{name}` has been in {hook} for {secs:.0}s at step {step}, {} event(s) waiting in its queue: training goes on \
+                 without it, the end of the run waits for it at most plugins.{name}.finish_timeout_s ({setting})",
+                queued()
+            ),
+        }
+    }
+}
+
+struct Shared {
+    plugins: Vec<Arc<Watched>>,
     stop: AtomicBool,
 }
 
@@ -38,10 +160,10 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts the watchdog thread for the plugins `names` (by index); `shortest`
-    /// is the shortest `hook_warn_s`.
-    pub fn start(names: Vec<String>, shortest: Duration) -> Watchdog {
-        let shared = Arc::new(Shared { names, call: Mutex::new(None), stop: AtomicBool::new(false) });
+    /// Starts the watchdog thread for `plugins` (none: no thread).
+    pub fn start(plugins: Vec<Arc<Watched>>) -> Option<Watchdog> {
+        let shortest = plugins.iter().map(|p| p.warn_after).min()?;
+        let shared = Arc::new(Shared { plugins, stop: AtomicBool::new(false) });
         let watched = shared.clone();
         let period = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
         let thread = std::thread::Builder::new()
@@ -49,45 +171,13 @@ impl Watchdog {
             .spawn(move || {
                 while !watched.stop.load(Ordering::Relaxed) {
                     std::thread::park_timeout(period);
-                    if let Some(call) = watched.call.lock().expect("watchdog lock").as_mut() {
-                        warn_if_late(&watched.names[call.plugin], call);
+                    for plugin in &watched.plugins {
+                        plugin.warn_if_late();
                     }
                 }
             })
             .expect("spawn watchdog");
-        Watchdog { shared, thread: Some(thread) }
-    }
-
-    /// Plugin `plugin`'s call begins (the training thread is now inside it).
-    /// Allocates nothing: this is on every inline call.
-    pub fn begin(&self, plugin: usize, hook: &'static str, step: u64, warn_after: Duration) {
-        let call = Call { plugin, hook, step, started: Instant::now(), warn_after, warned_at: None };
-        *self.shared.call.lock().expect("watchdog lock") = Some(call);
-    }
-
-    pub fn end(&self) {
-        *self.shared.call.lock().expect("watchdog lock") = None;
-    }
-}
-
-fn warn_if_late(name: &str, call: &mut Call) {
-    let now = Instant::now();
-    let running = now - call.started;
-    let due = match call.warned_at {
-        None => running >= call.warn_after,
-        Some(last) => now - last >= REPEAT,
-    };
-    if due {
-        tracing::warn!(
-            "plugin `{}` has been in {} for {:.0}s at step {}: training waits for it (plugins.{}.hook_warn_s = {})",
-            name,
-            call.hook,
-            running.as_secs_f64(),
-            call.step,
-            name,
-            call.warn_after.as_secs_f64()
-        );
-        call.warned_at = Some(now);
+        Some(Watchdog { shared, thread: Some(thread) })
     }
 }
 

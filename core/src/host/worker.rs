@@ -21,8 +21,9 @@ use ptrain_plugin_api::{Needs, Outbox, PluginBox, Threading};
 use super::{
     event::{call, Event, Queued, Reply},
     queue::{BoundedQueue, Popped, QueueItem},
+    watchdog::Watched,
+    HostServices,
 };
-use crate::config::OnFull;
 
 impl QueueItem for Queued {
     fn droppable(&self) -> bool {
@@ -120,10 +121,18 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts the thread; `timer`: how often it calls the plugin's `on_timer`
-    /// (see [`timer`]).
-    pub fn spawn(name: &str, plugin: PluginBox, capacity: usize, on_full: OnFull, timer: Option<Duration>) -> Worker {
-        let queue = Arc::new(BoundedQueue::new(capacity, on_full));
+    /// Starts the thread on `queue`; `timer`: how often it calls the plugin's
+    /// `on_timer` (see [`timer`]); `watched`: where it marks each call, for the
+    /// watchdog. The thread keeps `services` alive while it may call the plugin (and
+    /// so the plugin its `HostApi`), even once abandoned.
+    pub fn spawn(
+        name: &str,
+        plugin: PluginBox,
+        queue: Arc<BoundedQueue<Queued>>,
+        timer: Option<Duration>,
+        watched: Arc<Watched>,
+        services: Arc<HostServices>,
+    ) -> Worker {
         let shared = Arc::new(Shared {
             plugin: Mutex::new(plugin),
             failed: AtomicBool::new(false),
@@ -136,12 +145,17 @@ impl Worker {
             exit: Condvar::new(),
         });
         let (q, s, plugin_name) = (queue.clone(), shared.clone(), name.to_string());
+        let w = watched;
         let thread = std::thread::Builder::new()
             .name(format!("ptrain-plugin-{name}"))
             .spawn(move || {
-                run(&plugin_name, &q, &s, timer);
+                run(&plugin_name, &q, &s, &w, timer);
                 *s.exited.lock().expect("exit lock") = true;
                 s.exit.notify_all();
+                // The plugin (in `s`, unless the host still holds it) before the
+                // services it may call while it is dropped.
+                drop((s, q));
+                drop(services);
             })
             .expect("spawn plugin worker");
         Worker { queue, shared, thread: Some(thread) }
@@ -233,7 +247,7 @@ impl Drop for Worker {
     }
 }
 
-fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared, timer: Option<Duration>) {
+fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared, watched: &Watched, timer: Option<Duration>) {
     // Workers never see step hooks, so nothing is ever emitted here.
     let mut unused = Outbox::new();
     // When the next tick is due: from the end of `on_run_start` to `on_run_end`.
@@ -254,7 +268,7 @@ fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared, timer: Option<
                 if shared.abandoned.load(Ordering::SeqCst) {
                     break;
                 }
-                next_tick = handle(name, shared, &Event::Timer { step }, &mut unused).then(|| Instant::now() + timer.unwrap_or_default());
+                next_tick = handle(name, shared, watched, &Event::Timer { step }, &mut unused).then(|| Instant::now() + timer.unwrap_or_default());
                 continue;
             }
         };
@@ -262,7 +276,7 @@ fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared, timer: Option<
             break;
         }
         step = event.step();
-        let ok = handle(name, shared, &event, &mut unused);
+        let ok = handle(name, shared, watched, &event, &mut unused);
         match event {
             Event::RunStart(_) => next_tick = timer.filter(|_| ok).map(|every| Instant::now() + every),
             Event::RunEnd(_) => next_tick = None,
@@ -273,12 +287,14 @@ fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared, timer: Option<
 }
 
 /// Calls the plugin with `event` unless it has failed; false once it has.
-fn handle(name: &str, shared: &Shared, event: &Event<'_>, unused: &mut Outbox) -> bool {
+fn handle(name: &str, shared: &Shared, watched: &Watched, event: &Event<'_>, unused: &mut Outbox) -> bool {
     if shared.failed.load(Ordering::Relaxed) {
         return false;
     }
     shared.busy.store(true, Ordering::SeqCst);
+    watched.begin(event.name(), event.step());
     let result = call(&mut shared.plugin.lock().expect("plugin lock"), event, Needs::NONE, unused);
+    watched.end();
     shared.busy.store(false, Ordering::SeqCst);
     match result {
         Ok(Reply::Summary(summary)) => *shared.summary.lock().expect("summary lock") = Some(summary),

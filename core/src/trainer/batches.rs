@@ -27,6 +27,9 @@ pub(super) struct StepBatches {
     staged: VecDeque<Batch>,
     /// Units counted on this rank, since the start of this part of the run.
     units: u64,
+    /// Units counted on this rank in the current step (0 when the objective counts
+    /// micro-batches): plugins read it as `StepContext::step_trained_tokens`.
+    step_units: u64,
     /// Units counted on several ranks: those of every rank, summed on the device
     /// (read at the end only).
     units_all_ranks: Option<Tensor>,
@@ -34,7 +37,7 @@ pub(super) struct StepBatches {
 
 impl StepBatches {
     pub fn new(loader: Loader, device: Device, accum: u64) -> StepBatches {
-        StepBatches { loader: Some(loader), device, accum, staged: VecDeque::with_capacity(accum as usize), units: 0, units_all_ranks: None }
+        StepBatches { loader: Some(loader), device, accum, staged: VecDeque::with_capacity(accum as usize), units: 0, step_units: 0, units_all_ranks: None }
     }
 
     fn fetch(&mut self) -> Result<Batch> {
@@ -58,6 +61,7 @@ impl StepBatches {
             }
             timer.book(Phase::Data);
             self.units += units;
+            self.step_units = units;
             count = Count::Units(units);
         }
         let (scale, all_ranks) = StepScale::of_step(count, self.accum, dist, self.device)?;
@@ -85,6 +89,11 @@ impl StepBatches {
             Some(all) => all.f_to_device(Device::Cpu).and_then(|t| t.f_double_value(&[])).map_or(0, |v| v as u64),
             None => self.units,
         }
+    }
+
+    /// The units this rank counted in the step staged last.
+    pub fn step_units(&self) -> u64 {
+        self.step_units
     }
 
     /// Stops the loader's threads.

@@ -87,11 +87,14 @@ impl Run {
             Some(signals) => self.host.run_end(end, shutdown, &signals.draining()),
             None => self.host.run_end(end, shutdown, &|| false),
         };
-        // Decided after the plugins' end, which may fail too; the plugins saw how training went.
-        let exit_code = if exit_code == 0 && self.env.config.run.strict_plugins && !self.host.failures().is_empty() {
-            super::EXIT_PLUGIN_FAILED
-        } else {
-            exit_code
+        // Decided after the plugins' end, which may fail too; the plugins saw how training
+        // went. A plugin given up on at the end counts as failed.
+        let plugin_failed = !self.host.failures().is_empty() || !self.host.abandoned().is_empty();
+        let exit_code = match exit_code {
+            // A critical plugin failed or was given up on in its end, after training.
+            0 if self.host.critical_lost() => 1,
+            0 if self.env.config.run.strict_plugins && plugin_failed => super::EXIT_PLUGIN_FAILED,
+            code => code,
         };
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
@@ -153,6 +156,7 @@ impl Run {
             plugin_failures: self.host.failures().to_vec(),
             detached_plugins: self.host.detached(),
             abandoned_plugins: self.host.abandoned().clone(),
+            plugin_stalls: self.host.stalls(),
             queue_drops: self.host.queue_drops(),
             plugins: plugin_summaries,
             parts: Vec::new(),

@@ -37,6 +37,7 @@ pub(super) fn step_context<'a>(
         tokens_seen: tally.tokens_seen,
         step_samples: tally.step_samples,
         step_tokens: tally.step_tokens,
+        step_trained_tokens: tally.step_trained_tokens,
         phases: at.phases,
         phases_total: tally.phases_total,
         steps_run: at.step - env.start_step,

@@ -95,7 +95,8 @@ pub struct Outcome {
     pub exit_code: i32,
 }
 
-/// The exit code of a run that completed while a plugin failed, with `run.strict_plugins`.
+/// The exit code of a run that completed while a plugin failed or was given up on
+/// at the end, with `run.strict_plugins`.
 pub const EXIT_PLUGIN_FAILED: i32 = 3;
 
 /// Where to resume from.

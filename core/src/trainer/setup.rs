@@ -9,8 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ptrain_plugin_api::{DeviceKind, Hook, Needs};
-use tch::{nn, Device};
+use ptrain_plugin_api::{DebugFaults, DeviceKind, Hook, Needs};
+use tch::{nn, Device, Tensor};
 
 use super::{
     batches::StepBatches,
@@ -156,8 +156,8 @@ impl Run {
         // The run's gate: its schedule raises it, requests from other threads
         // (through the host's services and the signal handlers) lower it.
         let gate = Arc::new(Gate::new(0));
-        let services = HostServices::leak(gate.clone(), dist.collectives(), Duration::from_secs_f64(config.run.shutdown_timeout_s));
-        let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services, rank)?;
+        let services = HostServices::new(gate.clone(), dist.collectives(), Duration::from_secs_f64(config.run.shutdown_timeout_s));
+        let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services.clone(), rank)?;
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
             std::fs::create_dir_all(&run_dir).map_err(Error::writing(&run_dir))?;
@@ -167,7 +167,7 @@ impl Run {
         }
         slots.extend(core_slots(&config, device));
         let schedule = RunSchedule::new(slots, start_step + 1, total_steps, config.train.eval_every, gate, world > 1);
-        let signals = if handle_signals { Some(Signals::install(services)?) } else { None };
+        let signals = if handle_signals { Some(Signals::install(services.clone())?) } else { None };
 
         let b = config.data.batch_size as u64;
         let accum = config.optim.accum_steps;
@@ -181,7 +181,8 @@ impl Run {
         let loader = Loader::new(drawn, draws, config.data.num_workers, config.data.prefetch, pin.then_some(device));
         let batches = StepBatches::new(loader, device, accum);
         let run_data = Arc::new(RunData {
-            run_dir: run_dir.display().to_string(),
+            // Absolute: a plugin may change its working directory, or hand the path on.
+            run_dir: std::path::absolute(&run_dir).unwrap_or_else(|_| run_dir.clone()).display().to_string(),
             run_name: config.run.name.clone(),
             config_toml: config.to_recorded_toml(),
             seed: config.run.seed,
@@ -205,6 +206,11 @@ impl Run {
             accum_steps: accum,
             precision: format!("{:?}", config.train.precision).to_lowercase(),
             start_time: unix_now(),
+            collective_timeout_s: config.dist.timeout_s as f64,
+            debug: DebugFaults {
+                pause_save_at_step: config.debug.pause_save_at_step,
+                pause_save_after_files: config.debug.pause_save_after_files.max(1),
+            },
         });
         if let Some(ckpt) = &checkpoint {
             host.load_states(&ckpt.plugin_states, start_step);

@@ -27,7 +27,7 @@ pub struct Signals {
 }
 
 impl Signals {
-    pub fn install(services: &'static HostServices) -> Result<Signals> {
+    pub fn install(services: Arc<HostServices>) -> Result<Signals> {
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| Error::Other(format!("cannot handle signals: {e}")))?;
         let handle = signals.handle();
         let received = Arc::new(AtomicI32::new(0));

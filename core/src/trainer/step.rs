@@ -103,6 +103,7 @@ impl Run {
         }
         self.learner.optimizer.zero_grad()?;
         let scale = self.batches.stage(self.objective.as_ref(), self.dist.as_ref(), &mut timer)?;
+        self.tally.step_trained_tokens = self.batches.step_units();
         let mut step_loss: Option<Tensor> = None;
         // The objective's metrics, scaled as the loss: empty (no allocation) for
         // objectives without any.

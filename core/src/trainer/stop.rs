@@ -1,5 +1,7 @@
 //! Why a run stops before its last step, and how ranks agree to stop together.
 
+use std::sync::Arc;
+
 use super::{failure::RunError, signals::Signals};
 use crate::{
     dist::DataParallel,
@@ -23,13 +25,13 @@ pub(super) enum Stop {
 /// distributed run's ranks on them.
 pub(super) struct StopControl {
     pub signals: Option<Signals>,
-    pub services: &'static HostServices,
+    pub services: Arc<HostServices>,
     /// A stop request seen by this rank, not yet agreed with the others.
     pending: Option<Stop>,
 }
 
 impl StopControl {
-    pub fn new(signals: Option<Signals>, services: &'static HostServices) -> StopControl {
+    pub fn new(signals: Option<Signals>, services: Arc<HostServices>) -> StopControl {
         StopControl { signals, services, pending: None }
     }
 
@@ -76,7 +78,12 @@ impl StopControl {
                 Stop::Requested(r)
             }
             Some(other) => other,
-            None => Stop::Requested(StopRequest { plugin: String::new(), reason: "another rank asked to stop".into(), failure: any_failure }),
+            None => Stop::Requested(StopRequest {
+                plugin: String::new(),
+                reason: "another rank asked to stop".into(),
+                failure: any_failure,
+                critical: false,
+            }),
         }))
     }
 }

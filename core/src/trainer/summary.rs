@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::failure::RunError;
-use crate::host::{Failure, LoadedInfo};
+use crate::host::{Failure, LoadedInfo, Stall};
 
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct PhaseSummary {
@@ -103,6 +103,9 @@ pub struct Summary {
     /// Worker plugins given up on at the end (`finish_timeout_s`, a signal during
     /// the drain), with how many events each never handled.
     pub abandoned_plugins: BTreeMap<String, u64>,
+    /// Plugins whose calls ran longer than their `hook_warn_s` (an inline one held
+    /// training meanwhile): the longest such call, and how many there were.
+    pub plugin_stalls: BTreeMap<String, Stall>,
     pub queue_drops: BTreeMap<String, u64>,
     pub plugins: BTreeMap<String, serde_json::Value>,
     /// Every part of the run, oldest first, this one last (see the module doc).

@@ -19,6 +19,9 @@ pub(super) struct Tally {
     /// Over every rank, since the start of training (resumed runs included).
     pub samples_seen: u64,
     pub tokens_seen: u64,
+    /// Instruction data: the trained tokens (the units its objective counts) on this
+    /// rank in the current step.
+    pub step_trained_tokens: u64,
     pub phases_total: PhaseTimes,
     /// Time spent in inline plugins' step hooks, kept out of the phases.
     pub hooks_total_s: f64,

@@ -82,28 +82,12 @@ pub struct Checkpointer {
     latest: Option<String>,
     rank: u32,
     leftovers_removed: bool,
-    /// How long rank 0 waits for the other ranks' parts of a sharded checkpoint.
+    /// How long rank 0 waits for the other ranks' parts of a sharded checkpoint
+    /// (`RunInfo::collective_timeout_s`, `dist.timeout_s`).
     part_wait: Duration,
-    /// `[debug] pause_save_at_step` and `pause_save_after_files`, and the file
+    /// `[debug] pause_save_at_step` and `pause_save_after_files` (`RunInfo::debug`), and the file
     /// that says the save paused (`<run-dir>/save-paused.rank<r>.json`).
     pause: Option<(u64, u32, PathBuf)>,
-}
-
-/// `dist.timeout_s` of the run's configuration (60 s when absent).
-fn dist_timeout(config_toml: &str) -> Duration {
-    let table: toml::Table = config_toml.parse().unwrap_or_default();
-    let secs = table.get("dist").and_then(|d| d.get("timeout_s")).and_then(toml::Value::as_integer).unwrap_or(60);
-    Duration::from_secs(secs.max(1) as u64)
-}
-
-/// `[debug] pause_save_at_step` (0 = never) and `pause_save_after_files` (1 when
-/// absent) of the run's configuration.
-fn debug_pause(config_toml: &str) -> Option<(u64, u32)> {
-    let table: toml::Table = config_toml.parse().unwrap_or_default();
-    let debug = table.get("debug")?;
-    let step = debug.get("pause_save_at_step").and_then(toml::Value::as_integer).filter(|s| *s > 0)?;
-    let files = debug.get("pause_save_after_files").and_then(toml::Value::as_integer).unwrap_or(1);
-    Some((step as u64, files.clamp(1, i64::from(u32::MAX)) as u32))
 }
 
 const ATTACHMENTS: &[Attachment] = &[
@@ -246,9 +230,12 @@ impl Plugin for Checkpointer {
     fn on_run_start(&mut self, run: &RunInfo<'_>) -> PluginResult {
         self.dir = self.options.dir.clone().unwrap_or_else(|| ptrain_checkpoint::checkpoints_dir(std::path::Path::new(run.run_dir.as_str())));
         self.rank = run.rank;
-        self.part_wait = dist_timeout(run.config_toml.as_str());
+        // The host's values, not the configuration re-read: nothing to fall back on.
+        self.part_wait = Duration::from_secs_f64(run.collective_timeout_s.max(1.0));
         let ready = std::path::Path::new(run.run_dir.as_str()).join(format!("save-paused.rank{}.json", run.rank));
-        self.pause = debug_pause(run.config_toml.as_str()).map(|(step, files)| (step, files, ready));
+        let debug = run.debug;
+        let files = debug.pause_save_after_files.clamp(1, u64::from(u32::MAX)) as u32;
+        self.pause = (debug.pause_save_at_step > 0).then_some((debug.pause_save_at_step, files, ready));
         if self.rank != 0 {
             // Other ranks only write their parts; rank 0 owns the directory.
             return Ok(());

@@ -109,9 +109,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn emits_the_global_norm_and_the_largest_gradient() {
-        let options = serde_json::json!({ "warn_above": 100.0 });
-        let mut plugin = {{Type}}::new(options, HostApi::standalone()).unwrap();
+    fn emits_the_global_norm_and_the_largest_gradient_and_warns_above_the_limit() {
+        let options = serde_json::json!({ "warn_above": 10.0 });
+        // Records what the plugin asks of the host (logs, stop requests, ...).
+        let host = testing::RecordingHost::new();
+        let mut plugin = {{Type}}::new(options, host.api()).unwrap();
         // Two parameters' gradients, as the host would hand them over at a due step.
         let w = Tensor::from_slice(&[3.0f32, 0.0, -4.0]);
         let b = Tensor::from_slice(&[12.0f32]);
@@ -130,6 +132,10 @@ mod tests {
         assert!((norm - 13.0).abs() < 1e-5, "{norm}"); // sqrt(9 + 16 + 144)
         let max_abs = testing::scalar(&emitted, "{{name}}/grad_max_abs");
         assert_eq!(max_abs, Some(12.0));
+        // 13 > warn_above: one warning, and no request to stop the run.
+        let warning = (LogLevel::Warn, "gradient norm 13.000 at step 20".to_string());
+        assert_eq!(host.logs(), vec![warning]);
+        assert!(host.stops().is_empty() && host.failure_stops().is_empty());
     }
 
     #[test]
