@@ -220,11 +220,14 @@ impl Run {
             tokens_seen: restored.tokens_seen,
             ..Tally::default()
         };
+        // What warmup_ratio and min_lr_ratio resolved to, said once.
+        let lr_schedule = LrSchedule::new(&config.optim, total_steps);
+        tracing::info!("{}", lr_schedule.describe());
         let learner = Learner {
             task: model.task(),
             // Whether the model draws random numbers is the model's to say.
             reseed: model.uses_randomness(),
-            lr_schedule: LrSchedule::new(&config.optim, total_steps),
+            lr_schedule,
             _vs: vs,
             model,
             params,
