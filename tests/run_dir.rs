@@ -157,3 +157,22 @@ fn ctrl_c_prints_the_checkpoint_and_the_command_that_resumes_each_on_its_own_lin
     run_expect(ptrain().args(resume.split(' ')).args(["--quiet", "--steps", &(last + 2).to_string()]), 0);
     assert_eq!((summary(&run_dir)["start_step"].as_u64(), summary(&run_dir)["last_step"].as_u64()), (Some(last), Some(last + 2)));
 }
+
+#[test]
+fn a_second_fresh_run_into_a_directory_with_an_earlier_runs_records_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let mut args = tiny_gpt(4);
+    args.extend(["--plugins", "jsonl", "--set", "plugins.jsonl.every=2"].map(String::from));
+    run_expect(&mut run_in(&args, &run_dir), 0);
+    let rows = read_jsonl(&run_dir.join("metrics.jsonl")).len();
+    // No checkpoint, but the first run's metrics and summary: refused, nothing touched.
+    let err = stderr(&run_expect(&mut run_in(&args, &run_dir), 2));
+    assert!(err.contains("earlier run's records") && err.contains("metrics.jsonl") && err.contains("summary.json"), "{err}");
+    assert!(err.contains("--overwrite") && err.contains("--auto-resume"), "{err}");
+    assert_eq!(read_jsonl(&run_dir.join("metrics.jsonl")).len(), rows, "the refused run wrote no metrics");
+    // --overwrite moves them aside; --auto-resume (no checkpoint) trains beside them.
+    run_expect(run_in(&args, &run_dir).arg("--overwrite"), 0);
+    assert_eq!(read_jsonl(&run_dir.join("metrics.jsonl")).len(), rows, "a fresh metrics.jsonl");
+    run_expect(run_in(&args, &run_dir).arg("--auto-resume"), 0);
+}

@@ -54,9 +54,9 @@ pub struct RunArgs {
     /// Resume from the newest valid checkpoint in --run-dir, if there is one.
     #[arg(long)]
     auto_resume: bool,
-    /// Start over in a --run-dir that holds an earlier run's checkpoints: what it holds
-    /// is moved aside to <run-dir>.old-<UTC time> first (without this, or a resume flag,
-    /// such a run is refused).
+    /// Start over in a --run-dir that holds an earlier run's checkpoints or records
+    /// (config.toml, summary.json): what it holds is moved aside to
+    /// <run-dir>.old-<UTC time> first (without this, or a resume flag, such a run is refused).
     #[arg(long, conflicts_with_all = ["resume", "auto_resume"])]
     overwrite: bool,
     /// Print only warnings, errors and the final summary line: no progress bar,
