@@ -176,3 +176,15 @@ fn a_second_fresh_run_into_a_directory_with_an_earlier_runs_records_is_refused()
     assert_eq!(read_jsonl(&run_dir.join("metrics.jsonl")).len(), rows, "a fresh metrics.jsonl");
     run_expect(run_in(&args, &run_dir).arg("--auto-resume"), 0);
 }
+
+#[test]
+fn resuming_a_finished_run_with_fewer_steps_says_it_is_already_past_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    run_expect(&mut run_in(&with_checkpoints(6), &run_dir), 0);
+    let mut args = with_checkpoints(2);
+    args.push("--auto-resume".into());
+    let out = stdout(&run_expect(&mut run_in(&args, &run_dir), 0));
+    let line = out.lines().next().unwrap_or_default();
+    assert!(line.contains("nothing to train") && line.contains("already at step 6, past train.steps = 2") && line.contains("--steps 8"), "{out}");
+}

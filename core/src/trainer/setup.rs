@@ -149,7 +149,7 @@ impl Run {
         let start_step = restored.step;
         if let Some(ckpt) = &checkpoint {
             if start_step >= total_steps {
-                tracing::warn!("checkpoint is at step {start_step}, at or past train.steps = {total_steps}: nothing to train");
+                tracing::warn!("the run is already at step {start_step}, at or past train.steps = {total_steps}: nothing to train");
             }
             tracing::info!("resuming from {} (step {start_step})", ckpt.path.display());
         }
