@@ -13,6 +13,7 @@ pub mod dist;
 pub mod error;
 pub mod host;
 pub mod model;
+pub mod objective;
 pub mod optim;
 pub mod panic;
 mod resolve;

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use ptrain_core::{
-    data::{BatchKey, Split},
-    model::{self, Layer, Model, Task},
+    data::{BatchKey, Split, IGNORE_INDEX},
+    model::{self, Layer, Model, ModelInput, ModelOutput, Task},
     ConfigBuilder, Trainer,
 };
 use tch::{Kind, Reduction, Tensor};
@@ -18,13 +18,14 @@ struct Recording {
 }
 
 impl Model for Recording {
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> ptrain_core::Result<Tensor> {
-        let logits = self.inner.forward(inputs, train)?;
+    fn forward(&mut self, input: ModelInput) -> ptrain_core::Result<ModelOutput> {
+        let train = input.train;
+        let logits = self.inner.forward(input)?.logits()?;
         let mut first = self.first.lock().unwrap();
         if train && first.is_none() {
             *first = Some(logits.detach().copy());
         }
-        Ok(logits)
+        Ok(ModelOutput::Logits(logits))
     }
 
     fn task(&self) -> Task {
@@ -75,7 +76,7 @@ fn the_first_bf16_loss_is_float32_cross_entropy_of_the_bf16_logits() {
     assert_eq!(logits.kind(), Kind::BFloat16, "the CPU forward ran in bf16 autocast");
     let batch = dataset.batch(Split::Train, BatchKey { step: 1, micro: 0, first_sample: 0, count: 4, stream: 0 }).unwrap();
     let vocab = logits.size()[2];
-    let ce = |l: &Tensor| l.view([-1, vocab]).cross_entropy_loss::<Tensor>(&batch.targets.view([-1]), None, Reduction::Mean, -100, 0.0);
+    let ce = |l: &Tensor| l.view([-1, vocab]).cross_entropy_loss::<Tensor>(&batch.targets.view([-1]), None, Reduction::Mean, IGNORE_INDEX, 0.0);
     let in_float = ce(&logits.to_kind(Kind::Float)).double_value(&[]);
     let in_bf16 = ce(&logits).double_value(&[]);
     let got = outcome.summary.first_loss.unwrap();

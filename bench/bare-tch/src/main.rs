@@ -41,11 +41,12 @@ use ptrain_core::{
     config::{Config, LrScheduleKind, OptimName, Precision},
     data::{BatchKey, Dataset, Split},
     device, model,
-    model::{Model, Task},
+    model::{Model, ModelInput, Task},
+    objective::cross_entropy,
     ConfigBuilder,
 };
 use ptrain_torch_ext::{self as ext, TensorList};
-use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
+use tch::{nn, nn::OptimizerConfig, Device, Kind, Reduction, Tensor};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -247,9 +248,9 @@ impl Loop {
     fn forward(&mut self, inputs: &Tensor, train: bool) -> Tensor {
         if self.autocast {
             let model = &mut self.model;
-            ext::autocast_bf16(self.device.is_cuda(), || model.forward(inputs, train)).expect("autocast").expect("forward")
+            ext::autocast_bf16(self.device.is_cuda(), || model.forward(ModelInput::new(inputs, train))?.logits()).expect("autocast").expect("forward")
         } else {
-            self.model.forward(inputs, train).expect("forward")
+            self.model.forward(ModelInput::new(inputs, train)).and_then(|o| o.logits()).expect("forward")
         }
     }
 
@@ -264,7 +265,7 @@ impl Loop {
                 let key = BatchKey { step: i, micro: 0, first_sample: 0, count: b, stream: i * b };
                 let batch = self.dataset.batch(Split::Val, key).expect("batch").to_device(self.device, false);
                 let logits = self.forward(&batch.inputs, false);
-                let loss = model::loss(self.task, &logits, &batch.targets).to_kind(Kind::Double);
+                let loss = cross_entropy(&logits, &batch.targets, Reduction::Mean).expect("loss").to_kind(Kind::Double);
                 let right = match self.task {
                     Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
                     Task::LanguageModel => Tensor::zeros([], (Kind::Double, self.device)),
@@ -352,7 +353,7 @@ fn run(args: Args) -> Result<serde_json::Value, Error> {
                 .expect("batch")
                 .to_device(device, false);
             let logits = lp.forward(&batch.inputs, true);
-            let loss = model::loss(task, &logits, &batch.targets);
+            let loss = cross_entropy(&logits, &batch.targets, Reduction::Mean).expect("loss");
             // Out of place, as ptrain: the mean over the micro-batches.
             let loss = if accum > 1 { loss / accum as f64 } else { loss };
             match &mut optim {

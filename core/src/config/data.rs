@@ -62,7 +62,8 @@ impl DataKind {
     }
 }
 
-/// Which tokens of instruction data are trained (the rest are label -100). The
+/// Which tokens of instruction data are trained (the rest are labelled
+/// [`crate::data::IGNORE_INDEX`]). The
 /// end-of-turn token closing a trained assistant turn, and the EOS after a
 /// completion, are trained.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use tch::{Device, Tensor};
 
+pub use crate::model::Segments;
 pub use classify::{ClassRow, Classification};
 pub use loader::Loader;
 pub use tokens::{synthetic_text, TokenWindows};
@@ -28,41 +29,28 @@ use crate::{
     error::Result,
 };
 
+/// A target no loss is computed on (a prompt's token, padding): PyTorch's
+/// `ignore_index`, which Hugging Face's collators write into their labels too.
+pub const IGNORE_INDEX: i64 = -100;
+
 /// Inputs and targets of one micro-batch.
 #[derive(Debug)]
 pub struct Batch {
     /// `[B, T]` int64 tokens or `[B, F]` float features.
     pub inputs: Tensor,
-    /// `[B, T]` next tokens (-100: not trained) or `[B]` class ids.
+    /// `[B, T]` next tokens ([`IGNORE_INDEX`]: not trained) or `[B]` class ids.
     pub targets: Tensor,
     /// `[B]` int64 dataset index, for classification mixes; `[B, T]` per token for
     /// instruction data (a packed sequence holds rows of several sources).
     pub dataset_ids: Option<Tensor>,
     /// Packed sequences: where each row lies (`None`: one sequence per sample).
     pub segments: Option<Segments>,
-    /// Instruction data: the targets that are not -100, counted on the host. The
-    /// loss of a step is then the sum over its trained tokens divided by their
-    /// number in the whole step (all micro-batches, all ranks). `None`: every
-    /// target counts, and a micro-batch's loss is its mean.
+    /// Instruction data: the targets that are not [`IGNORE_INDEX`], counted on the
+    /// host, which [`crate::objective::CausalLmPerToken`] divides the step's loss by
+    /// (all micro-batches, all ranks) before any forward. `None` for other data.
     pub trained_tokens: Option<i64>,
     pub samples: i64,
     pub tokens: i64,
-}
-
-/// Where the rows of packed sequences lie: positions restart at 0 at each row, and
-/// a token attends only to the earlier tokens of its own row.
-#[derive(Debug)]
-pub struct Segments {
-    /// `[B, T]` int64 position of each token within its row.
-    pub positions: Tensor,
-    /// `[B, T]` int64 row number within its sequence, from 1; 0 is padding.
-    pub ids: Tensor,
-}
-
-impl Segments {
-    fn map(self, f: impl Fn(Tensor) -> Tensor) -> Segments {
-        Segments { positions: f(self.positions), ids: f(self.ids) }
-    }
 }
 
 impl Batch {

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
-use super::Model;
+use super::{Model, ModelInput};
 use crate::error::{Error, Result};
 
 /// How to pick each new token. `temperature == 0` is greedy decoding.
@@ -91,7 +91,8 @@ pub fn generate(model: &mut dyn Model, prompt: &[i64], eos: &[i64], s: &Sampling
     let mut ids = Vec::with_capacity(s.max_new_tokens);
     let mut stopped_at_eos = false;
     let prompt_t = Tensor::from_slice(prompt).to_device(device).unsqueeze(0);
-    let mut logits = tch::no_grad(|| model.forward_cached(&prompt_t, &mut cache)).map(last)?;
+    let mut step = |input: &Tensor| tch::no_grad(|| model.forward(ModelInput::new(input, false).cache(&mut cache))?.logits()).map(last);
+    let mut logits = step(&prompt_t)?;
     let mut prefill_s = None;
     while ids.len() < s.max_new_tokens {
         let next = pick(logits, s)?;
@@ -105,7 +106,7 @@ pub fn generate(model: &mut dyn Model, prompt: &[i64], eos: &[i64], s: &Sampling
             break;
         }
         let input = Tensor::from_slice(&[next]).to_device(device).unsqueeze(0);
-        logits = tch::no_grad(|| model.forward_cached(&input, &mut cache)).map(last)?;
+        logits = step(&input)?;
     }
     let total = started.elapsed().as_secs_f64();
     let prefill_s = prefill_s.unwrap_or(total);

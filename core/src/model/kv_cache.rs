@@ -3,7 +3,7 @@
 //! generation, so a new token costs its own projections and one attention row, not a
 //! recomputation (or a re-copy) of the prefix.
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use crate::error::{Error, Result};
 
@@ -68,12 +68,7 @@ impl KvCache {
         let (keys, values) = self.layers[layer].as_ref().expect("allocated above");
         keys.f_narrow(2, start, n)?.f_copy_(k)?;
         values.f_narrow(2, start, n)?.f_copy_(v)?;
-        let mask = (start > 0 && n > 1).then(|| {
-            // Row i (position start + i) sees positions 0..=start + i.
-            let rows = Tensor::arange(n, (Kind::Int64, k.device())).unsqueeze(1) + start;
-            let cols = Tensor::arange(start + n, (Kind::Int64, k.device())).unsqueeze(0);
-            cols.le_tensor(&rows)
-        });
+        let mask = (start > 0 && n > 1).then(|| super::attention::causal_after(start, n, k.device())).transpose()?;
         Ok(Attend { keys: keys.f_narrow(2, 0, start + n)?, values: values.f_narrow(2, 0, start + n)?, causal: start == 0 && n > 1, mask })
     }
 

@@ -8,6 +8,7 @@
 use sha2::{Digest, Sha256};
 use tch::{nn, Device, Kind, Tensor};
 
+use super::Model;
 use crate::{
     config::{LoraConfig, ModelKind},
     error::Result,
@@ -92,17 +93,16 @@ pub fn freeze_base(vs: &nn::VarStore) {
     }
 }
 
-/// Under `train.precision = "bf16"` the frozen matrices of the blocks are stored in
+/// Under `train.precision = "bf16"` the frozen matrices of the blocks
+/// ([`Model::block_matrices`]: the base of each block's [`Linear`]) are stored in
 /// bf16: autocast casts them to bf16 for every matmul anyway (the same values), so
 /// only their memory changes. Embeddings and the head keep their type, as the
-/// activations and the loss depend on it.
-pub fn store_base_bf16(vs: &nn::VarStore) -> Result<()> {
+/// activations and the loss depend on it; a trained matrix keeps float32.
+pub fn store_base_bf16(model: &dyn Model) -> Result<()> {
     tch::no_grad(|| {
-        for (name, mut t) in base_of(vs) {
-            if t.dim() == 2 && (name.contains(".layers.") || name.contains(".h.")) {
-                let half = t.f_to_kind(Kind::BFloat16)?;
-                t.f_set_data(&half)?;
-            }
+        for mut t in model.block_matrices().into_iter().filter(|t| !t.requires_grad()) {
+            let half = t.f_to_kind(Kind::BFloat16)?;
+            t.f_set_data(&half)?;
         }
         Ok(())
     })

@@ -1,8 +1,8 @@
 //! A multi-layer perceptron classifier with ReLU activations.
 
-use tch::{nn, Tensor};
+use tch::nn;
 
-use super::{Layer, Model, Task};
+use super::{Layer, Model, ModelInput, ModelOutput, Task};
 use crate::error::Result;
 
 pub struct Mlp {
@@ -20,13 +20,13 @@ impl Mlp {
 
 impl Model for Mlp {
     /// With tch's `f_` functions: a libtorch error comes back as an error.
-    fn forward(&mut self, inputs: &Tensor, _train: bool) -> Result<Tensor> {
+    fn forward(&mut self, input: ModelInput) -> Result<ModelOutput> {
         let first = &self.layers[0];
-        let mut x = inputs.f_linear(&first.ws, first.bs.as_ref())?;
+        let mut x = input.tokens.f_linear(&first.ws, first.bs.as_ref())?;
         for layer in &self.layers[1..] {
             x = x.f_relu()?.f_linear(&layer.ws, layer.bs.as_ref())?;
         }
-        Ok(x)
+        Ok(ModelOutput::Logits(x))
     }
 
     fn task(&self) -> Task {

@@ -1,8 +1,11 @@
 //! Models. The public [`Model`] trait lets library users bring their own; `gpt`,
-//! `mlp` and `torchscript` are built from the configuration.
+//! `llama`, `mlp` and `torchscript` are built from the configuration. The language
+//! models are one [`Decoder`] each, driving their family's blocks.
 
+mod attention;
 mod checkpointing;
-pub mod chunked_loss;
+pub mod decoder;
+mod entry;
 pub mod generate;
 mod gpt;
 pub mod hf;
@@ -15,8 +18,11 @@ pub mod probe;
 mod rope;
 mod torchscript;
 
-use tch::{nn, Kind, Reduction, Tensor};
+use tch::{nn, Tensor};
 
+pub use attention::{Attend, Segments};
+pub use decoder::Decoder;
+pub use entry::{ModelInput, ModelOutput, Returns, Supports};
 pub use gpt::Gpt;
 pub use kv_cache::KvCache;
 pub use llama::Llama;
@@ -26,7 +32,7 @@ pub use torchscript::TorchScript;
 
 use crate::{
     config::{Config, ModelKind, TaskKind},
-    data::{Dataset, Segments},
+    data::Dataset,
     error::{Error, Result},
 };
 
@@ -67,11 +73,14 @@ impl Layer {
 /// Implement it for your own model and hand it to [`crate::Trainer::with_model`]
 /// (see `examples/custom-model`).
 pub trait Model: Send {
-    /// Logits: `[B, C]` for classification, `[B, T, V]` for language models.
+    /// One forward pass. A model that reads only `input.tokens` and `input.train` and
+    /// returns [`ModelOutput::Logits`] (`[B, C]` for classification, `[B, T, V]` for
+    /// language models) is complete; [`Model::supports`] and [`Model::new_cache`] say
+    /// which of the other inputs it honours.
     /// An error (use tch's `f_` functions, which return libtorch's errors instead
     /// of panicking) ends the run as failed: its summary is written, its sinks
     /// drained, and the newest checkpoint is left as it was.
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor>;
+    fn forward(&mut self, input: ModelInput) -> Result<ModelOutput>;
 
     fn task(&self) -> Task;
 
@@ -94,79 +103,25 @@ pub trait Model: Send {
         true
     }
 
-    /// Logits of packed sequences: `segments` gives each token's position within its
-    /// row and its row, and a token attends only to the earlier tokens of its own
-    /// row, so each row gets exactly the logits it gets alone (`data.packing`).
-    fn forward_packed(&mut self, _inputs: &Tensor, _segments: &Segments, _train: bool) -> Result<Tensor> {
-        Err(Error::Other(format!("model.kind {:?} cannot train on packed sequences (data.packing = true)", self.kind())))
-    }
-
-    /// A language model's hidden states before its output projection `[B, T, D]`
-    /// (packed sequences with `segments`), and the projection's weight `[V, D]`, so
-    /// the loss can be computed a chunk of positions at a time
-    /// (`train.loss_chunk`). `None`: the model has no such split, and the loss is
-    /// computed from [`Model::forward`]'s logits.
-    fn forward_hidden(&mut self, _inputs: &Tensor, _segments: Option<&Segments>, _train: bool) -> Result<Option<(Tensor, Tensor)>> {
-        Ok(None)
+    /// What `forward` honours beyond tokens and the train flag: segments (packed
+    /// rows, `data.packing`) and hidden states (`train.loss_chunk`). Default: neither.
+    fn supports(&self) -> Supports {
+        Supports::default()
     }
 
     /// A key/value cache for incremental decoding of at most `capacity` positions
-    /// (`ptrain generate`); `None` for models that cannot decode incrementally.
+    /// (`ptrain generate`), which `forward` then honours in [`ModelInput::cache`];
+    /// `None` for models that cannot decode incrementally.
     fn new_cache(&self, _capacity: i64) -> Option<KvCache> {
         None
     }
 
-    /// Logits `[B, n, V]` of `inputs` `[B, n]` placed after the positions `cache`
-    /// holds, which then holds these too. Only for models whose `new_cache` gives one.
-    fn forward_cached(&mut self, _inputs: &Tensor, _cache: &mut KvCache) -> Result<Tensor> {
-        Err(Error::Other(format!("model.kind {:?} cannot decode incrementally", self.kind())))
+    /// The weight matrices of the model's repeated blocks (not its embeddings, norms
+    /// or head): LoRA's frozen ones are stored in bf16 under `train.precision =
+    /// "bf16"` ([`lora::store_base_bf16`]). Default: none.
+    fn block_matrices(&self) -> Vec<Tensor> {
+        Vec::new()
     }
-}
-
-/// Mean cross-entropy of `logits` against `targets` for the task, in float32 even
-/// when the logits come out of bf16 autocast (as PyTorch's autocast computes
-/// `cross_entropy`): a log-softmax over a large vocabulary in bf16 loses about two
-/// decimal digits of the loss and of its gradient.
-pub fn loss(task: Task, logits: &Tensor, targets: &Tensor) -> Tensor {
-    let upcast;
-    let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) {
-        upcast = logits.to_kind(Kind::Float);
-        &upcast
-    } else {
-        logits
-    };
-    match task {
-        Task::Classification => logits.cross_entropy_loss::<Tensor>(targets, None, Reduction::Mean, -100, 0.0),
-        Task::LanguageModel => {
-            let vocab = *logits.size().last().expect("logits have a vocabulary dimension");
-            logits.view([-1, vocab]).cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, -100, 0.0)
-        }
-    }
-}
-
-/// The cross-entropy of a language model's `logits` `[B, T, V]` against `targets`
-/// `[B, T]` (-100: not trained), in float32 (see [`loss`]), reduced by `reduction`:
-/// `Sum` for instruction data, which divides it by the trained tokens of the whole
-/// step; `None` for each position's loss, shaped as `targets`.
-pub fn token_loss(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let vocab = *logits.size().last().expect("logits have a vocabulary dimension");
-    let logits = logits.f_view([-1, vocab])?;
-    let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) { logits.f_to_kind(Kind::Float)? } else { logits };
-    let loss = logits.f_cross_entropy_loss::<Tensor>(&targets.f_view([-1])?, None, reduction, -100, 0.0)?;
-    Ok(match reduction {
-        Reduction::None => loss.f_view_as(targets)?,
-        _ => loss,
-    })
-}
-
-/// The attention mask of packed sequences, `[B, 1, T, T]` boolean: a query attends
-/// to a key at or before it in the same row (`ids` `[B, T]`, as
-/// [`Segments::ids`]). Padding is a row of its own, so no query attends to nothing.
-pub fn packed_attention_mask(ids: &Tensor) -> Result<Tensor> {
-    let t = ids.size().last().copied().unwrap_or(0);
-    let same = ids.f_unsqueeze(2)?.f_eq_tensor(&ids.f_unsqueeze(1)?)?;
-    let causal = Tensor::f_ones([t, t], (Kind::Bool, ids.device()))?.f_tril(0)?;
-    Ok(same.f_logical_and(&causal)?.f_unsqueeze(1)?)
 }
 
 /// Builds the configured model with its parameters in `vs` ([`from_config`]); with
@@ -185,22 +140,8 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
     let m = &config.model;
     let targets = lora::Targets { lora: config.lora(), kind: m.kind };
     Ok(match m.kind {
-        ModelKind::Gpt => {
-            let mut gpt = Gpt::with_lora(vs, m, targets);
-            gpt.checkpoint_blocks(&config.train)?;
-            if !m.init_from.is_empty() {
-                hf::load_weights(vs, m)?;
-            }
-            Box::new(gpt)
-        }
-        ModelKind::Llama => {
-            let mut llama = Llama::with_lora(vs, m, targets);
-            llama.checkpoint_blocks(&config.train)?;
-            if !m.init_from.is_empty() {
-                hf::load_weights(vs, m)?;
-            }
-            Box::new(llama)
-        }
+        ModelKind::Gpt => planned(Gpt::decoder(vs, m, targets), vs, config)?,
+        ModelKind::Llama => planned(Llama::decoder(vs, m, targets), vs, config)?,
         ModelKind::Mlp => {
             let input_dim = if m.input_dim > 0 { m.input_dim } else { dataset.input_dim() };
             let classes = if m.num_classes > 0 { m.num_classes } else { dataset.num_classes() };
@@ -221,4 +162,14 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
             Box::new(TorchScript::load(std::path::Path::new(&m.path), vs, task)?)
         }
     })
+}
+
+/// A decoder with its blocks planned by `train` (activation checkpointing) and
+/// `model.init_from`'s weights loaded.
+fn planned<F: decoder::Family>(mut model: Decoder<F>, vs: &nn::Path, config: &Config) -> Result<Box<dyn Model>> {
+    model.plan(decoder::BlockPlan::from_train(&config.train, model.depth())?)?;
+    if !config.model.init_from.is_empty() {
+        hf::load_weights(vs, &config.model)?;
+    }
+    Ok(Box::new(model))
 }

@@ -5,12 +5,13 @@
 
 use std::path::Path;
 
-use tch::{nn, Device, Kind, Tensor};
+use tch::{nn, Device, Kind, Reduction, Tensor};
 
 use crate::{
     config::Config,
     data::{BatchKey, Split},
     error::{Error, Result},
+    objective::cross_entropy,
 };
 
 /// Which batch to run.
@@ -44,7 +45,7 @@ pub struct Probe {
     pub inputs: Tensor,
     pub targets: Option<Tensor>,
     pub logits: Tensor,
-    /// Mean cross-entropy, as the trainer computes it, when there are targets.
+    /// Mean cross-entropy over the targets, when there are any.
     pub loss: Option<Tensor>,
 }
 
@@ -81,8 +82,8 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
         }
         ProbeBatch::Given { inputs, targets } => (inputs, targets),
     };
-    let logits = tch::no_grad(|| model.forward(&inputs, false))?;
-    let loss = targets.as_ref().map(|t| tch::no_grad(|| super::loss(model.task(), &logits, t)));
+    let logits = tch::no_grad(|| model.forward(super::ModelInput::new(&inputs, false))?.logits())?;
+    let loss = targets.as_ref().map(|t| tch::no_grad(|| cross_entropy(&logits, t, Reduction::Mean))).transpose()?;
     Ok(Probe { inputs, targets, logits, loss })
 }
 

@@ -9,9 +9,9 @@
 
 use std::path::Path;
 
-use tch::{nn, Tensor, TrainableCModule};
+use tch::{nn, TrainableCModule};
 
-use super::{Model, Task};
+use super::{Model, ModelInput, ModelOutput, Task};
 use crate::error::{Error, Result};
 
 pub struct TorchScript {
@@ -50,7 +50,8 @@ fn first_lines(message: &str) -> String {
 
 impl Model for TorchScript {
     /// A Python exception inside the module (`raise`) comes back as an error.
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> Result<Tensor> {
+    fn forward(&mut self, input: ModelInput) -> Result<ModelOutput> {
+        let train = input.train;
         if train != self.training {
             if train {
                 self.module.set_train()
@@ -59,7 +60,9 @@ impl Model for TorchScript {
             }
             self.training = train;
         }
-        self.module.forward_ts(&[inputs]).map_err(|e| Error::Other(format!("TorchScript forward: {}", first_lines(&e.to_string()))))
+        let logits =
+            self.module.forward_ts(&[input.tokens]).map_err(|e| Error::Other(format!("TorchScript forward: {}", first_lines(&e.to_string()))))?;
+        Ok(ModelOutput::Logits(logits))
     }
 
     fn task(&self) -> Task {

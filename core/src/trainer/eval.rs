@@ -1,7 +1,8 @@
-//! Evaluation on the held-out split: `train.eval_batches` batches, summed on the
-//! device, reduced over ranks in one collective and read once.
+//! Evaluation on the held-out split: `train.eval_batches` batches through the
+//! run's objective, their `(sum, count)` and metric sums added up on the device,
+//! reduced over ranks in one collective and read once.
 
-use ptrain_plugin_api::{Hook, Metric, PhaseTimes, Scalar, StepTensors, Task};
+use ptrain_plugin_api::{Hook, Metric, PhaseTimes, Scalar, StepTensors};
 use tch::{Device, Kind, Tensor};
 
 use super::{
@@ -13,7 +14,6 @@ use crate::{
     data::{BatchKey, Split},
     error::{Error, Result},
     host::{Event, Reach},
-    model::{self, chunked_loss},
 };
 
 impl Run {
@@ -21,59 +21,45 @@ impl Run {
         let (rank, world, device) = (self.env.rank as u64, self.env.world as u64, self.env.device);
         let b = self.env.config.data.batch_size as u64;
         let batches = self.env.config.train.eval_batches.max(1);
-        let chunk = self.env.config.train.loss_chunk;
-        let learner = &mut self.learner;
-        // Instruction data: the loss summed over trained tokens, and their count.
-        let mut per_token = false;
-        let mut sums = tch::no_grad(|| -> Result<Tensor> {
-            let mut acc = Tensor::zeros([3], (Kind::Double, device));
+        let (learner, objective) = (&mut self.learner, &self.objective);
+        // [loss sum, count, metric sums...], in float64.
+        let mut names = Vec::new();
+        let sums = tch::no_grad(|| -> Result<Option<Tensor>> {
+            let mut acc: Option<Tensor> = None;
             for i in 0..batches {
                 let key = BatchKey { step: i, micro: 0, first_sample: rank * b, count: b, stream: i * world * b + rank * b };
                 let batch = learner.dataset.batch(Split::Val, key)?.to_device(device, true);
-                // train.loss_chunk: the summed loss a chunk of positions at a time.
-                let chunked = match chunk {
-                    0 => None,
-                    _ => learner.forward_hidden(&batch, false)?.map(|(h, w)| chunked_loss::summed(&h, &w, &batch.targets, chunk)).transpose()?,
-                };
-                let zero = || Tensor::zeros([], (Kind::Double, device));
-                if let Some(trained) = batch.trained_tokens {
-                    per_token = true;
-                    let loss = match chunked {
-                        Some(sum) => sum,
-                        None => model::token_loss(&learner.forward(&batch, false)?, &batch.targets, tch::Reduction::Sum)?,
-                    };
-                    acc += Tensor::stack(&[loss.to_kind(Kind::Double), zero(), Tensor::from(trained as f64).to_device(device)], 0);
-                    continue;
+                let (sum, count) = objective.sum_and_count(learner, &batch, false)?;
+                let mut row = vec![sum.loss.f_to_kind(Kind::Double)?, Tensor::from(count.value()).f_to_device(device)?];
+                names.clear();
+                for (name, value) in sum.metrics {
+                    names.push(name);
+                    row.push(value.f_to_kind(Kind::Double)?);
                 }
-                let (loss, right) = match chunked {
-                    Some(sum) => (sum.to_kind(Kind::Double) / batch.targets.ne(-100).sum(Kind::Double).clamp_min(1.0), zero()),
-                    None => {
-                        let logits = learner.forward(&batch, false)?;
-                        let loss = model::loss(learner.task, &logits, &batch.targets).to_kind(Kind::Double);
-                        let right = match learner.task {
-                            Task::Classification => logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double),
-                            Task::LanguageModel => zero(),
-                        };
-                        (loss, right)
-                    }
-                };
-                acc += Tensor::stack(&[loss, right, Tensor::from(batch.targets.size()[0] as f64).to_device(device)], 0);
+                let row = Tensor::f_stack(&row, 0)?;
+                acc = Some(match acc {
+                    Some(acc) => acc.f_add(&row)?,
+                    None => row,
+                });
             }
             Ok(acc)
         })?;
+        let mut sums = sums.ok_or_else(|| Error::Other("evaluation ran no batch".into()))?;
         self.dist.all_reduce_sum(&mut sums).map_err(Error::Dist)?;
         // A failed read is an error, never an eval loss of 0.
-        let [loss_sum, correct, count] = <[f64; 3]>::try_from(Vec::<f64>::try_from(sums.f_to_device(Device::Cpu)?)?)
-            .map_err(|v| Error::Other(format!("evaluation read {} values, not 3", v.len())))?;
-        let loss = if per_token { loss_sum / count.max(1.0) } else { loss_sum / (batches * world) as f64 };
-        let accuracy = (learner.task == Task::Classification).then(|| correct / count.max(1.0));
-        self.tally.evals.push(EvalPoint { step, loss, accuracy });
-        let accuracy_text = accuracy.map(|a| format!(", accuracy {a:.3}")).unwrap_or_default();
-        self.metrics.progress.println(&format!("eval at step {step}: loss {loss:.4}{accuracy_text}"));
-        let mut metrics = vec![Metric::scalar("eval/loss", loss)];
-        if let Some(a) = accuracy {
-            metrics.push(Metric::scalar("eval/accuracy", a));
+        let values = Vec::<f64>::try_from(sums.f_to_device(Device::Cpu)?)?;
+        if values.len() != 2 + names.len() {
+            return Err(Error::Other(format!("evaluation read {} values, not {}", values.len(), 2 + names.len())));
         }
+        let count = values[1].max(1.0);
+        let loss = values[0] / count;
+        let metrics: Vec<(&str, f64)> = names.iter().zip(&values[2..]).map(|(name, sum)| (*name, sum / count)).collect();
+        let accuracy = metrics.iter().find(|(name, _)| *name == "accuracy").map(|(_, a)| *a);
+        self.tally.evals.push(EvalPoint { step, loss, accuracy });
+        let metrics_text: String = metrics.iter().map(|(name, v)| format!(", {name} {v:.3}")).collect();
+        self.metrics.progress.println(&format!("eval at step {step}: loss {loss:.4}{metrics_text}"));
+        let mut metrics: Vec<Metric> = metrics.into_iter().map(|(name, v)| Metric::scalar(format!("eval/{name}"), v)).collect();
+        metrics.insert(0, Metric::scalar("eval/loss", loss));
         let scalars: Vec<Scalar<'_>> = metrics.iter().filter_map(|m| Some(Scalar { name: m.name.as_rstr(), value: m.as_scalar()? })).collect();
         let at = At { hook: Hook::Eval, step, micro_batch: 0, lr, phases };
         let ctx = step_context(&self.env, &self.tally, self.learner.dataset.train_len(), at, StepTensors::NONE, &scalars);

@@ -97,7 +97,7 @@ impl Run {
         let tokens = steps * tally.step_tokens * env.world as u64;
         let p = &tally.phases_total;
         let data_rows = self.learner.dataset.row_counts();
-        let trained_tokens = match &self.staged.trained_all_ranks {
+        let trained_tokens = match &self.staged.units_all_ranks {
             _ if data_rows.is_none() => None,
             Some(all) => Some(all.f_to_device(tch::Device::Cpu).and_then(|t| t.f_double_value(&[])).map_or(0, |v| v as u64)),
             None => Some(tally.trained_tokens),

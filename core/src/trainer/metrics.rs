@@ -74,8 +74,8 @@ impl Run {
         Ok(())
     }
 
-    /// `train/*` (`train/loss` the mean step loss since the last emission, averaged
-    /// over ranks in one collective), and with detailed
+    /// `train/*` (`train/loss` the mean step loss since the last emission, and the
+    /// objective's metrics likewise, averaged over ranks in one collective), and with detailed
     /// metrics `train/grad_norm`, `time/*` and `memory/*`. A failed all-reduce is
     /// an error: this rank's loss passed off as the mean would be a wrong number.
     fn core_metrics(&mut self, step: u64, lr: f64, wants: Needs) -> Result<Vec<Metric>> {
@@ -83,6 +83,11 @@ impl Run {
         let steps = step - since_step;
         // The loss read waits for the device: the interval ends after it.
         let mut values = vec![self.tally.take_mean_loss(0, steps)];
+        // The objective's metrics, as the loss: the mean over the steps and ranks.
+        let objective = self.tally.take_metric_sums();
+        for (_, sum) in &objective {
+            values.push(sum.f_double_value(&[])? / steps.max(1) as f64);
+        }
         let (tally, world) = (&self.tally, self.env.world as u64);
         let secs = since.elapsed().as_secs_f64().max(1e-9);
         let mut names = vec!["train/loss"];
@@ -90,6 +95,8 @@ impl Run {
         for v in &mut values {
             *v /= world as f64;
         }
+        let objective: Vec<Metric> =
+            objective.iter().zip(values.drain(1..)).map(|((name, _), v)| Metric::scalar(format!("train/{name}"), v)).collect();
         let tokens = tally.step_tokens * world * steps;
         let samples = tally.step_samples * world * steps;
         let epoch = tally.samples_seen as f64 / self.learner.dataset.train_len().max(1) as f64;
@@ -106,7 +113,7 @@ impl Run {
             values.extend([device::current_memory(self.env.device) as f64, device::peak_memory(self.env.device) as f64]);
             names.extend(["memory/current_bytes", "memory/peak_bytes"]);
         }
-        Ok(names.into_iter().zip(values).map(|(n, v)| Metric::scalar(n, v)).collect())
+        Ok(names.into_iter().zip(values).map(|(n, v)| Metric::scalar(n, v)).chain(objective).collect())
     }
 
     /// Histograms of every parameter and gradient, bucketed on the device.

@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use ptrain_plugin_api::{PhaseTimes, Task};
+use ptrain_plugin_api::PhaseTimes;
 use tch::{nn, Device, Tensor};
 
 use super::{batches::Staged, debug::Faults, metrics::MetricsProcessor, nonfinite::NonFinite, stop::StopControl, summary::EvalPoint};
@@ -12,7 +12,8 @@ use crate::{
     dist::DataParallel,
     error::{Error, Result},
     host::{PluginHost, RunData},
-    model::Model,
+    model::{Model, ModelInput, ModelOutput, Returns},
+    objective::{add_metrics, Forward, Metrics, Objective},
     optim::{LrSchedule, Optimizer},
     schedule::RunSchedule,
 };
@@ -22,6 +23,8 @@ use crate::{
 pub(super) struct Run {
     pub env: RunEnv,
     pub learner: Learner,
+    /// What training minimises, chosen at set-up.
+    pub objective: Box<dyn Objective>,
     /// When each periodic thing is due: the plugins' attachments and the core's
     /// own work. The run plans its steps; the host delivers what is due.
     pub schedule: RunSchedule,
@@ -72,7 +75,6 @@ pub(super) struct Learner {
     pub optimizer: Box<dyn Optimizer>,
     /// The learning rate at each step (not the run's hook schedule, `Run::schedule`).
     pub lr_schedule: LrSchedule,
-    pub task: Task,
     pub dataset: Arc<dyn Dataset>,
     /// Taken at the end, which stops its threads.
     pub loader: Option<Loader>,
@@ -84,27 +86,38 @@ pub(super) struct Learner {
     pub reseed: bool,
 }
 
-impl Learner {
-    /// The model's logits, under autocast when the run is in bf16. The loss is
-    /// computed from them in float32 (see [`crate::model::loss`]).
+/// The model, run under autocast when the run is in bf16 (the objective computes
+/// its loss in float32: see [`crate::objective::cross_entropy`]). The one place the
+/// trainer calls the model.
+impl Forward for Learner {
     /// A language model's hidden states and output projection (see
-    /// [`Model::forward_hidden`]), under autocast like [`Learner::forward`].
-    pub fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
-        let model = &mut self.model;
-        let mut run = || model.forward_hidden(&batch.inputs, batch.segments.as_ref(), train);
-        match self.autocast {
-            None => run(),
-            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
+    /// [`Returns::Hidden`]), under autocast like [`Forward::forward`]; `None` when
+    /// the model has no such split (the loss is then computed from the logits).
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+        if !self.model.supports().hidden {
+            return Ok(None);
+        }
+        match self.output(batch, train, Returns::Hidden)? {
+            ModelOutput::Hidden { states, head } => Ok(Some((states, head))),
+            ModelOutput::Logits(_) => Err(Error::Other(format!("model {:?} returned logits when asked for hidden states", self.model.kind()))),
         }
     }
 
-    /// The logits of a batch: packed sequences through `forward_packed`.
-    pub fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
+    /// The logits of a batch (its packed rows included).
+    fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
+        self.output(batch, train, Returns::Logits)?.logits()
+    }
+}
+
+impl Learner {
+    /// The model's forward over a batch (its packed rows included), under autocast
+    /// when the run is in bf16.
+    pub fn output(&mut self, batch: &Batch, train: bool, returns: Returns) -> Result<ModelOutput> {
         let model = &mut self.model;
-        let mut run = || match &batch.segments {
-            None => model.forward(&batch.inputs, train),
-            Some(segments) => model.forward_packed(&batch.inputs, segments, train),
-        };
+        if batch.segments.is_some() && !model.supports().segments {
+            return Err(Error::Other(format!("model.kind {:?} cannot train on packed sequences (data.packing = true)", model.kind())));
+        }
+        let mut run = || model.forward(ModelInput::new(&batch.inputs, train).segments(batch.segments.as_ref()).returns(returns));
         match self.autocast {
             None => run(),
             Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
@@ -121,7 +134,7 @@ pub(super) struct Tally {
     /// Over every rank, since the start of training (resumed runs included).
     pub samples_seen: u64,
     pub tokens_seen: u64,
-    /// Instruction data: trained tokens (targets that are not -100) on this rank.
+    /// Instruction data: trained tokens (the units its objective counts) on this rank.
     pub trained_tokens: u64,
     pub phases_total: PhaseTimes,
     /// Time spent in inline plugins' step hooks, kept out of the phases.
@@ -133,6 +146,9 @@ pub(super) struct Tally {
     /// Sums of the step losses on the device: [0] since the last `train/loss`,
     /// [1] since the last progress line. One in-place add a step, no sync.
     pub loss_sums: Option<Tensor>,
+    /// Sums of the objective's step metrics on the device since the last
+    /// emission (empty for objectives without any).
+    pub metric_sums: Metrics,
     pub evals: Vec<EvalPoint>,
     /// Time the loop waited for a previous save to finish.
     pub checkpoint_wait_s: f64,
@@ -151,8 +167,14 @@ impl Tally {
         value / steps.max(1) as f64
     }
 
+    /// The objective's metrics since the last emission, each summed over the steps
+    /// (device scalars, not read here), and the sums started again.
+    pub fn take_metric_sums(&mut self) -> Metrics {
+        std::mem::take(&mut self.metric_sums)
+    }
+
     /// Counts one finished optimizer step over `world` ranks.
-    pub fn count_step(&mut self, world: u64, phases: &PhaseTimes, hooks_s: f64, loss: Tensor) {
+    pub fn count_step(&mut self, world: u64, phases: &PhaseTimes, hooks_s: f64, loss: Tensor, metrics: Metrics) {
         self.phases_total = self.phases_total.plus(phases);
         self.hooks_total_s += hooks_s;
         self.samples_seen += self.step_samples * world;
@@ -164,6 +186,10 @@ impl Tally {
             // A failed add shows as a wrong mean, never as a failed step.
             Some(sums) => drop(sums.f_add_(&loss)),
             None => self.loss_sums = loss.f_to_kind(tch::Kind::Double).and_then(|l| l.f_repeat([2])).ok(),
+        }
+        if !metrics.is_empty() {
+            // As the loss: a failed add shows as a wrong mean.
+            drop(add_metrics(&mut self.metric_sums, metrics));
         }
         self.last_loss = Some(loss);
     }

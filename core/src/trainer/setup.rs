@@ -30,7 +30,7 @@ use crate::{
     device,
     error::{Error, Result},
     host::{HostServices, PluginHost, RunData},
-    model,
+    model, objective,
     optim::{self, LrSchedule, ShardSpec},
     schedule::{Cadence, CoreTask, Gate, Owner, RunSchedule, SlotSpec, StepWindows},
     signals::Signals,
@@ -116,7 +116,7 @@ impl Run {
             Some(_) => {
                 let hash = model::lora::base_hash(&vs)?;
                 if config.train.precision == Precision::Bf16 {
-                    model::lora::store_base_bf16(&vs)?;
+                    model::lora::store_base_bf16(model.as_ref())?;
                 }
                 Some(hash)
             }
@@ -223,8 +223,8 @@ impl Run {
         // What warmup_ratio and min_lr_ratio resolved to, said once.
         let lr_schedule = LrSchedule::new(&config.optim, total_steps);
         tracing::info!("{}", lr_schedule.describe());
+        let objective = objective::from_config(&config, model.task());
         let learner = Learner {
-            task: model.task(),
             // Whether the model draws random numbers is the model's to say.
             reseed: model.uses_randomness(),
             lr_schedule,
@@ -259,6 +259,7 @@ impl Run {
             staged: Default::default(),
             env,
             learner,
+            objective,
             schedule,
             host,
             dist,

@@ -8,7 +8,6 @@ use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, StepTensors, 
 use tch::Tensor;
 
 use super::{
-    batches::LossScale,
     failure::RunError,
     hooks::At,
     run::Run,
@@ -18,6 +17,7 @@ use super::{
 };
 use crate::{
     error::Result,
+    objective::{add_metrics, Metrics, StepScale},
     panic,
     schedule::{CoreTask, StepPlan},
 };
@@ -97,8 +97,12 @@ impl Run {
         self.learner.optimizer.zero_grad()?;
         let scale = self.stage_batches(&mut timer)?;
         let mut step_loss: Option<Tensor> = None;
+        // The objective's metrics, scaled as the loss: empty (no allocation) for
+        // objectives without any.
+        let mut step_metrics = Metrics::new();
         for micro in 0..accum {
-            let loss = self.forward_backward_step(step, micro, lr, plan, &scale, &mut timer)?;
+            let (loss, metrics) = self.forward_backward_step(step, micro, lr, plan, &scale, &mut timer)?;
+            add_metrics(&mut step_metrics, metrics)?;
             step_loss = Some(match step_loss {
                 None => loss,
                 Some(sum) => sum + loss,
@@ -128,16 +132,26 @@ impl Run {
             self.dump_tensors(step, before)?;
         }
         let (phases, hooks_s) = timer.finish();
-        self.tally.count_step(self.env.world as u64, &phases, hooks_s, step_loss);
+        self.tally.count_step(self.env.world as u64, &phases, hooks_s, step_loss, step_metrics);
         Ok(phases)
     }
 
     /// One micro-batch: forward, the `AfterForward` hook when due, backward.
-    /// Returns its (detached, scaled) loss: the step's loss is the sum of these.
-    fn forward_backward_step(&mut self, step: u64, micro: u64, lr: f64, plan: StepPlan, scale: &LossScale, timer: &mut StepTimer) -> Result<Tensor> {
+    /// Returns its (detached, scaled) loss and metrics: the step's are their sums.
+    fn forward_backward_step(
+        &mut self,
+        step: u64,
+        micro: u64,
+        lr: f64,
+        plan: StepPlan,
+        scale: &StepScale,
+        timer: &mut StepTimer,
+    ) -> Result<(Tensor, Metrics)> {
         let batch = self.next_staged()?;
         timer.book(Phase::Data);
-        let (logits, mut loss) = self.learner.forward_loss(&batch, scale, self.env.config.train.loss_chunk)?;
+        let sum = self.objective.sum(&mut self.learner, &batch, true)?;
+        let (logits, mut loss) = (sum.logits, scale.apply(sum.loss)?);
+        let metrics = sum.metrics.into_iter().map(|(name, value)| Ok((name, scale.apply(value.f_detach()?)?))).collect::<Result<Metrics>>()?;
         if self.faults.at(step) {
             self.faults.inject(step)?;
         }
@@ -167,7 +181,7 @@ impl Run {
             None => loss.f_backward()?,
         }
         timer.book(Phase::Backward);
-        Ok(loss.detach())
+        Ok((loss.detach(), metrics))
     }
 
     /// Everything a due step does after the update, in order. Returns a reason to stop.

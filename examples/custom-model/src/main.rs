@@ -12,7 +12,7 @@
 //! uninterrupted one exactly.
 
 use ptrain_core::{
-    model::{Layer, Model, Task},
+    model::{Layer, Model, ModelInput, ModelOutput, Task},
     ConfigBuilder, Resume, Trainer,
 };
 use tch::{nn, nn::Module, Tensor};
@@ -49,17 +49,18 @@ impl ResidualMlp {
 }
 
 impl Model for ResidualMlp {
-    // `forward` returns a `Result`: libtorch errors (a bad shape, out of memory)
-    // from tch's `f_` functions end the run as failed, with its summary written.
-    // `Module::forward` panics on them instead, which the trainer also catches.
-    fn forward(&mut self, inputs: &Tensor, train: bool) -> ptrain_core::Result<Tensor> {
+    // A classifier reads the input's tokens (here features) and train flag, and
+    // returns logits. `forward` returns a `Result`: libtorch errors (a bad shape, out
+    // of memory) from tch's `f_` functions end the run as failed, with its summary
+    // written. `Module::forward` panics on them instead, which the trainer also catches.
+    fn forward(&mut self, input: ModelInput) -> ptrain_core::Result<ModelOutput> {
         let linear = |l: &nn::Linear, x: &Tensor| x.f_linear(&l.ws, l.bs.as_ref());
-        let mut x = linear(&self.input, inputs)?;
+        let mut x = linear(&self.input, input.tokens)?;
         for (norm, up, down) in &self.blocks {
-            let h = linear(up, &norm.forward(&x))?.f_relu()?.f_dropout(self.dropout, train)?;
+            let h = linear(up, &norm.forward(&x))?.f_relu()?.f_dropout(self.dropout, input.train)?;
             x = x.f_add(&linear(down, &h)?)?;
         }
-        Ok(linear(&self.head, &x)?)
+        Ok(ModelOutput::Logits(linear(&self.head, &x)?))
     }
 
     fn task(&self) -> Task {

@@ -14,6 +14,10 @@ pub const LOSS: usize = 0;
 pub const CORRECT: usize = 1;
 pub const SAMPLES: usize = 2;
 
+/// The label of a target not trained (the trainer's `ptrain_core::data::IGNORE_INDEX`,
+/// PyTorch's `ignore_index`; a plugin sees only the plugin API).
+const IGNORE_INDEX: i64 = -100;
+
 /// Per-batch scratch, reused while the batch size stays the same.
 struct Scratch {
     batch: i64,
@@ -130,7 +134,7 @@ impl Accumulator {
         let (s, sums) = (self.scratch.as_mut().expect("scratch"), self.sums.as_mut().expect("sums"));
         // As the trainer's loss: log-softmax in float32 (bf16 logits included).
         let log_probs = logits.f_log_softmax(-1, Kind::Float)?;
-        let _ = log_probs.f_nll_loss_out(&s.loss_f32, labels, None::<Tensor>, Reduction::None, -100)?;
+        let _ = log_probs.f_nll_loss_out(&s.loss_f32, labels, None::<Tensor>, Reduction::None, IGNORE_INDEX)?;
         s.loss.f_copy_(&s.loss_f32)?;
         let _ = log_probs.f_argmax_out(&s.predicted, -1, false)?;
         let _ = s.predicted.f_eq_tensor_out(&s.correct, labels)?;
@@ -138,10 +142,11 @@ impl Accumulator {
         Ok(())
     }
 
-    /// Adds a language model's batch: `logits [B, T, V]`, `labels [B, T]` (-100:
-    /// not trained), `ids [B, T]` each token's dataset (a packed sequence holds
-    /// rows of several). The rows become (loss, correct, 1) per trained token, 0
-    /// for the rest: the sums are per-token means' numerators and token counts.
+    /// Adds a language model's batch: `logits [B, T, V]`, `labels [B, T]`
+    /// ([`IGNORE_INDEX`]: not trained), `ids [B, T]` each token's dataset (a packed
+    /// sequence holds rows of several). The rows become (loss, correct, 1) per
+    /// trained token, 0 for the rest: the sums are per-token means' numerators and
+    /// token counts.
     pub fn add_tokens(&mut self, logits: &Tensor, labels: &Tensor, ids: &Tensor) -> Result<(), tch::TchError> {
         let _guard = tch::no_grad_guard();
         let vocab = logits.size().last().copied().unwrap_or(1);
@@ -151,8 +156,8 @@ impl Accumulator {
         }
         let labels = labels.f_reshape([-1])?;
         let log_probs = logits.f_reshape([-1, vocab])?.f_log_softmax(-1, Kind::Float)?;
-        let loss = log_probs.f_nll_loss(&labels, None::<Tensor>, Reduction::None, -100)?.f_to_kind(Kind::Double)?;
-        let trained = labels.f_ne(-100)?.f_to_kind(Kind::Double)?;
+        let loss = log_probs.f_nll_loss(&labels, None::<Tensor>, Reduction::None, IGNORE_INDEX)?.f_to_kind(Kind::Double)?;
+        let trained = labels.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Double)?;
         let correct = log_probs.f_argmax(-1, false)?.f_eq_tensor(&labels)?.f_to_kind(Kind::Double)?.f_mul(&trained)?;
         let rows = Tensor::f_stack(&[loss, correct, trained], 0)?;
         let _ = self.sums.as_mut().expect("sums").f_index_add_(1, &ids.f_reshape([-1])?, &rows)?;
@@ -253,14 +258,15 @@ mod tests {
     #[test]
     fn language_model_tokens_are_summed_per_dataset_skipping_untrained_ones() {
         // Two sequences of three positions over a vocabulary of three, per-token
-        // dataset ids as packed rows of two sources carry them; -100 is not trained.
+        // dataset ids as packed rows of two sources carry them; IGNORE_INDEX is
+        // not trained.
         let logits: &[[f32; 3]] = &[[2.0, 0.5, -1.0], [0.1, 0.2, 0.3], [-3.0, 4.0, 0.0], [1.0, 1.5, 1.2], [0.0, 0.0, 5.0], [9.0, -9.0, 0.0]];
-        let (labels, ids) = ([0i64, -100, 1, 1, 2, -100], [0i64, 0, 1, 1, 1, 0]);
+        let (labels, ids) = ([0i64, IGNORE_INDEX, 1, 1, 2, IGNORE_INDEX], [0i64, 0, 1, 1, 1, 0]);
         let (l, _, _) = batch(logits, &labels, &ids);
         let mut acc = Accumulator::new(2);
         let shaped = |v: &[i64]| Tensor::from_slice(v).view([2, 3]);
         acc.add_tokens(&l.view([2, 3, 3]), &shaped(&labels), &shaped(&ids)).unwrap();
-        let trained: Vec<usize> = (0..6).filter(|&i| labels[i] != -100).collect();
+        let trained: Vec<usize> = (0..6).filter(|&i| labels[i] != IGNORE_INDEX).collect();
         let pick = |v: &[i64]| trained.iter().map(|&i| v[i]).collect::<Vec<_>>();
         let rows: Vec<[f32; 3]> = trained.iter().map(|&i| logits[i]).collect();
         assert_close(&acc.take().unwrap().unwrap(), &reference(&rows, &pick(&labels), &pick(&ids), 2));

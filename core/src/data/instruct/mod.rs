@@ -18,7 +18,7 @@ use self::{
     encode::Encoder,
     pack::{Entry, EpochOrder, Samples},
 };
-use super::{chat_template, token_cache, tokenize, Batch, BatchKey, Dataset, Segments, Split};
+use super::{chat_template, token_cache, tokenize, Batch, BatchKey, Dataset, Segments, Split, IGNORE_INDEX};
 use crate::{
     config::{Config, DataKind, Overflow, TrainOn},
     error::{Error, Result},
@@ -164,13 +164,13 @@ impl InstructData {
         self.sources.iter().map(|s| (s.name.clone(), s.store.path.clone(), s.store.len())).collect()
     }
 
-    /// The samples `key` names, collated: inputs, targets (-100 where not trained or
-    /// padding), and for packed sequences each token's position and row.
+    /// The samples `key` names, collated: inputs, targets ([`IGNORE_INDEX`] where not
+    /// trained or padding), and for packed sequences each token's position and row.
     fn collate(&self, samples: &Samples, picks: &[usize]) -> Result<Batch> {
         let b = picks.len();
         let t = picks.iter().map(|&s| samples.positions(s)).max().unwrap_or(1).max(1);
         let mut inputs = vec![0i64; b * t];
-        let mut targets = vec![-100i64; b * t];
+        let mut targets = vec![IGNORE_INDEX; b * t];
         let mut positions = vec![0i64; b * t];
         let mut rows = vec![0i64; b * t];
         let mut sources = vec![0i64; b * t];
@@ -202,7 +202,7 @@ impl InstructData {
             inputs: tensor(&inputs)?,
             targets: tensor(&targets)?,
             dataset_ids: if self.named { Some(tensor(&sources)?) } else { None },
-            segments: if self.packing { Some(Segments { positions: tensor(&positions)?, ids: tensor(&rows)? }) } else { None },
+            segments: if self.packing { Some(Segments { positions: tensor(&positions)?, ids: tensor(&rows)?, prefix: None }) } else { None },
             trained_tokens: Some(trained),
             samples: b as i64,
             tokens: (b * t) as i64,

@@ -170,7 +170,7 @@ mod tests {
         let mut config = Config::default();
         config.model.n_layer = 2;
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-        let _gpt = crate::model::Gpt::new(&vs.root(), &config.model);
+        let _gpt = crate::model::Gpt::decoder(&vs.root(), &config.model, crate::model::lora::Targets::NONE);
         let mut built: Vec<(String, Vec<i64>)> = vs.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
         built.sort();
         let mut table: Vec<(String, Vec<i64>)> = gpt2_params(&config.model).into_iter().map(|p| (p.name, p.shape)).collect();
@@ -185,7 +185,7 @@ mod tests {
             (m.kind, m.n_layer, m.llama.n_kv_head, m.llama.tie_embeddings, m.llama.qkv_bias, m.llama.qk_norm) =
                 (ModelKind::Llama, 2, 2, tie, qkv_bias, qk_norm);
             let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-            let _llama = crate::model::Llama::new(&vs.root(), &m);
+            let _llama = crate::model::Llama::decoder(&vs.root(), &m, crate::model::lora::Targets::NONE);
             let mut built: Vec<(String, Vec<i64>)> = vs.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
             built.sort();
             let mut table: Vec<(String, Vec<i64>)> = llama_params(&m).into_iter().map(|p| (p.name, p.shape)).collect();

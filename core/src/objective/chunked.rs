@@ -14,18 +14,22 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::error::Result;
+use crate::{
+    data::IGNORE_INDEX,
+    error::{Error, Result},
+};
 
-/// The cross-entropy summed over the positions whose target is not -100, of the
-/// logits `hidden [.., D] @ weight [V, D]^T`, computed `chunk` positions at a time.
+/// The cross-entropy summed over the positions whose target is not
+/// [`IGNORE_INDEX`], of the logits `hidden [.., D] @ weight [V, D]^T`, computed
+/// `chunk` positions at a time.
 pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) -> Result<Tensor> {
-    let width = *hidden.size().last().expect("hidden states have a width");
+    let width = hidden.size().last().copied().ok_or_else(|| Error::Other("chunked loss: hidden states without a width".into()))?;
     let mut h = hidden.f_reshape([-1, width])?;
     let mut y = targets.f_reshape([-1])?;
     if h.device() == Device::Cpu {
         // Untrained positions skip the projection. (On a GPU, finding them is a
         // host/device synchronisation: there they are computed and masked.)
-        let trained = y.f_ne(-100)?.f_nonzero()?.f_squeeze_dim(1)?;
+        let trained = y.f_ne(IGNORE_INDEX)?.f_nonzero()?.f_squeeze_dim(1)?;
         h = h.f_index_select(0, &trained)?;
         y = y.f_index_select(0, &trained)?;
     }
@@ -44,7 +48,7 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) ->
             let hc = h.f_narrow(0, start, len)?.f_detach()?;
             let yc = y.f_narrow(0, start, len)?;
             let mut logits = hc.f_matmul(&w.f_tr()?)?.f_to_kind(Kind::Float)?;
-            let valid = yc.f_ne(-100)?;
+            let valid = yc.f_ne(IGNORE_INDEX)?;
             let index = yc.f_clamp_min(0)?.f_unsqueeze(1)?;
             let lse = logits.f_logsumexp([-1], false)?;
             let picked = logits.f_gather(1, &index, false)?.f_squeeze_dim(1)?;
@@ -84,9 +88,9 @@ mod tests {
         let weight = Tensor::randn([v, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let hidden = Tensor::randn([n, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let targets = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
-        let _ = targets.narrow(0, 5, 7).fill_(-100);
+        let _ = targets.narrow(0, 5, 7).fill_(IGNORE_INDEX);
 
-        let whole = hidden.matmul(&weight.tr()).cross_entropy_loss::<Tensor>(&targets, None, Reduction::Sum, -100, 0.0);
+        let whole = hidden.matmul(&weight.tr()).cross_entropy_loss::<Tensor>(&targets, None, Reduction::Sum, IGNORE_INDEX, 0.0);
         whole.backward();
         let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
         let _ = hidden.grad().zero_();

@@ -1,0 +1,84 @@
+//! The one way into a model, [`super::Model::forward`]: what it is given
+//! ([`ModelInput`]) and what it gives back ([`ModelOutput`]).
+
+use tch::Tensor;
+
+use super::{KvCache, Segments};
+use crate::error::Result;
+
+/// One forward's input. A model that reads only `tokens` and `train` (as a
+/// classifier does) is complete: the other fields are only set for models whose
+/// [`super::Model::supports`] and [`super::Model::new_cache`] say they honour them.
+pub struct ModelInput<'a> {
+    /// `[B, T]` int64 tokens, or `[B, F]` float features.
+    pub tokens: &'a Tensor,
+    /// Packed rows and shared-prefix pairs: each token's position, row and prefix.
+    pub segments: Option<&'a Segments>,
+    /// Incremental decoding: `tokens` are placed after the positions the cache holds,
+    /// which then holds them too.
+    pub cache: Option<&'a mut KvCache>,
+    /// Training (dropout on) or evaluation.
+    pub train: bool,
+    pub returns: Returns,
+}
+
+/// What a forward returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Returns {
+    Logits,
+    /// A language model's hidden states before the output projection, with the
+    /// projection's weight, so the loss can be computed a chunk of positions at a time
+    /// (`train.loss_chunk`).
+    Hidden,
+}
+
+impl<'a> ModelInput<'a> {
+    /// Logits of plain `tokens`.
+    pub fn new(tokens: &'a Tensor, train: bool) -> ModelInput<'a> {
+        ModelInput { tokens, segments: None, cache: None, train, returns: Returns::Logits }
+    }
+
+    pub fn segments(self, segments: Option<&'a Segments>) -> ModelInput<'a> {
+        ModelInput { segments, ..self }
+    }
+
+    pub fn cache(self, cache: &'a mut KvCache) -> ModelInput<'a> {
+        ModelInput { cache: Some(cache), ..self }
+    }
+
+    pub fn returns(self, returns: Returns) -> ModelInput<'a> {
+        ModelInput { returns, ..self }
+    }
+}
+
+/// What a forward gave back.
+pub enum ModelOutput {
+    /// `[B, C]` for classification, `[B, T, V]` for language models.
+    Logits(Tensor),
+    /// `states` `[B, T, D]` (final-normed) and the output projection `head` `[V, D]`:
+    /// the logits are `states @ head^T`.
+    Hidden { states: Tensor, head: Tensor },
+}
+
+impl ModelOutput {
+    /// The logits, projecting hidden states if that is what came back.
+    pub fn logits(self) -> Result<Tensor> {
+        Ok(match self {
+            ModelOutput::Logits(logits) => logits,
+            ModelOutput::Hidden { states, head } => states.f_linear::<Tensor>(&head, None)?,
+        })
+    }
+}
+
+/// What a model's `forward` honours beyond `tokens` and `train`; the default,
+/// nothing, is right for a model that reads only those.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Supports {
+    /// [`ModelInput::segments`]: packed rows (`data.packing`) and shared-prefix
+    /// pairs. A model without it is never given segments (the run stops with an error
+    /// naming the model instead).
+    pub segments: bool,
+    /// [`Returns::Hidden`] (`train.loss_chunk`). Without it the loss is computed from
+    /// the logits.
+    pub hidden: bool,
+}
