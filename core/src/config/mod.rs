@@ -26,6 +26,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub use combinations::{AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB};
 pub use data::{DataConfig, DataKind, DatasetSpec, Overflow, TrainOn};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};

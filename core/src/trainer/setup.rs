@@ -220,6 +220,15 @@ impl Run {
             tokens_seen: restored.tokens_seen,
             ..Tally::default()
         };
+        if config.auto_loss_chunk() {
+            tracing::info!(
+                "loss computed {} positions at a time (train.loss_chunk unset, vocabulary {} >= {}: the whole logits would dominate memory; \
+                 train.loss_chunk = 0 turns it off)",
+                config.loss_chunk(),
+                config.model.vocab_size,
+                crate::config::AUTO_LOSS_CHUNK_VOCAB
+            );
+        }
         // What warmup_ratio and min_lr_ratio resolved to, said once.
         let lr_schedule = LrSchedule::new(&config.optim, total_steps);
         tracing::info!("{}", lr_schedule.describe());
