@@ -345,3 +345,27 @@ fn log_lines_are_coloured_on_a_terminal_unless_no_color_is_set() {
     let empty = warning_on_a_terminal(&dir.path().join("c"), Some("")).unwrap();
     assert!(warning(&empty).contains("\u{1b}[33m"), "{empty:?}");
 }
+
+#[test]
+fn with_the_bar_on_a_terminal_and_stdout_redirected_progress_lines_go_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    // As `ptrain run > run.log` from a terminal: stderr a pseudo-terminal (the bar is
+    // drawn there; a thread drains it), stdout a pipe.
+    let script = r#"
+import os, pty, subprocess, sys, threading
+master, slave = pty.openpty()
+drain = threading.Thread(target=lambda: [None for _ in iter(lambda: os.read(master, 4096), b"")], daemon=True)
+drain.start()
+p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=slave)
+os.close(slave)
+sys.stdout.write(p.stdout.decode())
+sys.exit(p.returncode)
+"#;
+    let mut cmd = python();
+    cmd.args(["-c", script]).arg(bin()).args(tiny_gpt(6).into_iter().filter(|a| a != "--quiet"));
+    cmd.args(["--set", "run.log_every=2", "--run-dir"]).arg(dir.path().join("run"));
+    let out = run_expect(&mut cmd, 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let steps: Vec<&str> = text.lines().filter(|l| l.starts_with("step ")).map(|l| l.split("  ").next().unwrap()).collect();
+    assert_eq!(steps, ["step 2/6", "step 4/6", "step 6/6"], "plain progress lines on the redirected stdout:\n{text}");
+}

@@ -315,3 +315,18 @@ fn lora_starts_from_the_base_exactly_in_fp32_and_in_bf16_with_the_base_stored_in
         assert_eq!(first("lora.rank=4").to_bits(), first("lora.enabled=false").to_bits(), "{name}: LoRA's first loss vs the base's");
     }
 }
+
+#[test]
+fn lora_with_activation_checkpointing_gives_the_same_losses_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = qwen2(dir.path());
+    let cache = dir.path().join("cache");
+    let losses = |name: &str, extra: &[&str]| -> Vec<u64> {
+        let run_dir = dir.path().join(name);
+        run(&run_dir, 3, &qwen2_lora(&model, &cache, extra));
+        read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|r| Some(r["train/loss"].as_f64()?.to_bits())).collect()
+    };
+    let stored = losses("stored", &[]);
+    assert_eq!(stored.len(), 3);
+    assert_eq!(losses("recomputed", &["train.activation_checkpointing=\"full\""]), stored, "LoRA with every layer recomputed");
+}

@@ -76,3 +76,36 @@ fn loss_chunk_needs_a_model_with_an_output_projection() {
     let out = run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--set", "model.kind=mlp", "--set", "train.loss_chunk=64"]), 2);
     assert!(stderr(&out).contains("train.loss_chunk"), "{}", stderr(&out));
 }
+
+/// The tensor names of a safetensors file (its JSON header).
+fn tensor_names(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect()
+}
+
+#[test]
+fn a_vocabulary_of_65536_or_more_gets_the_chunked_loss_unless_loss_chunk_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    // Whether step 1 ran without the whole logits (the dump's token_loss needs them),
+    // and what the run said.
+    let run = |name: &str, sets: &[&str]| {
+        let run_dir = dir.path().join(name);
+        let mut cmd = ptrain();
+        cmd.env("PTRAIN_LOG", "info").args(tiny_gpt(1)).arg("--run-dir").arg(&run_dir);
+        for set in ["debug.dump_tensors_at=[1]"].iter().chain(sets) {
+            cmd.args(["--set", set]);
+        }
+        let err = stderr(&run_expect(&mut cmd, 0));
+        let names = tensor_names(&run_dir.join("tensors-step1.rank0.safetensors"));
+        (!names.iter().any(|n| n.contains("token_loss")), err)
+    };
+    let (chunked, err) = run("large", &["model.vocab_size=65536"]);
+    assert!(chunked, "vocabulary 65536, train.loss_chunk unset: the loss is chunked");
+    assert!(err.contains("1024 positions at a time") && err.contains("vocabulary 65536"), "{err}");
+    let (chunked, err) = run("small", &["model.vocab_size=65535"]);
+    assert!(!chunked && !err.contains("positions at a time"), "vocabulary 65535: the whole logits\n{err}");
+    let (chunked, _) = run("off", &["model.vocab_size=65536", "train.loss_chunk=0"]);
+    assert!(!chunked, "train.loss_chunk = 0 turns it off whatever the vocabulary");
+}

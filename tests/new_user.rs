@@ -108,3 +108,16 @@ fn a_misspelt_plugin_table_is_refused_before_any_weight_is_read_and_by_ptrain_co
     let err = stderr(&out);
     assert!(err.contains("[plugins.chekpoint]") && !err.contains("model.safetensors"), "{err}");
 }
+
+#[test]
+fn a_train_on_that_does_not_fit_the_data_kind_names_the_values_as_a_file_spells_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    common::hf::support_py("chat.py", &[&"make", &model, &"30", &"2"]);
+    let tokenizer = format!("data.tokenizer={}", common::hf::s(&model.join("tokenizer.json")));
+    let sets = ["data.kind=\"prompt_completion\"", &tokenizer, "data.path=\"rows.jsonl\"", "data.train_on=\"last_assistant\""];
+    let out = run_expect(ptrain().arg("config").args(sets.iter().flat_map(|s| ["--set", s])), 2);
+    let err = stderr(&out);
+    assert!(err.contains("\"last_assistant\" does not apply to data.kind = \"prompt_completion\""), "{err}");
+    assert!(err.contains("use one of \"auto\", \"completion\", \"all\"") && !err.contains("lastassistant"), "{err}");
+}

@@ -176,3 +176,34 @@ fn a_run_directory_or_summary_that_cannot_be_written_is_named_as_a_write() {
     assert!(err.contains(&format!("cannot write {}", run_dir.join("summary.json").display())), "{err}");
     assert!(!err.contains("cannot read"), "{err}");
 }
+
+#[test]
+fn a_second_fresh_run_into_a_directory_with_an_earlier_runs_records_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let mut args = tiny_gpt(4);
+    args.extend(["--plugins", "jsonl", "--set", "plugins.jsonl.every=2"].map(String::from));
+    run_expect(&mut run_in(&args, &run_dir), 0);
+    let rows = read_jsonl(&run_dir.join("metrics.jsonl")).len();
+    // No checkpoint, but the first run's metrics and summary: refused, nothing touched.
+    let err = stderr(&run_expect(&mut run_in(&args, &run_dir), 2));
+    assert!(err.contains("earlier run's records") && err.contains("metrics.jsonl") && err.contains("summary.json"), "{err}");
+    assert!(err.contains("--overwrite") && err.contains("--auto-resume"), "{err}");
+    assert_eq!(read_jsonl(&run_dir.join("metrics.jsonl")).len(), rows, "the refused run wrote no metrics");
+    // --overwrite moves them aside; --auto-resume (no checkpoint) trains beside them.
+    run_expect(run_in(&args, &run_dir).arg("--overwrite"), 0);
+    assert_eq!(read_jsonl(&run_dir.join("metrics.jsonl")).len(), rows, "a fresh metrics.jsonl");
+    run_expect(run_in(&args, &run_dir).arg("--auto-resume"), 0);
+}
+
+#[test]
+fn resuming_a_finished_run_with_fewer_steps_says_it_is_already_past_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    run_expect(&mut run_in(&with_checkpoints(6), &run_dir), 0);
+    let mut args = with_checkpoints(2);
+    args.push("--auto-resume".into());
+    let out = stdout(&run_expect(&mut run_in(&args, &run_dir), 0));
+    let line = out.lines().next().unwrap_or_default();
+    assert!(line.contains("nothing to train") && line.contains("already at step 6, past train.steps = 2") && line.contains("--steps 8"), "{out}");
+}

@@ -56,9 +56,9 @@ pub struct RunArgs {
     /// Resume from the newest valid checkpoint in --run-dir, if there is one.
     #[arg(long)]
     auto_resume: bool,
-    /// Start over in a --run-dir that holds an earlier run's checkpoints: what it holds
-    /// is moved aside to <run-dir>.old-<UTC time> first (without this, or a resume flag,
-    /// such a run is refused).
+    /// Start over in a --run-dir that holds an earlier run's checkpoints or records
+    /// (config.toml, summary.json): what it holds is moved aside to
+    /// <run-dir>.old-<UTC time> first (without this, or a resume flag, such a run is refused).
     #[arg(long, conflicts_with_all = ["resume", "auto_resume"])]
     overwrite: bool,
     /// Print only warnings, errors and the final summary line: no progress bar,
@@ -141,19 +141,34 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let loss = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     let problems = problems(s);
-    reportln!(
-        "{}: {} steps in {:.2}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}{}",
-        s.status,
-        s.steps,
-        s.wall_s,
-        s.steps_per_s,
-        s.tokens_per_s,
-        s.device,
-        loss(s.first_loss),
-        loss(s.final_loss),
-        loss(s.final_eval_loss),
-        if problems.is_empty() { String::new() } else { format!("; but {}", problems.join("; ")) }
-    );
+    let but = if problems.is_empty() { String::new() } else { format!("; but {}", problems.join("; ")) };
+    if s.steps == 0 && s.error.is_none() && s.start_step >= s.total_steps {
+        // A finished run resumed with no more steps than it has: nothing ran, and
+        // "0 steps, loss - -> -" would not say why.
+        let relation = if s.start_step > s.total_steps { "past" } else { "at" };
+        reportln!(
+            "{}: nothing to train: the run is already at step {}, {relation} train.steps = {} (steps count from the run's start, \
+             not from the checkpoint: --steps {} trains {} more){but}",
+            s.status,
+            s.start_step,
+            s.total_steps,
+            s.start_step + s.total_steps,
+            s.total_steps
+        );
+    } else {
+        reportln!(
+            "{}: {} steps in {:.2}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}{but}",
+            s.status,
+            s.steps,
+            s.wall_s,
+            s.steps_per_s,
+            s.tokens_per_s,
+            s.device,
+            loss(s.first_loss),
+            loss(s.final_loss),
+            loss(s.final_eval_loss),
+        );
+    }
     for failure in &s.plugin_failures {
         reportln!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
     }

@@ -30,6 +30,10 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
                                              the Python tokenizer's ids vs ptrain's cached ids
   hf.py load-export DIR PROBE [SOURCE]       AutoModelForCausalLM.from_pretrained(DIR): loading report,
                                              warnings, logits vs PROBE's; its tokenizer vs SOURCE's
+  hf.py lr-schedule LR WARMUP STEPS          the learning rate of each of STEPS optimizer steps under
+                                             Trainer with TrainingArguments(learning_rate=LR,
+                                             warmup_steps=WARMUP: a ratio below 1), lr_scheduler_type linear
+  hf.py training-defaults                    TrainingArguments()'s optimizer and schedule defaults
 """
 import json
 import logging
@@ -356,7 +360,47 @@ def generate(model_dir, ids, n):
     out({"ids": new.tolist(), "eos": model.generation_config.eos_token_id})
 
 
+def training_args(**kwargs):
+    import tempfile
+
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=tempfile.mkdtemp(), report_to="none", **kwargs)
+
+
+def lr_schedule(lr, warmup, steps):
+    """What Trainer does: create_optimizer_and_scheduler(max_steps), then per step
+    optimizer.step() at the group's current lr, then lr_scheduler.step()."""
+    import torch
+    from transformers import get_scheduler
+
+    steps = int(steps)
+    args = training_args(learning_rate=float(lr), warmup_steps=float(warmup), max_steps=steps)
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([param], lr=args.learning_rate)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(steps), num_training_steps=steps
+    )
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    out({"scheduler": str(args.lr_scheduler_type.value), "warmup": args.get_warmup_steps(steps), "lrs": lrs})
+
+
+def training_defaults():
+    a = training_args()
+    out({
+        "schedule": str(a.lr_scheduler_type.value), "warmup_steps": a.warmup_steps, "weight_decay": a.weight_decay,
+        "beta1": a.adam_beta1, "beta2": a.adam_beta2, "eps": a.adam_epsilon, "grad_clip": a.max_grad_norm,
+        "accum_steps": a.gradient_accumulation_steps,
+    })
+
+
 COMMANDS = {
+    "lr-schedule": lr_schedule,
+    "training-defaults": training_defaults,
     "make-model": make_model,
     "make-llama": make_llama,
     "generate": generate,

@@ -99,11 +99,11 @@ fn parse_args() -> Result<Args, Error> {
     Ok(args)
 }
 
-/// ptrain's schedule (core/src/optim/lr_schedule.rs), written out with the same
+/// ptrain's cosine or constant schedule (the benchmark's; core/src/optim/lr_schedule.rs), written out with the same
 /// floating-point operations in the same order so the learning rates are equal.
 fn lr_at(config: &Config, step: u64) -> f64 {
     let o = &config.optim;
-    let (peak, min, warmup, total) = (o.lr, o.min_lr, o.warmup_steps, config.train.steps);
+    let (peak, min, warmup, total) = (o.lr, o.floor(), o.warmup(config.train.steps), config.train.steps);
     if step <= warmup {
         return peak * step as f64 / (warmup + 1) as f64;
     }

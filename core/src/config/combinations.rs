@@ -4,6 +4,16 @@
 use super::{ActivationCheckpointing, ColumnMap, Config, DataFormat, DataKind, ModelKind, TaskKind, TrainOn, WeightBy, BYTES_TOKENIZER};
 use crate::error::{ConfigError, Error};
 
+/// Vocabularies this large get the chunked loss unless `train.loss_chunk` is set.
+pub const AUTO_LOSS_CHUNK_VOCAB: i64 = 65_536;
+/// The positions per chunk they get.
+pub const AUTO_LOSS_CHUNK: i64 = 1024;
+
+/// A value as a configuration file spells it: `"last_assistant"`, not `LastAssistant`.
+fn spelled<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value).map_or_else(|_| String::new(), |v| v.to_string())
+}
+
 fn bad(key: &str, message: impl Into<String>) -> Error {
     ConfigError { origin: "configuration".into(), key: key.into(), message: message.into() }.into()
 }
@@ -17,9 +27,29 @@ impl Config {
             && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_instruction())
     }
 
+    /// The positions per chunk of the loss (0: the whole logits): `train.loss_chunk`
+    /// when set, else [`AUTO_LOSS_CHUNK`] for a gpt or llama whose vocabulary is at
+    /// least [`AUTO_LOSS_CHUNK_VOCAB`] (Qwen2's 151,936, Llama 3's 128,256; not GPT-2's
+    /// 50,257), where the logits dominate memory. The chunked loss is exact, so this
+    /// changes memory and speed, not results.
+    pub fn loss_chunk(&self) -> i64 {
+        match self.train.loss_chunk {
+            Some(chunk) => chunk,
+            None if self.auto_loss_chunk() => AUTO_LOSS_CHUNK,
+            None => 0,
+        }
+    }
+
+    /// Whether the chunked loss is on because `train.loss_chunk` is unset and the vocabulary is large.
+    pub fn auto_loss_chunk(&self) -> bool {
+        self.train.loss_chunk.is_none()
+            && matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama)
+            && self.model.vocab_size >= AUTO_LOSS_CHUNK_VOCAB
+    }
+
     /// `train.loss_chunk` needs a model that hands out its hidden states.
     pub(super) fn validate_loss_chunk(&self) -> Result<(), Error> {
-        if self.train.loss_chunk > 0 && !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
+        if self.train.loss_chunk.is_some_and(|c| c > 0) && !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
             return Err(bad("train.loss_chunk", "chunks a language model's output projection: model.kind = \"gpt\" or \"llama\""));
         }
         Ok(())
@@ -70,7 +100,7 @@ impl Config {
             let names: Vec<String> = allowed.iter().map(spelled).collect();
             return Err(bad(
                 "data.train_on",
-                format!("\"{}\" does not apply to data.kind = \"{}\"; use one of {}", spelled(&data.train_on), spelled(&data.kind), names.join(", ")),
+                format!("{} does not apply to data.kind = {}; use one of {}", spelled(&data.train_on), spelled(&data.kind), names.join(", ")),
             ));
         }
         if data.path.is_empty() && data.datasets.is_empty() {
@@ -121,7 +151,3 @@ impl Config {
     }
 }
 
-/// A setting as the configuration spells it (`last_assistant`, not `LastAssistant`).
-fn spelled<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
-}

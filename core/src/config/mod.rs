@@ -26,6 +26,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub use combinations::{AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB};
 pub use data::{is_pattern, ColumnMap, DataConfig, DataFormat, DataKind, DatasetSpec, Overflow, TrainOn, WeightBy};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
@@ -280,8 +281,14 @@ impl Config {
         // Again on the whole: typed overrides (command-line flags) skip the layers.
         let table = toml::Table::try_from(self).expect("config serializes");
         ranges::check(&table, "configuration")?;
-        if self.optim.min_lr > self.optim.lr {
-            return Err(bad("optim.min_lr", format!("{} is above optim.lr = {}: must be <= lr", self.optim.min_lr, self.optim.lr)));
+        if let Some(min_lr) = self.optim.min_lr.filter(|&m| m > self.optim.lr) {
+            return Err(bad(
+                "optim.min_lr",
+                format!(
+                    "{min_lr} is above optim.lr = {}: must be <= lr (or leave min_lr out: optim.min_lr_ratio sets the floor as a fraction of lr)",
+                    self.optim.lr
+                ),
+            ));
         }
         if self.model.kind == ModelKind::Gpt && self.model.n_embd % self.model.n_head.max(1) != 0 {
             return Err(bad("model.n_embd", format!("{} is not divisible by n_head = {}", self.model.n_embd, self.model.n_head)));

@@ -43,6 +43,11 @@ const fn unit() -> Range {
     Range { integer: false, low: End::Closed(0.0), high: End::Open(1.0), zero_means: None }
 }
 
+/// `[0, 1]`: fractions that may be whole.
+const fn closed_unit() -> Range {
+    Range { integer: false, low: End::Closed(0.0), high: End::Closed(1.0), zero_means: None }
+}
+
 const fn fraction() -> Range {
     Range { integer: false, low: End::Open(0.0), high: End::Open(1.0), zero_means: None }
 }
@@ -140,7 +145,9 @@ pub const RULES: &[(&str, Range)] = &[
     ("data.datasets[].weight", positive()),
     ("optim.lr", positive()),
     ("optim.min_lr", non_negative()),
+    ("optim.min_lr_ratio", closed_unit()),
     ("optim.warmup_steps", int(0)),
+    ("optim.warmup_ratio", unit()),
     ("optim.weight_decay", non_negative()),
     ("optim.beta1", unit()),
     ("optim.beta2", unit()),

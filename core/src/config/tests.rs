@@ -177,6 +177,8 @@ fn out_and_in(path: &str) -> (String, String) {
         ("1.0", "0.5")
     } else if rule.contains("in [0, 1)") {
         ("1.0", "0.0")
+    } else if rule.contains("in [0, 1]") {
+        ("1.5", "1.0")
     } else if rule.starts_with("an integer >= 2") && rule.contains("or 0") {
         ("1", "0")
     } else if rule.starts_with("an integer >= 2") {
@@ -231,8 +233,11 @@ fn every_range_refuses_a_value_outside_it_naming_key_value_and_range() {
 fn non_finite_numbers_and_min_lr_above_lr_are_refused() {
     let e = config_error(ConfigBuilder::default().set("optim.lr=nan"));
     assert_eq!(e.key, "optim.lr");
-    let e = ConfigBuilder::default().set("optim.lr=1e-5").unwrap().build().unwrap_err();
+    let e = ConfigBuilder::default().set("optim.lr=1e-5").unwrap().set("optim.min_lr=1e-4").unwrap().build().unwrap_err();
     assert!(e.to_string().contains("optim.min_lr") && e.to_string().contains("must be <= lr"), "{e}");
+    // The default floor is a ratio of lr: a lower lr alone is valid.
+    let config = ConfigBuilder::default().set("optim.lr=1e-5").unwrap().build().unwrap();
+    assert_eq!(config.optim.floor(), 0.1 * 1e-5);
     // Typed overrides skip the layers and are checked at the end.
     let e = ConfigBuilder::default().build_with(|c| c.train.steps = 0).unwrap_err();
     assert!(e.to_string().contains("train.steps"), "{e}");

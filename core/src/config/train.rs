@@ -10,8 +10,9 @@ pub struct TrainConfig {
     pub epochs: f64,
     /// Language models: the output projection and the loss computed this many
     /// positions at a time, so the whole `[positions, vocabulary]` logits never
-    /// exist (0 = off).
-    pub loss_chunk: i64,
+    /// exist (0 = off). Unset: chosen by the vocabulary (`Config::loss_chunk`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_chunk: Option<i64>,
     /// gpt/llama: which blocks keep no activations in forward and recompute them in
     /// backward (see docs/memory.md).
     pub activation_checkpointing: ActivationCheckpointing,

@@ -127,7 +127,7 @@ pub trait Objective: Send {
 /// (`data.kind = "chat"` or `"prompt_completion"`) and per micro-batch mean on
 /// anything else.
 pub fn from_config(config: &Config, task: Task) -> Box<dyn Objective> {
-    let chunk = config.train.loss_chunk;
+    let chunk = config.loss_chunk();
     match task {
         Task::Classification => Box::new(Classification),
         Task::LanguageModel if config.data.kind.is_instruction() => Box::new(CausalLmPerToken { chunk }),

@@ -1,5 +1,7 @@
 //! Progress at the `log_every` cadence: an indicatif bar on a terminal, plain log
-//! lines otherwise. Nothing here runs on steps that are not due.
+//! lines otherwise; with the bar on the terminal and standard output redirected
+//! (`ptrain run > run.log`), plain lines go to standard output too, so the log has
+//! them. Nothing here runs on steps that are not due.
 
 use std::{io::IsTerminal, sync::Mutex};
 
@@ -7,6 +9,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 pub struct Progress {
     bar: Option<ProgressBar>,
+    /// With a bar: standard output is not a terminal, and gets the plain lines.
+    lines_to_stdout: bool,
     total: u64,
     /// Rank 0 shows progress (a bar, or log lines: `--quiet` raises the log level
     /// above them); the other ranks only take part in the mean loss.
@@ -46,7 +50,8 @@ impl Progress {
         if let (Some(bar), Ok(mut shown)) = (&bar, BAR.lock()) {
             *shown = Some(bar.clone());
         }
-        Progress { bar, total, shown }
+        let lines_to_stdout = bar.is_some() && !std::io::stdout().is_terminal();
+        Progress { bar, lines_to_stdout, total, shown }
     }
 
     pub fn update(&self, line: &Line) {
@@ -57,6 +62,9 @@ impl Progress {
         match &self.bar {
             Some(bar) => {
                 bar.set_position(line.step);
+                if self.lines_to_stdout {
+                    println!("step {}/{}  {text}", line.step, self.total);
+                }
                 bar.set_message(text);
             }
             None => tracing::info!("step {}/{}  {text}", line.step, self.total),

@@ -1,8 +1,8 @@
 //! The run directory is the user's record of a run, so a run guards it: one run
 //! writes it at a time (a lock file naming the holder's pid and host), and a run
-//! never starts over in a directory that holds checkpoints unless told to
-//! (`--auto-resume` or `--resume` continue it, `--overwrite` moves the old
-//! checkpoints and logs aside).
+//! never starts over in a directory that holds an earlier run's checkpoints or
+//! records unless told to (`--auto-resume` or `--resume` continue it, `--overwrite`
+//! moves the old checkpoints and logs aside).
 
 use std::{
     io::Write,
@@ -169,32 +169,47 @@ impl Drop for RunLock {
     }
 }
 
-/// Refuses (exit 2) a fresh run into a directory that holds checkpoints: that
-/// would mix two runs' checkpoints and logs. `--resume` and `--auto-resume`
-/// continue the run; with `overwrite`, rank 0 (`lead`) moves everything there
-/// aside first, into a sibling `<dir>.old-<UTC stamp>`, and says where.
+/// Files every run leaves in its directory: `config.toml` when it starts,
+/// `summary.json` when it ends.
+const RECORDS: &[&str] = &["config.toml", "summary.json"];
+
+/// Refuses (exit 2) a fresh run into a directory that holds an earlier run's
+/// checkpoints or records (no checkpoint, but its `config.toml` or `summary.json`):
+/// that would mix two runs' checkpoints, metrics and summaries. `--resume` and
+/// `--auto-resume` continue the run; with `overwrite`, rank 0 (`lead`) moves
+/// everything there aside first, into a sibling `<dir>.old-<UTC stamp>`, and says where.
+///
+/// Every rank checks before rank 0 writes this run's `config.toml`: setup's
+/// parameter broadcast, a collective, lies between the two.
 pub fn guard(dir: &Path, resume: Option<&Resume>, overwrite: bool, lead: bool) -> Result<()> {
     if resume.is_some() {
         return Ok(());
     }
     let checkpoints = ptrain_checkpoint::list(&ptrain_checkpoint::checkpoints_dir(dir));
     if !overwrite {
-        return match checkpoints.last() {
-            None => Ok(()),
-            Some((step, _)) => Err(Error::RunDir {
-                path: dir.to_owned(),
-                message: format!(
-                    "holds checkpoints of an earlier run (the newest at step {step}): pass --auto-resume to continue it, \
-                     --overwrite to start over (its checkpoints and logs are moved aside), or another --run-dir"
-                ),
-            }),
-        };
+        let refuse = |message: String| Error::RunDir { path: dir.to_owned(), message };
+        if let Some((step, _)) = checkpoints.last() {
+            return Err(refuse(format!(
+                "holds checkpoints of an earlier run (the newest at step {step}): pass --auto-resume to continue it, \
+                 --overwrite to start over (its checkpoints and logs are moved aside), or another --run-dir"
+            )));
+        }
+        let held: Vec<String> = entries(dir).iter().filter_map(|p| p.file_name()?.to_str().map(str::to_string)).collect();
+        // Only files are records: a directory in the way of one fails when it is written.
+        if held.iter().any(|name| RECORDS.contains(&name.as_str()) && dir.join(name).is_file()) {
+            return Err(refuse(format!(
+                "holds an earlier run's records ({}) and no checkpoint: a new run would mix its metrics and summary with them; \
+                 pass --overwrite to start over (they are moved aside), another --run-dir, or --auto-resume to train from step 0 \
+                 beside them",
+                held.join(", ")
+            )));
+        }
+        return Ok(());
     }
     if !lead {
         return Ok(());
     }
-    let entries: Vec<PathBuf> =
-        std::fs::read_dir(dir).into_iter().flatten().filter_map(|e| e.ok()).filter(|e| e.file_name() != LOCK_FILE).map(|e| e.path()).collect();
+    let entries = entries(dir);
     if entries.is_empty() {
         return Ok(());
     }
@@ -212,6 +227,14 @@ pub fn guard(dir: &Path, resume: Option<&Resume>, overwrite: bool, lead: bool) -
         aside.display()
     );
     Ok(())
+}
+
+/// What `dir` holds, but this run's lock, sorted.
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    let mut entries: Vec<PathBuf> =
+        std::fs::read_dir(dir).into_iter().flatten().filter_map(|e| e.ok()).filter(|e| e.file_name() != LOCK_FILE).map(|e| e.path()).collect();
+    entries.sort();
+    entries
 }
 
 #[cfg(test)]

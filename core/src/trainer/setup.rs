@@ -10,7 +10,7 @@ use std::{
 };
 
 use ptrain_plugin_api::{DebugFaults, DeviceKind, Hook, Needs};
-use tch::{nn, Device, Tensor};
+use tch::{nn, Device};
 
 use super::{
     batches::StepBatches,
@@ -147,7 +147,7 @@ impl Run {
         let start_step = restored.step;
         if let Some(ckpt) = &checkpoint {
             if start_step >= total_steps {
-                tracing::warn!("checkpoint is at step {start_step}, at or past train.steps = {total_steps}: nothing to train");
+                tracing::warn!("the run is already at step {start_step}, at or past train.steps = {total_steps}: nothing to train");
             }
             tracing::info!("resuming from {} (step {start_step})", ckpt.path.display());
         }
@@ -218,6 +218,17 @@ impl Run {
         let nonfinite_counts = (restored.nonfinite_run, restored.nonfinite_total);
         let nonfinite = NonFinite::new(&config.train, config.debug.nonfinite_loss_at.clone(), device, start_step, nonfinite_counts);
         let tally = Tally::new(b * accum, b * accum * seq_len.max(1) as u64, restored.samples_seen, restored.tokens_seen);
+        if config.auto_loss_chunk() {
+            tracing::info!(
+                "loss computed {} positions at a time (train.loss_chunk unset, vocabulary {} >= {}: the whole logits would dominate memory; \
+                 train.loss_chunk = 0 turns it off)",
+                config.loss_chunk(),
+                config.model.vocab_size,
+                crate::config::AUTO_LOSS_CHUNK_VOCAB
+            );
+        }
+        // What warmup_ratio and min_lr_ratio resolved to, said once.
+        tracing::info!("{}", learner.lr_schedule.describe());
         let env = RunEnv {
             _lock: lock,
             resumed_from: checkpoint.as_ref().map(|c| c.path.display().to_string()),
