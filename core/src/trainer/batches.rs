@@ -37,7 +37,15 @@ pub(super) struct StepBatches {
 
 impl StepBatches {
     pub fn new(loader: Loader, device: Device, accum: u64) -> StepBatches {
-        StepBatches { loader: Some(loader), device, accum, staged: VecDeque::with_capacity(accum as usize), units: 0, step_units: 0, units_all_ranks: None }
+        StepBatches {
+            loader: Some(loader),
+            device,
+            accum,
+            staged: VecDeque::with_capacity(accum as usize),
+            units: 0,
+            step_units: 0,
+            units_all_ranks: None,
+        }
     }
 
     fn fetch(&mut self) -> Result<Batch> {
