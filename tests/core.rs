@@ -306,8 +306,12 @@ fn logs_have_no_colour_off_a_terminal_and_quiet_keeps_only_the_summary_line() {
     let err = stderr(&out);
     assert!(err.contains("INFO") && err.contains("step 5/20"), "progress lines at info: {err}");
     assert!(!err.contains('\u{1b}'), "no ANSI escapes when stderr is not a terminal: {err:?}");
-    let out =
-        run_expect(ptrain().env_remove("PTRAIN_LOG").args(&args).args(["--quiet", "--set", "run.log_every=5"]).arg("--run-dir").arg(dir.path()), 0);
+    // A second fresh run: its own directory (the first one's records are refused).
+    let quiet_dir = run_dir();
+    let out = run_expect(
+        ptrain().env_remove("PTRAIN_LOG").args(&args).args(["--quiet", "--set", "run.log_every=5"]).arg("--run-dir").arg(quiet_dir.path()),
+        0,
+    );
     let err = stderr(&out);
     assert!(!err.contains("INFO") && !err.contains("step 5/20") && !err.contains("eval at step"), "--quiet: {err}");
     assert!(stdout(&out).starts_with("completed: 20 steps"), "{}", stdout(&out));

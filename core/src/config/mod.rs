@@ -17,6 +17,7 @@ mod plugins;
 mod ranges;
 mod run;
 mod standalone;
+mod toml_layers;
 mod train;
 
 use std::{
@@ -43,6 +44,7 @@ pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR, TOKENIZER_FILES};
 pub use train::{ActivationCheckpointing, NanPolicy, Precision, TrainConfig};
 
 use ptrain_plugin_api::unknown_key;
+use toml_layers::{flat_model_keys, merge, parse_layer, parse_toml, parse_value, read_file, record_keys};
 
 use crate::error::{ConfigError, Error};
 
@@ -198,64 +200,6 @@ impl ConfigBuilder {
     /// recorded: not resolved again, and its input files need not exist any more.
     pub fn build_recorded(self) -> Result<Config, Error> {
         Ok(deserialize(&self.table)?)
-    }
-}
-
-fn read_file(path: &Path) -> Result<String, Error> {
-    std::fs::read_to_string(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::MissingFile { what: "config file", path: path.to_owned() },
-        _ => Error::Io { path: path.to_owned(), source: e },
-    })
-}
-
-fn parse_layer(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
-    let mut layer = parse_toml(text, origin)?;
-    flat_model_keys(&mut layer, origin, false)?;
-    Ok(layer)
-}
-
-fn parse_toml(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
-    text.parse().map_err(|e: toml::de::Error| ConfigError {
-        origin: origin.to_string(),
-        key: String::new(),
-        message: e.to_string().trim().replace('\n', " "),
-    })
-}
-
-/// Earlier versions' flat `[model]` keys: read into their tables in a `recorded`
-/// configuration ([`move_flat_keys`]), refused elsewhere naming the key's name now.
-fn flat_model_keys(layer: &mut toml::Table, origin: &str, recorded: bool) -> Result<(), ConfigError> {
-    let Some(toml::Value::Table(model)) = layer.get_mut("model") else { return Ok(()) };
-    let found = if recorded { move_flat_keys(model) } else { refuse_flat_keys(model) };
-    found.map_err(|(key, message)| ConfigError { origin: origin.into(), key, message })
-}
-
-/// Records the dotted path of every value in `layer` (tables are walked into).
-fn record_keys(layer: &toml::Table, prefix: &str, source: &str, out: &mut BTreeMap<String, String>) {
-    for (key, value) in layer {
-        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
-        match value {
-            toml::Value::Table(t) => record_keys(t, &path, source, out),
-            _ => {
-                out.insert(path, source.to_string());
-            }
-        }
-    }
-}
-
-fn parse_value(raw: &str) -> toml::Value {
-    format!("v = {raw}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v")).unwrap_or_else(|| toml::Value::String(raw.to_string()))
-}
-
-/// Deep merge: tables merge key by key, everything else (arrays too) is replaced.
-fn merge(base: &mut toml::Table, layer: toml::Table) {
-    for (key, value) in layer {
-        match (base.get_mut(&key), value) {
-            (Some(toml::Value::Table(base_table)), toml::Value::Table(layer_table)) => merge(base_table, layer_table),
-            (_, value) => {
-                base.insert(key, value);
-            }
-        }
     }
 }
 
