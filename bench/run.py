@@ -392,9 +392,11 @@ def machine_info(device):
 
 def versions():
     v = {"python": platform.python_version()}
-    rustc = sh(["rustc", "--version"])
-    v["rustc"] = rustc.stdout.strip() if rustc.returncode == 0 else "unknown"
-    lock = (ROOT / "Cargo.lock").read_text().split("[[package]]")
+    # From a bundle on a device there is no rustc and no git; Cargo.lock travels in the bundle.
+    rustc = sh(["rustc", "--version"]) if shutil.which("rustc") else None
+    v["rustc"] = rustc.stdout.strip() if rustc and rustc.returncode == 0 else "unknown"
+    lock_file = ROOT / "Cargo.lock"
+    lock = lock_file.read_text().split("[[package]]") if lock_file.exists() else []
     for block in lock:
         if 'name = "tch"' in block:
             v["tch"] = block.split('version = "')[1].split('"')[0]
@@ -405,9 +407,12 @@ def versions():
         v.update(json.loads(probe.stdout))
     ptrain = sh([str(PTRAIN), "--version"])
     v["ptrain"] = ptrain.stdout.strip() if ptrain.returncode == 0 else "unknown"
-    commit = sh(["git", "rev-parse", "--short", "HEAD"])
-    dirty = sh(["git", "status", "--porcelain", "--untracked-files=no"])
-    v["git"] = commit.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+    if shutil.which("git") and (ROOT / ".git").exists():
+        commit = sh(["git", "rev-parse", "--short", "HEAD"])
+        dirty = sh(["git", "status", "--porcelain", "--untracked-files=no"])
+        v["git"] = commit.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+    else:
+        v["git"] = (ROOT / "COMMIT").read_text().strip() if (ROOT / "COMMIT").exists() else "unknown"
     return v
 
 
@@ -580,7 +585,11 @@ def write_markdown(results, path, device_results=None):
         rows = contenders("cpu", spec["plugins"])
         lines += model_table(model, spec, rows, cpu["models"].get(model) if cpu else None, "cpu")
     lines += ["## GPU", ""]
-    if gpu:
+    # Figures from a lent GPU (gpu/lent.sh), kept by hand: a CPU-only --write keeps them.
+    gpu_notes = BENCH / "gpu-measurements.md"
+    if gpu_notes.exists() and not gpu:
+        lines += [gpu_notes.read_text().rstrip(), ""]
+    elif gpu:
         m, v = gpu["machine"], gpu["versions"]
         lines += [f"Machine: {m['gpu']}; host {m['cpu']}, {m['logical_cores']} logical cores. Versions as above; "
                   f"made by `{gpu['command']}` on {gpu['date']}.", ""]

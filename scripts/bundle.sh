@@ -58,7 +58,10 @@ cp -r "$root/configs" "$out/"
 cp "$root"/bench/*.py "$root"/bench/*.sh "$root"/bench/*.md "$root"/bench/requirements.txt "$out/bench/"
 cp "$root"/bench/configs/* "$out/bench/configs/"
 cp "$root"/tests/support/*.py "$out/tests/support/"
-cp "$root/gpu/validate.sh" "$out/gpu/"
+cp "$root"/gpu/*.sh "$root"/gpu/*.py "$out/gpu/"
 cp "$root/docs/gpu.md" "$out/README.md"
+cp "$root/Cargo.lock" "$out/"
+# The commit the binaries were built from (bench/run.py reports it; a bundle has no .git).
+(cd "$root" && git describe --always --dirty 2>/dev/null || echo unknown) >"$out/COMMIT"
 bytes=$(du -sb "$out" | cut -f1)
 awk -v b="$bytes" -v n="$(find "$out" -type f | wc -l)" -v o="$out" 'BEGIN { printf "bundle %s: %d files, %.1f MiB (%d bytes)\n", o, n, b / 1048576, b }'

@@ -113,3 +113,41 @@ fn the_bundle_is_small_and_its_validation_passes_on_the_cpu() {
     files.sort();
     assert_eq!(files, ["summary.json", "summary.txt", "validate.tar.gz"]);
 }
+
+/// gpu/lent.sh is what a lent device runs in its one call: checked here at toy sizes on
+/// the CPU (`--smoke`), so a lent device is never spent on a broken script.
+#[test]
+fn the_lent_device_script_runs_its_steps_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    let packed =
+        Command::new(repo().join("scripts/bundle.sh")).arg("--no-build").arg(&bundle).env("PTRAIN_RELEASE_DIR", build_dir()).output().unwrap();
+    assert!(packed.status.success(), "bundle.sh failed:\n{}", String::from_utf8_lossy(&packed.stderr));
+    let python = std::env::var_os("PTRAIN_PYTHON").map(std::path::PathBuf::from).unwrap_or_else(|| repo().join(".venv/bin/python"));
+    let out = dir.path().join("out");
+    let ran = Command::new("bash")
+        .arg(bundle.join("gpu/lent.sh"))
+        .arg("--smoke")
+        .arg(&out)
+        .arg("300")
+        .env("PTRAIN_PYTHON", &python)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("PTRAIN_PLUGIN_PATH")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&ran.stdout).to_string() + &String::from_utf8_lossy(&ran.stderr);
+    assert!(ran.status.success(), "lent.sh --smoke failed:\n{log}");
+    let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap();
+    for line in [
+        "ptrain chunked: ",
+        "ptrain whole: ",
+        "ptrain plugins: ",
+        "transformers loop: {\"tokens_per_s\"",
+        "gpt-small fast: wall",
+        "gpt-small checkpoint: wall",
+    ] {
+        assert!(summary.contains(line), "no `{line}` in the summary:\n{summary}");
+    }
+    assert!(!summary.contains("no summary"), "a ptrain run failed:\n{summary}");
+    assert!(out.join("lent.tar.gz").is_file());
+}

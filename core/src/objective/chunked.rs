@@ -9,8 +9,11 @@
 //! hidden states get `g @ W` and the projection `g^T @ h`. The loss returned has
 //! the summed loss as its value and those gradients through a surrogate
 //! (`h . grad_h + W . grad_W`, minus its own value), so backward
-//! needs nothing more. Logits, softmax and the gradients are float32 whatever the
-//! hidden states' type (bf16 under autocast); the projection runs in that type.
+//! needs nothing more. Logits and softmax are float32 whatever the hidden states'
+//! type. The three GEMMs run in the hidden states' type (the learner hands them out
+//! in bf16 under bf16 autocast): then the gradient `g` is rounded to bf16 for its
+//! two, as the whole-logits path's backward does, and each chunk's `g^T h` is summed
+//! into a float32 `grad_W`.
 
 use tch::{Device, Kind, Tensor};
 
@@ -38,7 +41,8 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) ->
     let trains_w = weight.requires_grad();
     let (grad_h, grad_w, loss) = tch::no_grad(|| -> Result<(Tensor, Option<Tensor>, Tensor)> {
         let w = weight.f_detach()?.f_to_kind(h.kind())?;
-        let w32 = weight.f_detach()?.f_to_kind(Kind::Float)?;
+        // float32 hidden states: the gradient GEMMs in float32 against float32 weights.
+        let w32 = if h.kind() == Kind::Float { Some(weight.f_detach()?.f_to_kind(Kind::Float)?) } else { None };
         let grad_h = Tensor::f_zeros([n, width], (h.kind(), h.device()))?;
         let mut grad_w = if trains_w { Some(Tensor::f_zeros(weight.size(), (Kind::Float, h.device()))?) } else { None };
         let mut loss = Tensor::f_zeros([], (Kind::Float, h.device()))?;
@@ -57,10 +61,21 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) ->
             let _ = logits.f_sub_(&lse.f_unsqueeze(1)?)?.f_exp_()?;
             let _ = logits.f_scatter_add_(1, &index, &Tensor::f_full([len, 1], -1.0, (Kind::Float, h.device()))?)?;
             let _ = logits.f_mul_(&valid.f_unsqueeze(1)?)?;
-            grad_h.f_narrow(0, start, len)?.f_copy_(&logits.f_matmul(&w32)?)?;
-            // grad_W += g^T h, in place: no [V, D] temporary per chunk.
-            if let Some(grad_w) = grad_w.as_mut() {
-                let _ = grad_w.f_addmm_(&logits.f_tr()?, &hc.f_to_kind(Kind::Float)?)?;
+            match &w32 {
+                Some(w32) => {
+                    grad_h.f_narrow(0, start, len)?.f_copy_(&logits.f_matmul(w32)?)?;
+                    // grad_W += g^T h, in place: no [V, D] temporary per chunk.
+                    if let Some(grad_w) = grad_w.as_mut() {
+                        let _ = grad_w.f_addmm_(&logits.f_tr()?, &hc)?;
+                    }
+                }
+                None => {
+                    let g = logits.f_to_kind(h.kind())?;
+                    grad_h.f_narrow(0, start, len)?.f_copy_(&g.f_matmul(&w)?)?;
+                    if let Some(grad_w) = grad_w.as_mut() {
+                        let _ = grad_w.f_add_(&g.f_tr()?.f_matmul(&hc)?)?;
+                    }
+                }
             }
             start += len;
         }
@@ -102,5 +117,27 @@ mod tests {
         assert!(rel(&chunked, &whole) < 1e-6, "loss {chunked} vs {whole}");
         assert!(rel(&hidden.grad(), &gh) < 1e-6, "hidden gradient");
         assert!(rel(&weight.grad(), &gw) < 1e-6, "weight gradient");
+    }
+
+    #[test]
+    fn bf16_hidden_states_give_the_float32_result_within_bf16_rounding() {
+        tch::manual_seed(5);
+        let (n, d, v) = (64, 32, 300);
+        let weight = Tensor::randn([v, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let hidden = (Tensor::randn([n, d], (Kind::Float, Device::Cpu)) * 0.3).set_requires_grad(true);
+        let targets = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
+        let whole = summed(&hidden, &weight, &targets, 16).unwrap();
+        whole.backward();
+        let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
+        let _ = hidden.grad().zero_();
+        let _ = weight.grad().zero_();
+
+        // The hidden states in bf16 (as autocast hands them out): the bf16 GEMM path.
+        let chunked = summed(&hidden.to_kind(Kind::BFloat16), &weight, &targets, 16).unwrap();
+        chunked.backward();
+        let rel = |a: &Tensor, b: &Tensor| ((a.to_kind(Kind::Float) - b).abs().max().double_value(&[])) / b.abs().max().double_value(&[]).max(1e-12);
+        assert!(rel(&chunked, &whole) < 2e-2, "loss {chunked} vs {whole}");
+        assert!(rel(&hidden.grad(), &gh) < 3e-2, "hidden gradient off by {}", rel(&hidden.grad(), &gh));
+        assert!(rel(&weight.grad(), &gw) < 3e-2, "weight gradient off by {}", rel(&weight.grad(), &gw));
     }
 }
