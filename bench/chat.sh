@@ -25,7 +25,7 @@ done
 py="$root/.venv/bin/python"
 out="$root/bench/out/chat"
 mkdir -p "$out"
-[ "$build" = 1 ] && cargo build --release -p ptrain >&2
+[ "$build" = 1 ] && cargo build --release --workspace --all-targets >&2
 ptrain="$root/target/release/ptrain"
 model="$out/model"
 [ -f "$model/config.json" ] || "$py" bench/chat.py make "$model" 2000 >&2

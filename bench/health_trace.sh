@@ -7,5 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
-cargo build --release -p ptrain -p ptrain-plugin-health -p ptrain-plugin-trace -p ptrain-plugin-early-stop
+cargo build --release --workspace --all-targets  # the tests' build: a package subset would relink the binary
 exec "$PTRAIN_PYTHON" bench/health_trace.py "$@"

@@ -15,9 +15,10 @@ case $model in
     gpt) plugins=(tensorboard wandb flops perf checkpoint); data=() ;;
     *) echo "bench/instructions.sh: model is mlp or gpt, not $model" >&2; exit 2 ;;
 esac
-crates=(-p ptrain -p ptrain-bench-bare)
-for p in "${plugins[@]}"; do crates+=(-p "ptrain-plugin-$p"); done
-cargo build --release --quiet "${crates[@]}"
+# scripts/test.sh's build: a narrower package selection unifies other features and relinks
+# the binary (the tests' and this script's would then differ); after the tests' build this
+# compiles nothing.
+cargo build --release --quiet --workspace --all-targets
 common=(--config "bench/configs/$model.toml" --set run.threads=1 "${data[@]}")
 list=$(IFS=,; echo "${plugins[*]}")
 # Every scheduled attachment moved beyond the run: the plugins are loaded, never due.

@@ -27,7 +27,7 @@ done
 py="$root/.venv/bin/python"
 out="$root/bench/out/llama"
 mkdir -p "$out"
-[ "$build" = 1 ] && cargo build --release -p ptrain >&2
+[ "$build" = 1 ] && cargo build --release --workspace --all-targets >&2
 ptrain="$root/target/release/ptrain"
 model="$out/qwen2-shaped" tokens="$out/tokens.bin"
 [ -f "$model/config.json" ] || "$py" bench/llama.py make "$model" "$tokens"

@@ -31,7 +31,7 @@ py="$root/.venv/bin/python"
 out="$root/bench/out/lora"
 model="$out/model-$layers-$width-$vocab"
 mkdir -p "$out"
-[ "$build" = 1 ] && cargo build --release -p ptrain >&2
+[ "$build" = 1 ] && cargo build --release --workspace --all-targets >&2
 ptrain="$root/target/release/ptrain"
 [ -f "$model/config.json" ] || "$py" bench/lora.py make "$model" "$layers" "$width" "$inter" "$vocab" "$heads" "$kv" >&2
 

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
-cargo build --release --quiet -p ptrain
+cargo build --release --quiet --workspace --all-targets
 ptrain=$PWD/target/release/ptrain
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

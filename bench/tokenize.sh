@@ -31,7 +31,7 @@ ncores=$(taskset -c "$cores" nproc)
 py="$root/.venv/bin/python"
 out="$root/bench/out/tokenize"
 mkdir -p "$out"
-[ "$build" = 1 ] && cargo build --release -p ptrain >&2
+[ "$build" = 1 ] && cargo build --release --workspace --all-targets >&2
 
 if [ -z "$text" ]; then
   text="$out/text-${mb}mb.txt"

@@ -99,3 +99,14 @@ fn worker_keys_on_an_inline_plugin_and_a_critical_that_is_no_bool_are_refused() 
         }
     }
 }
+
+/// A plugin may declare itself critical (`Descriptor::critical`, plugin-api 0.5.0): its
+/// failure stops the run with no key in the configuration, and `critical = false` in its
+/// table overrides it.
+#[test]
+fn a_plugin_critical_by_its_descriptor_stops_the_run_unless_its_table_says_otherwise() {
+    let s = run(8, "guard", &["plugins.guard.fail_at=3"], 1);
+    assert_stopped_by(&s, "guard", "failed in step_end at step 3: budget exceeded");
+    let s = run(8, "guard", &["plugins.guard.fail_at=3", "plugins.guard.critical=false"], 0);
+    assert_eq!((s["status"].as_str(), s["last_step"].as_u64()), (Some("completed"), Some(8)), "{s}");
+}

@@ -190,6 +190,26 @@ fn a_chat_prompt_is_rendered_with_the_models_template_as_apply_chat_template_doe
     let ours = generate(&[&"--checkpoint", &model, &"--prompt", &"the café", &"--chat", &"--temperature", &"0", &"--max-new-tokens", &"4"]);
     let theirs = hf(&[&"chat-ids", &model, &"the café"]);
     assert_eq!(ours["prompt_ids"], theirs["ids"], "--chat renders what apply_chat_template(add_generation_prompt=True) tokenizes");
+    // --system puts a system message first, in place of the template's default one.
+    let ours = generate(&[
+        &"--checkpoint",
+        &model,
+        &"--prompt",
+        &"the café",
+        &"--chat",
+        &"--system",
+        &"be brief",
+        &"--temperature",
+        &"0",
+        &"--max-new-tokens",
+        &"4",
+    ]);
+    let theirs = hf(&[&"chat-ids", &model, &"the café", &"be brief"]);
+    assert_eq!(ours["prompt_ids"], theirs["ids"], "--system: apply_chat_template([system, user])");
+    let default = hf(&[&"chat-ids", &model, &"the café"]);
+    assert_ne!(theirs["ids"], default["ids"], "the system message is in the prompt");
+    let out = run_expect(ptrain().args(["generate", "--system", "x", "--prompt", "x", "--device", "cpu", "--checkpoint"]).arg(&model), 2);
+    assert!(stderr(&out).contains("--chat"), "--system needs --chat: {}", stderr(&out));
     // Without a template, --chat is refused.
     let (plain, _) = tokenized_family(dir.path(), "llama");
     let out = run_expect(ptrain().args(["generate", "--chat", "--prompt", "x", "--device", "cpu", "--checkpoint"]).arg(&plain), 2);

@@ -290,6 +290,7 @@ fn bad_lora_values_exit_2_naming_the_key() {
         cmd.args(["run", "--quiet", "--steps", "1", "--run-dir"]).arg(dir.path().join("bad")).args(qwen2_lora(&model, &cache, &[set]));
         let err = stderr(&run_expect(&mut cmd, 2));
         assert!(err.contains(key), "{set}: {err}");
+        assert!(err.contains(&format!("in --set {set}")), "{set}: the error names the --set that gave the value: {err}");
         assert!(!dir.path().join("bad").exists(), "{set}: refused before the run directory");
     }
     let err = stderr(&run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--set", "model.kind=mlp", "--set", "lora.rank=4"]), 2));

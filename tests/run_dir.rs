@@ -131,6 +131,11 @@ fn resuming_with_another_model_size_names_the_key_that_differs() {
         let err = stderr(&out);
         assert!(err.contains(&format!("{key}: checkpoint {was}, configuration {now}")), "{err}");
     }
+    // A gpt checkpoint resumed as a llama: the kinds are named, not the first size that differs.
+    let mut args = with_checkpoints(4);
+    args.extend(["--set", "model.kind=\"llama\"", "--set", "model.n_layer=2", "--auto-resume"].map(String::from));
+    let err = stderr(&run_expect(&mut run_in(&args, &run_dir), 2));
+    assert!(err.contains("model.kind: checkpoint \"gpt\", configuration \"llama\""), "{err}");
 }
 
 #[test]

@@ -291,6 +291,9 @@ pub struct Descriptor {
     pub threading: Threading,
     /// Runs on every rank of a distributed run, not only rank 0.
     pub per_rank: bool,
+    /// Critical unless its table says `critical = false`: its failure, stall or
+    /// abandonment fails the run (a guard's), as `[plugins.<name>] critical = true`.
+    pub critical: bool,
     pub attachments: RSlice<'static, Attachment>,
 }
 
@@ -309,6 +312,7 @@ impl Descriptor {
             description: RStr::from_str(description),
             threading,
             per_rank: false,
+            critical: false,
             attachments: RSlice::from_slice(attachments),
         }
     }
@@ -316,5 +320,11 @@ impl Descriptor {
     /// Runs on every rank of a distributed run (worker plugins default to rank 0).
     pub const fn per_rank(self) -> Descriptor {
         Descriptor { per_rank: true, ..self }
+    }
+
+    /// Critical by default (plugin-api 0.5.0): a guard whose failure must stop the
+    /// run says so itself; a user's `[plugins.<name>] critical = false` still wins.
+    pub const fn critical(self) -> Descriptor {
+        Descriptor { critical: true, ..self }
     }
 }

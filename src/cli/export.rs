@@ -53,6 +53,10 @@ pub struct ExportArgs {
     /// --format hf of a LoRA run: merge the adapters into the base weights.
     #[arg(long)]
     merge: bool,
+    /// A LoRA run's base model, moved from where model.init_from recorded it: its
+    /// weights must hash to what the run recorded (state.json lora_base_sha256).
+    #[arg(long, value_name = "DIR")]
+    base: Option<PathBuf>,
 }
 
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
@@ -62,7 +66,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
             let message = "--merge writes a full model: use it with --format hf".to_string();
             return Err(ptrain_core::ConfigError { origin: "--merge".into(), key: String::new(), message }.into());
         }
-        let done = ptrain_core::model::hf::export_peft(&checkpoint, &args.out, !args.no_tokenizer)?;
+        let done = ptrain_core::model::hf::export_peft(&checkpoint, &args.out, !args.no_tokenizer, args.base.as_deref())?;
         let mut files = vec![
             ptrain_core::model::hf::ADAPTER_CONFIG.to_string(),
             format!("{} ({} tensors)", ptrain_core::model::hf::ADAPTER_WEIGHTS, done.tensors),
@@ -72,7 +76,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         outln!("load them with peft.PeftModel.from_pretrained(base_model, {:?})", done.out.display().to_string());
         return Ok(ExitCode::SUCCESS);
     }
-    let done = ptrain_core::model::hf::export(&checkpoint, &args.out, !args.no_tokenizer, args.merge)?;
+    let done = ptrain_core::model::hf::export(&checkpoint, &args.out, !args.no_tokenizer, args.merge, args.base.as_deref())?;
     let mut files = vec!["config.json".to_string(), format!("model.safetensors ({} tensors)", done.tensors)];
     files.extend(done.tokenizer_files.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()));
     outln!("exported step {} of {} to {}: {}", done.step, done.checkpoint.display(), done.out.display(), files.join(", "));

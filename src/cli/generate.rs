@@ -16,8 +16,10 @@ use ptrain_core::{
 /// Continue a prompt with a trained model (gpt or llama), one token at a time.
 ///
 /// The model comes from a ptrain checkpoint or run directory (its newest valid
-/// checkpoint), an exported directory (`ptrain export --format hf`) or any Hugging
-/// Face directory `model.init_from` accepts. The prompt is tokenized with the model's
+/// checkpoint), an exported directory (`ptrain export --format hf`), a peft adapter
+/// directory (`ptrain export --format peft`, or peft's `save_pretrained`: the base model
+/// its adapter_config.json names, or --base) or any Hugging Face directory
+/// `model.init_from` accepts. The prompt is tokenized with the model's
 /// tokenizer (a byte-level model takes bytes) and run once; each new token then costs
 /// one single-position forward through the key/value cache. Generation stops at the
 /// end-of-sequence token (`generation_config.json`, `config.json`, the tokenizer's
@@ -25,9 +27,15 @@ use ptrain_core::{
 /// to standard output, tokens/s to standard error.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// A checkpoint, a run directory, or a Hugging Face model directory.
+    /// A checkpoint, a run directory, a Hugging Face model directory or a peft adapter
+    /// directory.
     #[arg(long, value_name = "PATH")]
     checkpoint: PathBuf,
+    /// The base model of a LoRA checkpoint or peft adapter directory, when it is no
+    /// longer where the run (or adapter_config.json) recorded it. For a LoRA
+    /// checkpoint its weights must hash to what the run recorded.
+    #[arg(long, value_name = "DIR")]
+    base: Option<PathBuf>,
     /// The text to continue.
     #[arg(long, value_name = "TEXT", required_unless_present_any = ["prompt_file", "prompt_ids"])]
     prompt: Option<String>,
@@ -41,6 +49,10 @@ pub struct GenerateArgs {
     /// assistant's turn opened.
     #[arg(long)]
     chat: bool,
+    /// With --chat: a system message before the user's (the template's default
+    /// system prompt otherwise, if it has one).
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    system: Option<String>,
     #[arg(long, value_name = "N", default_value_t = 128)]
     max_new_tokens: usize,
     /// 0 = greedy (the most likely token each time).
@@ -77,7 +89,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         return Err(usage("--max-new-tokens must be at least 1".into()));
     }
     let device = ptrain_core::device::select(args.device, 0)?;
-    let mut pretrained = Pretrained::open(&args.checkpoint, device)?;
+    let mut pretrained = Pretrained::open_with_base(&args.checkpoint, args.base.as_deref(), device)?;
     let prompt_ids = if !args.prompt_ids.is_empty() {
         args.prompt_ids.clone()
     } else {
@@ -90,7 +102,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         };
         if args.chat {
             let template = pretrained.chat_template()?;
-            text = template.render_messages(&[Message { role: "user".into(), content: text }], true)?;
+            let system = args.system.iter().map(|s| Message { role: "system".into(), content: s.clone() });
+            let messages: Vec<Message> = system.chain([Message { role: "user".into(), content: text }]).collect();
+            text = template.render_messages(&messages, true)?;
         }
         pretrained.encode(&text)?
     };

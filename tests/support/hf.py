@@ -19,7 +19,7 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
   hf.py reshape DIR TENSOR                   rewrites DIR/model.safetensors with TENSOR transposed
   hf.py drop-tensor DIR TENSOR               rewrites DIR/model.safetensors without TENSOR
   hf.py add-chat-template DIR                a ChatML chat_template in DIR/tokenizer_config.json
-  hf.py chat-ids DIR TEXT                    apply_chat_template([user: TEXT], add_generation_prompt=True)
+  hf.py chat-ids DIR TEXT [SYSTEM]           apply_chat_template([system: SYSTEM,] [user: TEXT], add_generation_prompt=True)
   hf.py compare-logits MODEL_DIR PROBE [--bf16] [--cuda]
                                              transformers' logits and loss on PROBE's batch vs ptrain's
                                              (--bf16: transformers' loss under bf16 autocast; --cuda: on
@@ -225,11 +225,12 @@ def add_chat_template(d):
         json.dump(config, f)
 
 
-def chat_ids(d, text):
+def chat_ids(d, text, system=None):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(d)
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     out({"ids": list(ids)})

@@ -67,7 +67,12 @@ impl Config {
     /// LoRA's checks: adapters for the linear layers the model kind has.
     pub(super) fn validate_lora(&self) -> Result<(), Error> {
         let Some(lora) = self.lora() else { return Ok(()) };
-        let bad = |key: String, message: String| -> Error { ConfigError { origin: "configuration".into(), key, message }.into() };
+        // Named by the file or --set that set the key (`lora.targets` for `lora.targets[1]`).
+        let bad = |key: String, message: String| -> Error {
+            let set = key.split('[').next().unwrap_or_default().to_string();
+            let located = self.origins.locate(ConfigError { origin: "configuration".into(), key: set, message });
+            ConfigError { key, ..located }.into()
+        };
         let kind = self.model.kind;
         let own = modules(kind);
         if own.is_empty() {

@@ -221,7 +221,10 @@ impl Config {
 
     /// Checks values that types alone cannot (ranges, combinations, files).
     pub fn validate(&self) -> Result<(), Error> {
-        let bad = |key: &str, message: String| -> Error { ConfigError { origin: "configuration".into(), key: key.into(), message }.into() };
+        // Named by the file or --set that set the key, where one layer did.
+        let bad = |key: &str, message: String| -> Error {
+            self.origins.locate(ConfigError { origin: "configuration".into(), key: key.into(), message }).into()
+        };
         // Again on the whole: typed overrides (command-line flags) skip the layers.
         let table = toml::Table::try_from(self).expect("config serializes");
         ranges::check(&table, "configuration")?;

@@ -157,7 +157,11 @@ impl PluginHost {
             // cadence keys of its table as its own options (the trace's `every`).
             let primary = d.attachments.first().filter(|a| a.hook.is_scheduled()).map(|a| a.cadence);
             let worker = d.threading == Threading::Worker;
-            let settings = PluginSettings::parse(&name, table, &names, primary.is_some(), worker).map_err(|e| origins.locate(e))?;
+            let mut settings = PluginSettings::parse(&name, table, &names, primary.is_some(), worker).map_err(|e| origins.locate(e))?;
+            // The plugin's own default (`Descriptor::critical`), unless its table says.
+            if !table.contains_key("critical") {
+                settings.critical = d.critical;
+            }
             let refused = |e: abi_stable::std_types::RString| Error::Plugin {
                 name: name.clone(),
                 message: explain_option_error(&name, e.as_str(), &names, primary.is_some(), worker, origins),

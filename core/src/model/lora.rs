@@ -125,12 +125,20 @@ pub fn base_hash(vs: &nn::VarStore) -> Result<String> {
 
 /// The full model of a LoRA checkpoint, as the tensors of a `model.safetensors` in ptrain's
 /// names: `model.init_from`'s base with the checkpoint's adapters merged in
-/// (`W + alpha / r * B A`), the adapters left out.
-pub fn merged(config: &crate::config::Config, checkpoint: &std::path::Path) -> Result<std::collections::BTreeMap<String, ptrain_checkpoint::Tensor>> {
+/// (`W + alpha / r * B A`), the adapters left out. `base`: `model.init_from` was moved
+/// there (`--base`); its weights must hash to what the run recorded.
+pub fn merged(
+    config: &crate::config::Config,
+    checkpoint: &std::path::Path,
+    base: Option<&std::path::Path>,
+) -> Result<std::collections::BTreeMap<String, ptrain_checkpoint::Tensor>> {
     let lora = config.lora().ok_or_else(|| crate::error::Error::Other("not a LoRA run".into()))?;
     let vs = nn::VarStore::new(Device::Cpu);
     let _model = super::build(config, &vs, &super::pretrained::NoData)?;
     super::probe::load_checkpoint_weights(&vs, checkpoint)?;
+    if let Some(base) = base {
+        super::adapters::check_base(&vs, checkpoint, base)?;
+    }
     let vars = vs.variables();
     let mut out: Vec<(String, Tensor)> = Vec::new();
     tch::no_grad(|| -> Result<()> {

@@ -41,10 +41,38 @@ fn eos_ids_in(dir: &Path) -> Vec<i64> {
 }
 
 impl Pretrained {
-    /// Opens `source`: a directory with `config.json` (Hugging Face), else a ptrain
-    /// checkpoint or run directory (its newest valid checkpoint).
+    /// Opens `source`: a directory with `config.json` (Hugging Face), a `peft` adapter
+    /// directory (`adapter_config.json`; the base it names), else a ptrain checkpoint
+    /// or run directory (its newest valid checkpoint).
     pub fn open(source: &Path, device: Device) -> Result<Pretrained> {
+        Pretrained::open_with_base(source, None, device)
+    }
+
+    /// As [`Pretrained::open`], the adapters' base model (a LoRA checkpoint's or a `peft`
+    /// directory's) taken from `base` instead of where it was recorded; for a LoRA
+    /// checkpoint, `base`'s weights must hash to what the run recorded.
+    pub fn open_with_base(source: &Path, base: Option<&Path>, device: Device) -> Result<Pretrained> {
+        if source.join(hf::ADAPTER_CONFIG).is_file() && !source.join(hf::CONFIG_JSON).is_file() {
+            let (sets, base_dir) = super::adapters::peft_settings(source, base)?;
+            let config = ConfigBuilder::layered(&[], &sets)?.build()?;
+            let vars = nn::VarStore::new(device);
+            let model = super::build(&config, &vars, &NoData)?;
+            super::adapters::load_peft_weights(&vars, source)?;
+            // The tokenizer saved beside the adapters (ptrain's export and TRL's
+            // save_model put it there), else the base's.
+            let tokenizer_dir = if source.join("tokenizer.json").is_file() { source } else { base_dir.as_path() };
+            let tokenizer_path = tokenizer_dir.join("tokenizer.json");
+            let mut eos = eos_ids_in(source);
+            if eos.is_empty() {
+                eos = eos_ids_in(&base_dir);
+            }
+            return Pretrained::with_tokenizer(model, vars, config, tokenizer_path.is_file().then_some(tokenizer_path), eos);
+        }
         if source.join(hf::CONFIG_JSON).is_file() {
+            if base.is_some() {
+                let message = "--base is for a LoRA checkpoint or a peft adapter directory, and this is a whole model".into();
+                return Err(Error::Checkpoint { path: source.to_owned(), message });
+            }
             let set = [format!("model.init_from={}", source.display())];
             let config = ConfigBuilder::layered(&[], &set)?.build()?;
             let vars = nn::VarStore::new(device);
@@ -57,10 +85,20 @@ impl Pretrained {
         let mut config = hf::recorded_config(&checkpoint)?;
         // The checkpoint holds every weight: build the model bare, then load them. A
         // LoRA checkpoint holds the adapters: the base comes from model.init_from.
+        if let Some(base) = base {
+            if config.lora().is_none() {
+                let message = "--base is for LoRA checkpoints, and this run trained every weight (they are all in the checkpoint)".into();
+                return Err(Error::Checkpoint { path: checkpoint, message });
+            }
+            config.model.init_from = base.display().to_string();
+        }
         let init_from = if config.lora().is_some() { config.model.init_from.clone() } else { std::mem::take(&mut config.model.init_from) };
         let vars = nn::VarStore::new(device);
         let model = super::build(&config, &vars, &NoData)?;
         super::probe::load_checkpoint_weights(&vars, &checkpoint)?;
+        if let Some(base) = base {
+            super::adapters::check_base(&vars, &checkpoint, base)?;
+        }
         config.model.init_from = init_from;
         let tokenizer = config.tokenizes().then(|| PathBuf::from(&config.data.tokenizer));
         let mut eos = tokenizer.as_ref().and_then(|t| t.parent()).map(eos_ids_in).unwrap_or_default();

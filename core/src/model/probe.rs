@@ -74,6 +74,11 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
     let mut model = super::build(config, &vs, dataset.as_ref())?;
     if let Some(dir) = checkpoint {
         load_checkpoint_weights(&vs, dir)?;
+        // A LoRA checkpoint's adapters over a base (`--set model.init_from=` after a move):
+        // only the one they were trained on.
+        if config.lora().is_some() {
+            super::adapters::check_base(&vs, &super::hf::resolve_checkpoint(dir)?, Path::new(&config.model.init_from))?;
+        }
     }
     let (inputs, targets) = match batch {
         ProbeBatch::Drawn { split, step } => {

@@ -177,7 +177,13 @@ pub fn check_model(checkpoint: &Checkpoint, config: &crate::config::Config) -> R
     // A checkpoint from before the kinds' tables has their keys flat in [model].
     crate::config::move_flat_keys(&mut saved).map_err(|(key, message)| bad(format!("{key} {message}")))?;
     let live = toml::Table::try_from(&config.model).expect("[model] serializes");
-    match first_difference(&saved, &live, "model") {
+    // Another kind first: its sizes differ too, and `block_size` alone would not say why.
+    let kind = |t: &toml::Table| t.get("kind").cloned();
+    let first = match (kind(&saved), kind(&live)) {
+        (Some(was), Some(now)) if was != now => Some(("model.kind".to_string(), was, now)),
+        _ => first_difference(&saved, &live, "model"),
+    };
+    match first {
         None => Ok(()),
         Some((key, was, now)) => Err(bad(format!(
             "{key}: checkpoint {was}, configuration {now}. The checkpoint is of another model: resume with the configuration it was \

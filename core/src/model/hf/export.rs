@@ -63,12 +63,20 @@ fn checkpoint_error(path: &Path, message: impl Into<String>) -> Error {
 /// base weights of `model.init_from` (`W + alpha / r * B A`), a full model.
 /// With `with_tokenizer`, a run whose tokenizer can no longer be read is refused
 /// before anything is written (an export without it loads a one-token vocabulary in
-/// `AutoTokenizer`); without, no tokenizer file is written.
-pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Result<Exported> {
+/// `AutoTokenizer`); without, no tokenizer file is written. `base`: a LoRA run's base
+/// model found elsewhere than `model.init_from` (its weights must hash to what the run
+/// recorded).
+pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: Option<&Path>) -> Result<Exported> {
     let checkpoint = resolve_checkpoint(path)?;
     let (manifest, mut saved) = ptrain_checkpoint::read_model(&checkpoint).map_err(|e| checkpoint_error(&checkpoint, e.to_string()))?;
     let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
-    let config = recorded_config(&checkpoint)?;
+    let mut config = recorded_config(&checkpoint)?;
+    if let Some(base) = base {
+        if config.lora().is_none() || !merge {
+            return Err(checkpoint_error(&checkpoint, "--base names a LoRA run's base model: use it with --merge (or --format peft)"));
+        }
+        config.model.init_from = base.display().to_string();
+    }
     let m = &config.model;
     if with_tokenizer {
         tokenizer_readable(&config)?;
@@ -79,7 +87,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool) -> Res
     let weights_path = checkpoint.join(ptrain_checkpoint::MODEL_FILE);
     match (config.lora().is_some(), merge) {
         (false, false) => {}
-        (true, true) => saved = super::super::lora::merged(&config, &checkpoint)?,
+        (true, true) => saved = super::super::lora::merged(&config, &checkpoint, base)?,
         (true, false) => {
             let message = "a LoRA checkpoint holds only the adapters: export them with --format peft, or a full model with --format hf --merge";
             return Err(checkpoint_error(&checkpoint, message));

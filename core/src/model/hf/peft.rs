@@ -23,15 +23,23 @@ pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 /// LoRA checkpoint at (or newest under) `path`, and with `with_tokenizer` the run's
 /// tokenizer files beside them (as TRL's `save_model` does, so the directory is a
 /// complete chat model with its base); a checkpoint of a run without `[lora]` is
-/// refused ([`Error::Checkpoint`]: exit 2).
-pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool) -> Result<Exported> {
+/// refused ([`Error::Checkpoint`]: exit 2). `base`: the base model moved there from
+/// `model.init_from` (`--base`; checked against the run's recorded hash), written as
+/// `base_model_name_or_path`.
+pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool, base: Option<&Path>) -> Result<Exported> {
     let checkpoint = resolve_checkpoint(path)?;
     let bad = |message: String| Error::Checkpoint { path: checkpoint.clone(), message };
     let (manifest, saved) = ptrain_checkpoint::read_model(&checkpoint).map_err(|e| bad(e.to_string()))?;
-    let config = recorded_config(&checkpoint)?;
-    let Some(lora) = config.lora() else {
+    let mut config = recorded_config(&checkpoint)?;
+    let Some(lora) = config.lora().cloned() else {
         return Err(bad("--format peft exports LoRA adapters, and this run trained none ([lora]): export it with --format hf".into()));
     };
+    if let Some(base) = base {
+        config.model.init_from = base.display().to_string();
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let _model = crate::model::build(&config, &vs, &crate::model::pretrained::NoData)?;
+        crate::model::adapters::check_base(&vs, &checkpoint, base)?;
+    }
     if with_tokenizer {
         tokenizer_readable(&config)?;
     }

@@ -1,0 +1,103 @@
+//! LoRA adapters outside a run: a `peft` adapter directory read back (the form
+//! `ptrain export --format peft` and `PeftModel.save_pretrained` write), and a LoRA
+//! checkpoint's base found somewhere else than where it was trained (`--base DIR`),
+//! accepted only when its weights hash to what the checkpoint recorded.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tch::{nn, Tensor};
+
+use super::hf::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG_JSON};
+use crate::error::{Error, Result};
+
+/// The `[lora]` and `model.init_from` settings of a `peft` adapter directory, as
+/// `--set` assignments: the base from `base` or `adapter_config.json`'s
+/// `base_model_name_or_path`.
+pub fn peft_settings(dir: &Path, base: Option<&Path>) -> Result<(Vec<String>, PathBuf)> {
+    let path = dir.join(ADAPTER_CONFIG);
+    let bad = |message: String| Error::Checkpoint { path: path.clone(), message };
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let peft_type = json.get("peft_type").and_then(Value::as_str).unwrap_or("");
+    if peft_type != "LORA" {
+        return Err(bad(format!("peft_type {peft_type:?}: only LoRA adapters (\"LORA\") are read")));
+    }
+    for key in ["use_dora", "use_rslora"] {
+        if json.get(key).and_then(Value::as_bool) == Some(true) {
+            return Err(bad(format!("{key} = true: ptrain's LoRA is plain LoRA (alpha / r scaling, no DoRA)")));
+        }
+    }
+    let base = match base {
+        Some(b) => b.to_owned(),
+        None => PathBuf::from(json.get("base_model_name_or_path").and_then(Value::as_str).unwrap_or_default()),
+    };
+    if !base.join(CONFIG_JSON).is_file() {
+        return Err(bad(format!(
+            "its base model `{}` (base_model_name_or_path) is not a directory with config.json here: pass --base DIR",
+            base.display()
+        )));
+    }
+    let rank = json.get("r").and_then(Value::as_i64).ok_or_else(|| bad("no integer `r` (the adapters' rank)".into()))?;
+    let alpha = json.get("lora_alpha").and_then(Value::as_f64).ok_or_else(|| bad("no number `lora_alpha`".into()))?;
+    // peft writes target_modules as a list, or as one regular expression string.
+    let targets: Vec<String> = match json.get("target_modules") {
+        Some(Value::Array(names)) => names.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+        Some(Value::String(one)) if one.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => vec![one.clone()],
+        other => return Err(bad(format!("target_modules {other:?}: a list of module names is needed"))),
+    };
+    let quoted: Vec<String> = targets.iter().map(|t| format!("{t:?}")).collect();
+    let sets = vec![
+        format!("model.init_from={:?}", base.display().to_string()),
+        format!("lora.rank={rank}"),
+        format!("lora.alpha={alpha:?}"),
+        format!("lora.targets=[{}]", quoted.join(", ")),
+    ];
+    Ok((sets, base))
+}
+
+/// Copies a `peft` directory's `adapter_model.safetensors` into the adapters of `vs`
+/// (peft's names are ptrain's with `base_model.model.` before them). Every adapter
+/// must be there, and nothing else.
+pub fn load_peft_weights(vs: &nn::VarStore, dir: &Path) -> Result<()> {
+    let path = dir.join(ADAPTER_WEIGHTS);
+    let bad = |message: String| Error::Checkpoint { path: path.clone(), message };
+    let saved = Tensor::read_safetensors(&path).map_err(|e| bad(e.to_string()))?;
+    let mut vars = vs.variables();
+    let wanted = vars.iter().filter(|(_, v)| v.requires_grad()).count();
+    if saved.len() != wanted {
+        return Err(bad(format!("{} tensors, and the model with these adapters has {wanted}", saved.len())));
+    }
+    tch::no_grad(|| -> Result<()> {
+        for (name, t) in saved {
+            let ours = name.strip_prefix("base_model.model.").unwrap_or(&name);
+            let var = vars.get_mut(ours).filter(|v| v.requires_grad()).ok_or_else(|| bad(format!("`{name}` is no adapter of this model")))?;
+            if t.size() != var.size() {
+                return Err(bad(format!("`{name}` has shape {:?}, the model {:?}", t.size(), var.size())));
+            }
+            var.f_copy_(&t.f_to_kind(var.kind())?)?;
+        }
+        Ok(())
+    })
+}
+
+/// Refuses base weights other than those a LoRA checkpoint's adapters were trained
+/// on: `vs`'s base hashed as the run hashed it, against `state.json`'s
+/// `lora_base_sha256`.
+pub fn check_base(vs: &nn::VarStore, checkpoint: &Path, base: &Path) -> Result<()> {
+    let state_path = checkpoint.join(ptrain_checkpoint::STATE_FILE);
+    let bad = |message: String| Error::Checkpoint { path: checkpoint.to_owned(), message };
+    let text = std::fs::read_to_string(&state_path).map_err(|e| Error::Io { path: state_path.clone(), source: e })?;
+    let state: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let Some(recorded) = state.get("lora_base_sha256").and_then(Value::as_str) else {
+        return Err(bad("it records no LoRA base (not a LoRA run): --base is for LoRA checkpoints".into()));
+    };
+    let live = super::lora::base_hash(vs)?;
+    if live != recorded {
+        return Err(bad(format!(
+            "the base model {}: its weights (sha256 {live}) are not the base these adapters were trained on (sha256 {recorded})",
+            base.display()
+        )));
+    }
+    Ok(())
+}
