@@ -51,8 +51,11 @@ fn parameters_follow_unsharded(model: &str, world: u32, ratio: f64, variants: &[
         assert_eq!((sharded["status"].as_str(), sharded["shard"].as_str()), (Some("completed"), Some("parameters")), "{extra:?}");
         assert_eq!(got.len(), 30, "{model} {extra:?}");
         assert_eq!(base.len(), 30);
+        // bf16 rounds the forward of both runs; their float32 gradients are reduced
+        // in another order, and after some steps a parameter rounds the other way.
+        let tolerance = if extra.iter().any(|s| s.contains("bf16")) { 1e-4 } else { 1e-5 };
         for ((step, x), (_, y)) in got.iter().zip(&base) {
-            assert!((x - y).abs() <= 1e-5 * y.abs(), "{model} {world} ranks {extra:?} step {step}: loss {x}, unsharded {y}");
+            assert!((x - y).abs() <= tolerance * y.abs(), "{model} {world} ranks {extra:?} step {step}: loss {x}, unsharded {y}");
         }
         for key in ["parameter_bytes", "optimizer_state_bytes"] {
             let (mine, theirs) = (per_rank(&sharded, key), per_rank(&none, key));
