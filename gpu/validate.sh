@@ -163,7 +163,7 @@ steps() {
   row "torchrun, 1 rank" "$s" "final loss $(field "$work/torchrun-1/summary.json" final_loss)" "world size $(field "$work/torchrun-1/summary.json" world_size)"
   local gpus; gpus=$(field "$work/check.json" device_count)
   if [ "$device" = cpu ] || [ "${gpus:-0}" -ge 2 ]; then
-    for shard in none optimizer gradients; do
+    for shard in none optimizer gradients parameters; do
       "${torchrun[@]}" --nproc-per-node 2 "$ptrain" run --config "$cfg" --device "$device" --steps $n "${small[@]}" \
         --set dist.shard=\"$shard\" --run-dir "$work/torchrun-2-$shard" --quiet >"$work/torchrun-2-$shard.log" 2>&1 && s=ok || s=FAIL
       row "torchrun, 2 ranks, $shard" "$s" "final loss $(field "$work/torchrun-2-$shard/summary.json" final_loss)" \

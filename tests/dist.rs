@@ -5,7 +5,6 @@
 mod common;
 
 use std::{
-    io::{BufRead, BufReader},
     path::Path,
     process::{Child, Command, Stdio},
     sync::mpsc,
@@ -170,32 +169,6 @@ fn launch_training(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>
     let rx = lines(&mut launcher);
     assert!(wait_for_line(&rx, |l| l.starts_with("[rank0]") && l.contains("step 3/")), "the job did not start training");
     (launcher, rx)
-}
-
-/// Rank 0's stderr, line by line, from a reader thread.
-fn lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    let reader = BufReader::new(child.stderr.take().expect("piped stderr"));
-    thread::spawn(move || {
-        for line in reader.lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Waits until a line matches, for at most a minute (a generous bound for a
-/// start-up that takes about a second); false when none came.
-fn wait_for_line(rx: &mpsc::Receiver<String>, matches: impl Fn(&str) -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        if matches(&line) {
-            return true;
-        }
-    }
-    false
 }
 
 /// Starts a long two-rank job and returns (rank 0, its stderr lines, rank 1) once

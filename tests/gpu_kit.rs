@@ -94,6 +94,7 @@ fn the_bundle_is_small_and_its_validation_passes_on_the_cpu() {
         "checkpoint + resume",
         "torchrun, 1 rank",
         "torchrun, 2 ranks, gradients",
+        "torchrun, 2 ranks, parameters",
         "every plugin, defaults",
         "flops: MFU",
         "qwen2 logits vs HF (cpu)",

@@ -20,6 +20,25 @@ pub trait Collectives: Send + Sync {
     fn broadcast(&self, tensor: &mut Tensor, root: u32) -> Result<(), String>;
 }
 
+/// A collective in flight.
+pub trait Pending: Send {
+    fn wait(self: Box<Self>) -> Result<(), String>;
+}
+
+/// The collectives parameter sharding (`dist.shard = "parameters"`) issues from
+/// inside forward and backward, on whatever thread runs them, on flat tensors of
+/// `world` equal chunks.
+pub trait ShardCollectives: Send + Sync {
+    /// Starts gathering every rank's chunk of `flat` into it, in place (this rank's
+    /// chunk is already there).
+    fn start_all_gather(&self, flat: &Tensor) -> Result<Box<dyn Pending>, String>;
+    /// Averages `flat` across ranks, writing this rank's chunk of the average to
+    /// `own`; `flat` may be left partly reduced.
+    fn reduce_scatter(&self, flat: &Tensor, own: &Tensor) -> Result<(), String>;
+    /// Copies rank `root`'s `tensor` to every rank, in place.
+    fn broadcast(&self, tensor: &Tensor, root: u32) -> Result<(), String>;
+}
+
 pub trait DataParallel: Send {
     fn rank(&self) -> u32;
     fn world_size(&self) -> u32;
@@ -48,6 +67,10 @@ pub trait DataParallel: Send {
     /// Every rank's chunk of `flat` (as in [`DataParallel::reduce_flat`]) to every
     /// rank, in place.
     fn all_gather_flat(&mut self, flat: &Tensor) -> Result<(), String>;
+    /// The collectives of parameter sharding; `None` where there are no peers.
+    fn shard_collectives(&self) -> Option<Arc<dyn ShardCollectives>> {
+        None
+    }
     /// Bytes of gradient copies this layer keeps between steps (buckets).
     fn gradient_buffer_bytes(&self) -> u64 {
         0

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use ptrain_core::{
     config::Config,
-    dist::{Collectives, DataParallel},
+    dist::{Collectives, DataParallel, ShardCollectives},
 };
 use tch::{Device, Tensor};
 
@@ -12,6 +12,7 @@ use crate::{
     buckets::Buckets,
     flat::FlatSync,
     group::{wait_all, Backend, Group},
+    shard_group::ShardGroup,
 };
 
 pub struct C10dDataParallel {
@@ -124,6 +125,10 @@ impl DataParallel for C10dDataParallel {
         let group = &*self.group;
         let sync = flat_sync(&mut self.flat, group, flat, self.bucket_bytes, self.reduce_scatter);
         group.timed(|| sync.all_gather(group, flat)).map_err(|e| group.explain("parameter all-gather", e))
+    }
+
+    fn shard_collectives(&self) -> Option<Arc<dyn ShardCollectives>> {
+        Some(Arc::new(ShardGroup::new(self.group.clone(), self.reduce_scatter)))
     }
 
     fn gradient_buffer_bytes(&self) -> u64 {

@@ -19,6 +19,7 @@ mod ffi;
 mod flat;
 pub mod group;
 pub mod launch;
+mod shard_group;
 #[cfg(test)]
 mod tests;
 

@@ -1,11 +1,12 @@
 //! Starting ranks the way launchers do, and watching them.
 
 use std::{
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus},
     sync::mpsc,
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use super::{ptrain, repo};
@@ -93,4 +94,30 @@ pub fn wait_within(mut child: Child, limit: Duration) -> Option<ExitStatus> {
         signal(pid, "KILL");
     }
     status
+}
+
+/// Rank 0's stderr, line by line, from a reader thread.
+pub fn lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let reader = BufReader::new(child.stderr.take().expect("piped stderr"));
+    thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits until a line matches, for at most a minute (a generous bound for a
+/// start-up that takes about a second); false when none came.
+pub fn wait_for_line(rx: &mpsc::Receiver<String>, matches: impl Fn(&str) -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if matches(&line) {
+            return true;
+        }
+    }
+    false
 }

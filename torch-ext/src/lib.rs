@@ -19,6 +19,7 @@ mod memory_history;
 mod optim;
 mod pin;
 pub mod profiler;
+pub mod sharding;
 pub mod trace;
 
 pub use autocast::{autocast_bf16, autocast_dtype};

@@ -12,9 +12,18 @@ pub struct DistConfig {
     /// rank 0 waits for a checkpoint write (PyTorch's NCCL default is 10 minutes).
     pub nccl_timeout_s: u64,
     pub bucket_mb: f64,
-    /// What each rank keeps only a slice of (ZeRO stage 1 or 2).
+    /// What each rank keeps only a slice of (ZeRO stage 1, 2 or 3).
     #[serde(default)]
     pub shard: ShardMode,
+    /// `shard = "parameters"`: release a block's gathered parameters after its
+    /// forward and gather them again for its backward (FSDP's default); `false`
+    /// keeps them from forward to backward (less communication, more memory).
+    #[serde(default = "reshard_after_forward")]
+    pub reshard_after_forward: bool,
+}
+
+fn reshard_after_forward() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -28,7 +37,8 @@ pub enum DistBackend {
 /// `dist.shard`: `none` replicates everything (plain data parallelism);
 /// `optimizer` (ZeRO-1) gives each rank the optimizer state of its 1/world slice
 /// of the parameters; `gradients` (ZeRO-2) also reduce-scatters the gradients so a
-/// rank keeps only its slice's.
+/// rank keeps only its slice's; `parameters` (ZeRO-3, FSDP) also keeps only a slice
+/// of every parameter between steps, gathering each block's just before it runs.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardMode {
@@ -36,6 +46,7 @@ pub enum ShardMode {
     None,
     Optimizer,
     Gradients,
+    Parameters,
 }
 
 impl ShardMode {
@@ -44,6 +55,7 @@ impl ShardMode {
             ShardMode::None => "none",
             ShardMode::Optimizer => "optimizer",
             ShardMode::Gradients => "gradients",
+            ShardMode::Parameters => "parameters",
         }
     }
 }

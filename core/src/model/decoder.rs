@@ -85,7 +85,16 @@ pub trait Family: Send + 'static {
 /// pass, and again when backward recomputes a checkpointed block, then possibly on an
 /// autograd worker thread. `forward` is to be called once.
 pub trait BlockWrap: Send + Sync {
-    fn around(&self, index: usize, forward: &mut dyn FnMut() -> Result<Tensor>) -> Result<Tensor>;
+    /// At the start of every forward, before the embeddings (which are outside the
+    /// blocks) are used.
+    fn enter(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Block `index` over `input` (its hidden state). `checkpointed`: the block runs
+    /// inside its activation checkpoint: without a graph in forward, with one when
+    /// backward recomputes it.
+    fn around(&self, index: usize, input: &Tensor, checkpointed: bool, forward: &mut dyn FnMut() -> Result<Tensor>) -> Result<Tensor>;
 }
 
 /// Per-block choices, fixed when the model is built.
@@ -103,10 +112,16 @@ impl BlockPlan {
     }
 }
 
-fn run_block(wrap: Option<&dyn BlockWrap>, index: usize, mut forward: impl FnMut() -> Result<Tensor>) -> Result<Tensor> {
+fn run_block(
+    wrap: Option<&dyn BlockWrap>,
+    index: usize,
+    input: &Tensor,
+    checkpointed: bool,
+    mut forward: impl FnMut() -> Result<Tensor>,
+) -> Result<Tensor> {
     match wrap {
         None => forward(),
-        Some(w) => w.around(index, &mut forward),
+        Some(w) => w.around(index, input, checkpointed, &mut forward),
     }
 }
 
@@ -125,12 +140,20 @@ pub struct Decoder<F: Family> {
     family: F,
     blocks: Vec<Arc<F::Block>>,
     checkpoints: Checkpoints,
+    /// Which blocks are checkpointed (kept to wrap them later).
+    checkpointed: Vec<bool>,
     wrap: Option<Arc<dyn BlockWrap>>,
 }
 
 impl<F: Family> Decoder<F> {
     pub fn new(family: F, blocks: Vec<F::Block>) -> Decoder<F> {
-        Decoder { family, blocks: blocks.into_iter().map(Arc::new).collect(), checkpoints: Checkpoints::default(), wrap: None }
+        Decoder {
+            family,
+            blocks: blocks.into_iter().map(Arc::new).collect(),
+            checkpoints: Checkpoints::default(),
+            checkpointed: Vec::new(),
+            wrap: None,
+        }
     }
 
     /// Checkpoints and wraps the blocks as `plan` says.
@@ -138,8 +161,9 @@ impl<F: Family> Decoder<F> {
         let wrap = plan.wrap;
         self.checkpoints = Checkpoints::new(&plan.checkpointed, |i| {
             let (block, wrap) = (Arc::clone(&self.blocks[i]), wrap.clone());
-            move |inputs: &[Tensor]| run_block(wrap.as_deref(), i, || recompute(&*block, inputs))
+            move |inputs: &[Tensor]| run_block(wrap.as_deref(), i, &inputs[0], true, || recompute(&*block, inputs))
         })?;
+        self.checkpointed = plan.checkpointed;
         self.wrap = wrap;
         Ok(())
     }
@@ -171,13 +195,16 @@ impl<F: Family> Decoder<F> {
             Some(s) => Positions::Given(&s.positions),
             None => Positions::From { start, len: t },
         };
+        let wrap = self.wrap.as_deref();
+        if let Some(w) = wrap {
+            w.enter()?;
+        }
         let mut x = self.family.embed(tokens, at, train)?;
         let rotary = self.family.rotary(at, x.kind())?;
         let mask = segments.map(Segments::mask).transpose()?;
         // What a checkpoint saves besides x (an empty Vec allocates nothing).
         let extras: Vec<&Tensor> = rotary.iter().flat_map(|(cos, sin)| [cos, sin]).chain(mask.as_ref()).collect();
         let rotary = rotary.as_ref().map(|(cos, sin)| (cos, sin));
-        let wrap = self.wrap.as_deref();
         for (i, block) in self.blocks.iter().enumerate() {
             x = match self.checkpoints.run(i, train && cache.is_none(), &x, &extras) {
                 Some(out) => out?,
@@ -188,7 +215,7 @@ impl<F: Family> Decoder<F> {
                         (None, None) => Attend::Causal,
                     };
                     let mut input = BlockInput { train, rotary, attend };
-                    run_block(wrap, i, || block.forward(&x, &mut input))?
+                    run_block(wrap, i, &x, false, || block.forward(&x, &mut input))?
                 }
             };
         }
@@ -231,6 +258,11 @@ impl<F: Family> Model for Decoder<F> {
 
     fn new_cache(&self, capacity: i64) -> Option<KvCache> {
         Some(KvCache::new(self.blocks.len(), capacity.min(self.family.context())))
+    }
+
+    fn wrap_blocks(&mut self, wrap: Arc<dyn BlockWrap>) -> Result<Option<usize>> {
+        self.plan(BlockPlan { checkpointed: self.checkpointed.clone(), wrap: Some(wrap) })?;
+        Ok(Some(self.blocks.len()))
     }
 
     fn block_matrices(&self) -> Vec<Tensor> {

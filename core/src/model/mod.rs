@@ -123,6 +123,14 @@ pub trait Model: Send {
     fn block_matrices(&self) -> Vec<Tensor> {
         Vec::new()
     }
+
+    /// Runs every repeated block through `wrap` (parameter sharding's gathers), keeping
+    /// the activation checkpointing planned; the number of blocks, or `None` for a
+    /// model without such blocks. Their parameters are named with the block's index
+    /// as the first number in the name (`transformer.h.3.ln_1.weight`).
+    fn wrap_blocks(&mut self, _wrap: std::sync::Arc<dyn decoder::BlockWrap>) -> Result<Option<usize>> {
+        Ok(None)
+    }
 }
 
 /// Builds the configured model with its parameters in `vs` ([`from_config`]); with

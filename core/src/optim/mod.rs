@@ -13,6 +13,8 @@
 //! Checkpoints restore into either through [`SavedState`], which re-cuts the
 //! slices when the layout changed.
 
+mod fully_sharded;
+mod gather;
 pub mod layout;
 mod lr_schedule;
 mod replicated;
@@ -20,9 +22,12 @@ mod saved;
 pub mod shard;
 mod shard_spec;
 
+use std::sync::Arc;
+
 use ptrain_torch_ext::{self as ext, TensorList};
 use tch::Tensor;
 
+pub use fully_sharded::{FullySharded, ParamSharding};
 pub use lr_schedule::LrSchedule;
 pub use replicated::Replicated;
 pub use saved::{CheckpointState, SavedState};
@@ -34,6 +39,7 @@ use crate::{
     config::{OptimConfig, OptimName, ShardMode},
     dist::DataParallel,
     error::{Error, Result},
+    model::decoder::BlockWrap,
 };
 
 /// What the trainer asks of an optimizer, one step after another: `zero_grad`,
@@ -62,6 +68,9 @@ pub trait Optimizer: Send {
     fn state_bytes(&self) -> Result<u64> {
         ext::grads::held_bytes(self.state().iter().map(|(_, t)| t), []).map_err(torch_err)
     }
+    /// Bytes of trainable parameters this rank holds between steps (with
+    /// `parameters`: its float32 chunks; gathered blocks come and go within a step).
+    fn parameter_bytes(&self) -> Result<u64>;
     /// Bytes of gradient this rank holds now (views of one buffer count once).
     fn gradient_bytes(&self) -> Result<u64>;
     /// Gradient bytes held at the reduction, the high point of a step (measured
@@ -73,14 +82,23 @@ pub trait Optimizer: Send {
     /// How the state is cut across ranks, as `state.json` records it (`None`
     /// when every rank holds all of it).
     fn checkpoint_layout(&self) -> Option<ShardLayout>;
+    /// With `parameters`: what the model's blocks must run through (their gathers and
+    /// gradient hooks), and how many blocks the parameters' names number.
+    fn block_wrap(&self) -> Option<(Arc<dyn BlockWrap>, usize)> {
+        None
+    }
 }
 
 /// The optimizer for these parameters (sorted by name): sharded when the ranks
-/// agreed on a [`ShardSpec`].
-pub fn build(config: &OptimConfig, params: &[(String, Tensor)], shard: Option<ShardSpec>) -> Result<Box<dyn Optimizer>> {
-    Ok(match shard {
-        Some(spec) => Box::new(Sharded::new(config, params, spec)?),
-        None => Box::new(Replicated::new(config, params)?),
+/// agreed on a [`ShardSpec`] (`parameters` needs `with`, the group's collectives).
+pub fn build(config: &OptimConfig, params: &[(String, Tensor)], shard: Option<ShardSpec>, with: Option<ParamSharding>) -> Result<Box<dyn Optimizer>> {
+    Ok(match (shard, with) {
+        (Some(spec), Some(with)) if spec.mode == ShardMode::Parameters => Box::new(FullySharded::new(config, params, spec, with)?),
+        (Some(spec), None) if spec.mode == ShardMode::Parameters => {
+            return Err(Error::Other("dist.shard = \"parameters\" needs a process group's collectives".into()))
+        }
+        (Some(spec), _) => Box::new(Sharded::new(config, params, spec)?),
+        (None, _) => Box::new(Replicated::new(config, params)?),
     })
 }
 

@@ -125,6 +125,10 @@ impl Optimizer for Replicated {
         &self.params
     }
 
+    fn parameter_bytes(&self) -> Result<u64> {
+        ext::grads::held_bytes(&self.live, []).map_err(torch_err)
+    }
+
     /// The parameters' `.grad`.
     fn gradient_bytes(&self) -> Result<u64> {
         ext::grads::held_bytes(&[] as &[Tensor], &self.live).map_err(torch_err)

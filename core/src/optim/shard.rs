@@ -251,6 +251,10 @@ impl Optimizer for Sharded {
         &self.sizes
     }
 
+    fn parameter_bytes(&self) -> Result<u64> {
+        ext::grads::held_bytes([&self.flat_params], []).map_err(torch_err)
+    }
+
     /// The parameters' `.grad` and the flat gradient buffers.
     fn gradient_bytes(&self) -> Result<u64> {
         ext::grads::held_bytes(&self.gradient_buffers(), self.params.tensors()).map_err(torch_err)

@@ -146,6 +146,8 @@ impl Run {
             optimizer_state_bytes: memory.optimizer_state_bytes,
             gradient_bytes: memory.gradient_bytes,
             gradient_peak_bytes: memory.gradient_peak_bytes,
+            parameter_bytes: memory.parameter_bytes,
+            rank_peak_memory_bytes: memory.peak_memory_bytes,
             model: env.run_data.model_kind.clone(),
             parameters: env.all_params,
             trainable_parameters: env.run_data.n_params,

@@ -11,7 +11,7 @@ use crate::{
     error::{Error, Result},
     model::{Model, ModelInput, ModelOutput, Returns},
     objective::Forward,
-    optim::{self, LrSchedule, Optimizer, ShardSpec},
+    optim::{self, LrSchedule, Optimizer, ParamSharding, ShardSpec},
 };
 
 pub(super) struct Learner {
@@ -34,13 +34,14 @@ pub(super) struct Learner {
 
 impl Learner {
     /// The learner of `model`, whose parameters live in `vs`: its trainable ones,
-    /// and the configured optimizer over them (sharded with `shard`).
+    /// and the configured optimizer over them (sharded with `shard`; `parameters`
+    /// also wraps the model's blocks in its gathers).
     pub fn new(
         vs: nn::VarStore,
-        model: Box<dyn Model>,
+        mut model: Box<dyn Model>,
         dataset: Arc<dyn Dataset>,
         config: &Config,
-        shard: Option<ShardSpec>,
+        shard: Option<(ShardSpec, Option<ParamSharding>)>,
         total_steps: u64,
     ) -> Result<Learner> {
         let mut params: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
@@ -48,7 +49,22 @@ impl Learner {
         if params.is_empty() {
             return Err(Error::Other("the model has no trainable parameters".into()));
         }
-        let optimizer = optim::build(&config.optim, &params, shard)?;
+        let (spec, mut with) = shard.map_or((None, None), |(spec, with)| (Some(spec), with));
+        if let Some(with) = &mut with {
+            // Parameter sharding cuts the frozen variables too (LoRA's base).
+            with.frozen = vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
+            with.frozen.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+        let optimizer = optim::build(&config.optim, &params, spec, with)?;
+        if let Some((wrap, named)) = optimizer.block_wrap() {
+            let depth = model.wrap_blocks(wrap)?;
+            if depth != Some(named) {
+                return Err(Error::Other(format!(
+                    "dist.shard = \"parameters\" needs a model of numbered blocks (gpt, llama): model {:?} has {depth:?}, its parameters' names number {named}",
+                    model.kind()
+                )));
+            }
+        }
         Ok(Learner {
             lr_schedule: LrSchedule::new(&config.optim, total_steps),
             // Whether the model draws random numbers is the model's to say.

@@ -21,6 +21,10 @@ pub(super) struct MemoryFigures {
     /// Gradient held when the first step's gradient was reduced (with
     /// `gradients`, the full-size gradient from backward is still there).
     pub gradient_peak_bytes: Vec<u64>,
+    /// Parameters held between steps (with `parameters`, the rank's chunks).
+    pub parameter_bytes: Vec<u64>,
+    /// The rank's peak memory so far: CUDA's peak allocated, or the peak RSS.
+    pub peak_memory_bytes: Vec<u64>,
 }
 
 impl MemoryFigures {
@@ -31,15 +35,23 @@ impl MemoryFigures {
         let state = optimizer.state_bytes()?;
         let gradient = optimizer.gradient_bytes()? + dist.gradient_buffer_bytes();
         let peak = optimizer.gradient_peak_bytes().unwrap_or(gradient);
-        let mut all = Tensor::f_zeros([dist.world_size() as i64, 3], (Kind::Int64, device))?;
-        let mine = Tensor::from_slice(&[state as i64, gradient as i64, peak as i64]).f_to_device(device)?;
+        let parameters = optimizer.parameter_bytes()?;
+        let memory = crate::device::peak_memory(device);
+        let mut all = Tensor::f_zeros([dist.world_size() as i64, 5], (Kind::Int64, device))?;
+        let mine = Tensor::from_slice(&[state as i64, gradient as i64, peak as i64, parameters as i64, memory as i64]).f_to_device(device)?;
         all.f_select(0, dist.rank() as i64)?.f_copy_(&mine)?;
         if collective {
             dist.all_reduce_sum(&mut all).map_err(Error::Dist)?;
         }
         let rows = Vec::<i64>::try_from(all.f_to_device(Device::Cpu)?.f_flatten(0, -1)?)?;
-        let column = |c: usize| rows.chunks(3).map(|r| r[c] as u64).collect();
-        Ok(MemoryFigures { optimizer_state_bytes: column(0), gradient_bytes: column(1), gradient_peak_bytes: column(2) })
+        let column = |c: usize| rows.chunks(5).map(|r| r[c] as u64).collect();
+        Ok(MemoryFigures {
+            optimizer_state_bytes: column(0),
+            gradient_bytes: column(1),
+            gradient_peak_bytes: column(2),
+            parameter_bytes: column(3),
+            peak_memory_bytes: column(4),
+        })
     }
 }
 
@@ -61,6 +73,7 @@ mod tests {
         let param_bytes: u64 = learner.params.iter().map(|(_, p)| (p.numel() * 4) as u64).sum();
         let before = MemoryFigures::gather(learner.optimizer.as_ref(), &SingleRank, Device::Cpu, true).unwrap();
         assert_eq!(before.gradient_bytes, [param_bytes], "one float gradient per parameter, held all run");
+        assert_eq!(before.parameter_bytes, [param_bytes], "the parameters, whole");
 
         let batch = learner.dataset.batch(Split::Train, BatchKey { step: 1, micro: 0, first_sample: 0, count: 4, stream: 0 }).unwrap();
         learner.forward(&batch, true).unwrap().sum(Kind::Float).backward();

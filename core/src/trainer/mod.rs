@@ -55,6 +55,7 @@ mod run;
 pub mod run_dir;
 mod save;
 mod setup;
+mod sharding;
 mod signals;
 mod state;
 mod step;

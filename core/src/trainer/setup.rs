@@ -30,7 +30,7 @@ use super::{
     Trainer,
 };
 use crate::{
-    config::{Config, Precision},
+    config::{Config, Precision, ShardMode},
     data::{loader::DrawPlan, Loader},
     device,
     error::{Error, Result},
@@ -136,6 +136,10 @@ impl Run {
         };
         let objective = objective::from_config(&config, model.task());
         let (model_kind, task, layers) = (model.kind().to_string(), model.task(), model.layers(dataset.seq_len()));
+        if shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters) {
+            super::sharding::refuse_unsupported(&config, checkpoint.is_some(), false, false)?;
+        }
+        let shard = shard.map(|spec| (spec, super::sharding::param_sharding(&config, dist.as_ref())));
         let mut learner = Learner::new(vs, model, dataset.clone(), &config, shard, total_steps)?;
         if let Some(ckpt) = &checkpoint {
             state::check_lora_base(ckpt, lora_base.as_deref())?;
@@ -151,13 +155,20 @@ impl Run {
             }
             tracing::info!("resuming from {} (step {start_step})", ckpt.path.display());
         }
-        dist.broadcast_params(&learner.params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
+        // (Sharded parameters were broadcast before they were cut.)
+        if learner.optimizer.block_wrap().is_none() {
+            dist.broadcast_params(&learner.params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>()).map_err(Error::Dist)?;
+        }
 
         // The run's gate: its schedule raises it, requests from other threads
         // (through the host's services and the signal handlers) lower it.
         let gate = Arc::new(Gate::new(0));
         let services = HostServices::new(gate.clone(), dist.collectives(), Duration::from_secs_f64(config.run.shutdown_timeout_s));
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services.clone(), rank)?;
+        if learner.optimizer.shard_mode() == ShardMode::Parameters {
+            let reads_params = slots.iter().any(|s| s.needs.intersects(Needs::PARAMS.union(Needs::GRADS).union(Needs::HISTOGRAMS)));
+            super::sharding::refuse_unsupported(&config, false, host.has_checkpointer(), reads_params)?;
+        }
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
             std::fs::create_dir_all(&run_dir).map_err(Error::writing(&run_dir))?;

@@ -87,6 +87,10 @@ pub struct Summary {
     pub optimizer_state_bytes: Vec<u64>,
     pub gradient_bytes: Vec<u64>,
     pub gradient_peak_bytes: Vec<u64>,
+    /// Per rank: parameters held between steps (`parameters`: the rank's chunks),
+    /// and peak memory (CUDA's peak allocated, or the peak RSS).
+    pub parameter_bytes: Vec<u64>,
+    pub rank_peak_memory_bytes: Vec<u64>,
     pub model: String,
     /// Every parameter of the model, and those trained (with LoRA, the adapters'
     /// only: the base is frozen and has no gradient nor optimizer state).

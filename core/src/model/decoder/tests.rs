@@ -49,13 +49,21 @@ fn gpt_and_llama_attend_over_a_shared_prefix_pair_as_over_each_answer_alone() {
     shared_prefix_pair_gives_each_answer_its_own_logits(&mut Llama::decoder(&vs.root(), &shape(ModelKind::Llama), lora::Targets::NONE));
 }
 
-/// Records which block each call of the wrap ran.
+/// Records which block each call of the wrap ran (`usize::MAX`: a forward's start),
+/// and that it was told whether the block is checkpointed.
 #[derive(Default)]
-struct Calls(Mutex<Vec<usize>>);
+struct Calls(Mutex<Vec<usize>>, Mutex<Vec<bool>>);
 
 impl BlockWrap for Calls {
-    fn around(&self, index: usize, forward: &mut dyn FnMut() -> Result<Tensor>) -> Result<Tensor> {
+    fn enter(&self) -> Result<()> {
+        self.0.lock().unwrap().push(usize::MAX);
+        Ok(())
+    }
+
+    fn around(&self, index: usize, input: &Tensor, checkpointed: bool, forward: &mut dyn FnMut() -> Result<Tensor>) -> Result<Tensor> {
+        assert_eq!(input.size().len(), 3, "the block's hidden state");
         self.0.lock().unwrap().push(index);
+        self.1.lock().unwrap().push(checkpointed);
         forward()
     }
 }
@@ -70,11 +78,13 @@ fn the_block_wrap_runs_around_every_block_forward_and_every_recompute() {
         model.plan(BlockPlan { checkpointed: vec![checkpointed; 2], wrap: Some(calls.clone()) }).unwrap();
         let x = tokens(&[1, 2, 3, 4]);
         logits(&mut model, ModelInput::new(&x, true)).sum(Kind::Float).backward();
-        let want = if checkpointed { vec![0, 1, 1, 0] } else { vec![0, 1] };
+        let want = if checkpointed { vec![usize::MAX, 0, 1, 1, 0] } else { vec![usize::MAX, 0, 1] };
         assert_eq!(*calls.0.lock().unwrap(), want, "checkpointed = {checkpointed}: forward, then backward's recompute");
+        assert!(calls.1.lock().unwrap().iter().all(|&c| c == checkpointed));
         calls.0.lock().unwrap().clear();
+        calls.1.lock().unwrap().clear();
         let _ = tch::no_grad(|| logits(&mut model, ModelInput::new(&x, false)));
-        assert_eq!(*calls.0.lock().unwrap(), [0, 1], "evaluation recomputes nothing");
+        assert_eq!(*calls.0.lock().unwrap(), [usize::MAX, 0, 1], "evaluation recomputes nothing");
     }
 }
 

@@ -1,0 +1,253 @@
+//! Parameter sharding's units and the block wrap that gathers them (ZeRO-3, FSDP).
+//!
+//! A unit is the variables of one decoder block (unit `i + 1` for block `i`), or,
+//! unit 0, the rest (embeddings, final norm, head). Each is one flat buffer per part
+//! (its trainable parameters; its frozen ones by dtype), padded to `world` equal
+//! chunks, which the model's variables view; its memory exists only while the unit
+//! is gathered (the storage is resized to nothing and back, so what autograd saved
+//! keeps pointing at it). Between steps a rank holds only its chunk of each part.
+//!
+//! - Forward: a block's unit is gathered before it runs (the next block's gather is
+//!   issued before this one computes: one block of prefetch), and released after,
+//!   unless `dist.reshard_after_forward = false` (training only).
+//! - Backward: a hook on the block's output gathers it again (and issues the previous
+//!   block's gather) and gives its parameters a fresh flat `.grad`; a hook on its
+//!   input, which fires once the block's backward is done, reduce-scatters that
+//!   gradient into this rank's gradient chunk and releases both.
+//! - A checkpointed block: its checkpoint's forward gathers and releases it; the
+//!   recompute in backward gathers it again and the hook on the input releases it.
+//! - Unit 0 is gathered at the start of every forward and released after the update.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ptrain_torch_ext::{grads, sharding, TensorList, TorchError};
+use tch::Tensor;
+
+use super::layout::FlatLayout;
+use crate::{
+    dist::{Pending, ShardCollectives},
+    error::{Error, Result},
+    model::decoder::BlockWrap,
+};
+
+enum Held {
+    Released,
+    Gathering(Vec<Box<dyn Pending>>),
+    Gathered,
+}
+
+/// One flat buffer of a unit: its trainable parameters, or its frozen ones of one dtype.
+pub(super) struct Part {
+    /// The model's parameters in this part, views of `full`.
+    pub params: TensorList,
+    pub layout: FlatLayout,
+    /// The part, padded to `world` chunks; memory only while gathered.
+    pub full: Tensor,
+    /// This rank's chunk (a view of a master buffer).
+    pub shard: Tensor,
+}
+
+impl Part {
+    fn bytes(&self) -> u64 {
+        self.layout.padded() * self.full.kind().elt_size_in_bytes() as u64
+    }
+}
+
+pub(super) struct Unit {
+    /// The trainable part first, when there is one; then the frozen ones.
+    pub parts: Vec<Part>,
+    /// This rank's chunk of the trainable part's averaged gradient (a view of the
+    /// optimizer's buffer); `None` for a unit without trainable parameters.
+    pub grad_shard: Option<Tensor>,
+    /// The trainable part's gradient from backward until it is reduce-scattered.
+    grad_full: Option<Tensor>,
+    held: Held,
+}
+
+impl Unit {
+    pub fn new(parts: Vec<Part>, grad_shard: Option<Tensor>) -> Unit {
+        Unit { parts, grad_shard, grad_full: None, held: Held::Gathered }
+    }
+}
+
+pub(super) struct Units {
+    pub units: Vec<Unit>,
+    comm: Arc<dyn ShardCollectives>,
+    rank: i64,
+    /// One chunk of the largest unit: a reduce-scatter's output before it is added.
+    scratch: Tensor,
+    reshard_after_forward: bool,
+}
+
+fn torch(e: TorchError) -> Error {
+    Error::Other(format!("parameter sharding: {e}"))
+}
+
+fn tch_err(e: tch::TchError) -> Error {
+    Error::Other(format!("parameter sharding: {e}"))
+}
+
+impl Units {
+    pub fn new(units: Vec<Unit>, comm: Arc<dyn ShardCollectives>, rank: u32, reshard_after_forward: bool) -> Result<Units> {
+        let trained = units.iter().filter_map(|u| u.grad_shard.as_ref().map(|g| (&u.parts[0], g)));
+        let largest = trained.clone().map(|(p, _)| p.layout.chunk).max().unwrap_or(0);
+        let device = trained.map(|(_, g)| g.device()).next().unwrap_or(tch::Device::Cpu);
+        let scratch = Tensor::f_zeros([largest as i64], (tch::Kind::Float, device)).map_err(tch_err)?;
+        Ok(Units { units, comm, rank: rank as i64, scratch, reshard_after_forward })
+    }
+
+    /// Issues unit `u`'s all-gathers unless it is gathered or on its way.
+    pub fn start_gather(&mut self, u: usize) -> Result<()> {
+        let unit = &mut self.units[u];
+        if !matches!(unit.held, Held::Released) {
+            return Ok(());
+        }
+        let mut works = Vec::with_capacity(unit.parts.len());
+        for part in &unit.parts {
+            sharding::resize_storage(&part.full, part.bytes()).map_err(torch)?;
+            let chunk = part.layout.chunk as i64;
+            tch::no_grad(|| part.full.narrow(0, self.rank * chunk, chunk).f_copy_(&part.shard)).map_err(tch_err)?;
+            works.push(self.comm.start_all_gather(&part.full).map_err(Error::Dist)?);
+        }
+        unit.held = Held::Gathering(works);
+        Ok(())
+    }
+
+    /// Unit `u`, gathered.
+    pub fn gathered(&mut self, u: usize) -> Result<()> {
+        self.start_gather(u)?;
+        let unit = &mut self.units[u];
+        if let Held::Gathering(works) = std::mem::replace(&mut unit.held, Held::Gathered) {
+            works.into_iter().try_for_each(|w| w.wait()).map_err(Error::Dist)?;
+        }
+        Ok(())
+    }
+
+    /// Gives unit `u`'s gathered memory back (after its gathers, if in flight).
+    pub fn release(&mut self, u: usize) -> Result<()> {
+        let unit = &mut self.units[u];
+        match std::mem::replace(&mut unit.held, Held::Released) {
+            Held::Released => return Ok(()),
+            Held::Gathering(works) => works.into_iter().try_for_each(|w| w.wait()).map_err(Error::Dist)?,
+            Held::Gathered => {}
+        }
+        unit.parts.iter().try_for_each(|p| sharding::resize_storage(&p.full, 0)).map_err(torch)
+    }
+
+    pub fn release_all(&mut self) -> Result<()> {
+        (0..self.units.len()).try_for_each(|u| self.release(u))
+    }
+
+    /// A zeroed flat `.grad` for unit `u`'s trainable parameters, unless they have one.
+    pub fn attach_grads(&mut self, u: usize) -> Result<()> {
+        let unit = &mut self.units[u];
+        if unit.grad_full.is_none() && unit.grad_shard.is_some() {
+            let part = &unit.parts[0];
+            let flat = Tensor::f_zeros([part.layout.padded() as i64], (part.full.kind(), part.full.device())).map_err(tch_err)?;
+            grads::attach_flat(&part.params, &flat).map_err(torch)?;
+            unit.grad_full = Some(flat);
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatters unit `u`'s gradient (if it has one) and adds this rank's
+    /// chunk of the average to its gradient chunk; the full gradient goes.
+    pub fn reduce_grads(&mut self, u: usize) -> Result<()> {
+        let unit = &mut self.units[u];
+        let (Some(flat), Some(shard)) = (unit.grad_full.take(), &unit.grad_shard) else { return Ok(()) };
+        let part = &unit.parts[0];
+        grads::detach(&part.params).map_err(torch)?;
+        let own = self.scratch.narrow(0, 0, part.layout.chunk as i64);
+        self.comm.reduce_scatter(&flat, &own).map_err(Error::Dist)?;
+        let _ = tch::no_grad(|| shard.shallow_clone().f_add_(&own)).map_err(tch_err)?;
+        Ok(())
+    }
+
+    /// Gradient tensors held now besides the chunks.
+    pub fn grad_buffers(&self) -> Vec<Tensor> {
+        self.units.iter().filter_map(|u| u.grad_full.as_ref().map(Tensor::shallow_clone)).collect()
+    }
+}
+
+/// The units, shared by the optimizer and the block wrap (whose hooks run on the
+/// thread running backward).
+#[derive(Clone)]
+pub(super) struct Shared(pub Arc<Mutex<Units>>);
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, Units> {
+        // A poisoned lock means a hook panicked; its error already failed the run.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Block unit `u`'s backward is about to run.
+    fn before_backward(&self, u: usize) -> Result<()> {
+        let mut units = self.lock();
+        units.gathered(u)?;
+        units.attach_grads(u)?;
+        if u > 1 {
+            units.start_gather(u - 1)?;
+        }
+        Ok(())
+    }
+
+    /// Block unit `u`'s backward is done.
+    fn after_backward(&self, u: usize) -> Result<()> {
+        let mut units = self.lock();
+        units.reduce_grads(u)?;
+        units.release(u)
+    }
+
+    fn hook(&self, t: &Tensor, u: usize, after: bool) -> Result<()> {
+        let shared = self.clone();
+        let call = move || {
+            let done = if after { shared.after_backward(u) } else { shared.before_backward(u) };
+            done.map_err(|e| e.to_string())
+        };
+        sharding::on_grad(t, Arc::new(call)).map_err(torch)
+    }
+}
+
+impl BlockWrap for Shared {
+    fn enter(&self) -> Result<()> {
+        self.lock().gathered(0)
+    }
+
+    fn around(&self, index: usize, input: &Tensor, checkpointed: bool, forward: &mut dyn FnMut() -> Result<Tensor>) -> Result<Tensor> {
+        let u = index + 1;
+        // Backward recomputing a checkpointed block: its gradient is reduced by the
+        // hook its checkpoint's forward set on the outer input.
+        let recompute = checkpointed && sharding::grad_enabled();
+        {
+            let mut units = self.lock();
+            units.gathered(u)?;
+            if recompute {
+                units.attach_grads(u)?;
+                if u > 1 {
+                    units.start_gather(u - 1)?;
+                }
+            } else if u + 1 < units.units.len() {
+                units.start_gather(u + 1)?;
+            }
+        }
+        let output = forward()?;
+        if recompute {
+            return Ok(output);
+        }
+        // Whether a backward will come through this block.
+        let training = output.requires_grad() || (checkpointed && input.requires_grad());
+        if training {
+            if !checkpointed {
+                self.hook(&output, u, false)?;
+            }
+            if input.requires_grad() {
+                self.hook(input, u, true)?;
+            }
+        }
+        let mut units = self.lock();
+        if !training || units.reshard_after_forward {
+            units.release(u)?;
+        }
+        Ok(output)
+    }
+}
