@@ -267,6 +267,19 @@ finetune() {
   read -r rel st < <(within "$(field "$work/ft-chunk/summary.json" final_loss)" "$(field "$work/ft-chat/summary.json" final_loss)" 1e-4)
   [ "$s" = ok ] && s=$st
   row "chunked loss" "$s" "final loss $(field "$work/ft-chunk/summary.json" final_loss), rel. $rel to whole logits" "bound 1e-4"
+
+  # DPO (docs/preference.md): preference pairs, each prompt once per pair, LoRA whose
+  # reference is the base with the adapters off: the first loss is ln 2 exactly.
+  if "$py" "$sup/dpo.py" make "$ft/dpo" 32 1 >>"$work/ft-make.log" 2>&1; then
+    run ft-dpo --device "$device" --steps 20 --set model.kind=llama --set "model.init_from=$ft/dpo/policy" --set data.kind=preference \
+      --set "data.path=$ft/dpo/conv.jsonl" --set data.packing=true --set data.batch_size=4 --set train.eval_every=0 \
+      --set optim.warmup_steps=0 --set optim.lr=1e-2 --set lora.rank=8 && s=ok || s=FAIL
+    a=$(field "$work/ft-dpo/summary.json" first_loss) b=$(field "$work/ft-dpo/summary.json" final_loss)
+    "$py" -c "import sys, math, struct; f = struct.unpack('f', struct.pack('f', math.log(2)))[0]; sys.exit(0 if float(sys.argv[1]) == f and float(sys.argv[2]) < f else 1)" "$a" "$b" 2>/dev/null || s=FAIL
+  else
+    s=FAIL a="" b=""
+  fi
+  row "dpo, lora, packed" "$s" "loss $a -> $b" "20 steps; ln 2 exactly at the start (reference = adapters off), then falls"
 }
 
 started=$(date +%s)

@@ -105,6 +105,7 @@ fn the_bundle_is_small_and_its_validation_passes_on_the_cpu() {
         "checkpointing, dropout",
         "lora",
         "chunked loss",
+        "dpo, lora, packed",
     ] {
         assert!(steps.contains(&step), "no `{step}` row in {steps:?}");
     }

@@ -42,6 +42,10 @@ pub struct TokenizeArgs {
 
 pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
     let config = args.run.config()?;
+    // Preference pairs are encoded when a run starts (not cached yet).
+    if config.data.kind == ptrain_core::config::DataKind::Preference {
+        return Err(config_error("ptrain tokenize reads text and instruction data; preference pairs are encoded when `ptrain run` starts").into());
+    }
     if let Some(n) = args.show {
         if !config.data.kind.is_instruction() {
             return Err(config_error("--show reads instruction data: data.kind = \"chat\" or \"prompt_completion\"").into());

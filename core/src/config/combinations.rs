@@ -94,6 +94,8 @@ impl Config {
         }
         let allowed: &[TrainOn] = match data.kind {
             DataKind::Chat => &[TrainOn::Auto, TrainOn::Assistant, TrainOn::LastAssistant, TrainOn::All],
+            // DPO compares the completions: they are what is scored.
+            DataKind::Preference => &[TrainOn::Auto],
             _ => &[TrainOn::Auto, TrainOn::Completion, TrainOn::All],
         };
         if !allowed.contains(&data.train_on) {
@@ -103,8 +105,28 @@ impl Config {
                 format!("{} does not apply to data.kind = {}; use one of {}", spelled(&data.train_on), spelled(&data.kind), names.join(", ")),
             ));
         }
+        if data.kind == DataKind::Preference {
+            self.validate_preference()?;
+        }
         if data.path.is_empty() && data.datasets.is_empty() {
             return Err(bad("data.path", "instruction data reads data.path or [[data.datasets]] files"));
+        }
+        Ok(())
+    }
+
+    /// Preference pairs: one file (and a held-out one), a positive `dpo.beta`.
+    fn validate_preference(&self) -> Result<(), Error> {
+        if !self.data.datasets.is_empty() {
+            return Err(bad("data.datasets", "preference data reads data.path (and data.val_path); mixes are for instruction data"));
+        }
+        if self.data.packing && self.dpo.truncation_mode == crate::config::TruncationMode::KeepEnd {
+            return Err(bad(
+                "data.packing",
+                "holds each pair's prompt once, which keep_end truncation would cut differently for the two answers: use dpo.truncation_mode = \"keep_start\"",
+            ));
+        }
+        if !(self.dpo.beta > 0.0 && self.dpo.beta.is_finite()) {
+            return Err(bad("dpo.beta", format!("{} must be a positive number", self.dpo.beta)));
         }
         Ok(())
     }
@@ -144,8 +166,11 @@ impl Config {
                 "tokenized text reads data.path (and data.val_path); mixes are for classification rows and instruction data",
             ));
         }
-        if !self.data.eos_token.is_empty() && !matches!(self.data.kind, DataKind::Jsonl | DataKind::PromptCompletion) {
-            return Err(bad("data.eos_token", "separates JSONL rows or ends completions: it needs data.kind = \"jsonl\" or \"prompt_completion\""));
+        if !self.data.eos_token.is_empty() && !matches!(self.data.kind, DataKind::Jsonl | DataKind::PromptCompletion | DataKind::Preference) {
+            return Err(bad(
+                "data.eos_token",
+                "separates JSONL rows or ends completions: it needs data.kind = \"jsonl\", \"prompt_completion\" or \"preference\"",
+            ));
         }
         Ok(())
     }

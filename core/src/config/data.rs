@@ -160,12 +160,16 @@ pub enum DataKind {
     /// `{"prompt": .., "completion": ..}`: strings, or message lists rendered with
     /// the chat template.
     PromptCompletion,
+    /// Preference pairs `{"prompt", "chosen", "rejected"}` (strings, or message
+    /// lists rendered with the chat template) for DPO (`[dpo]`, docs/preference.md).
+    Preference,
 }
 
 impl DataKind {
-    /// Instruction data: rows tokenized with their trained-token masks.
+    /// Rows read from the files people have and tokenized with their trained-token
+    /// masks: instruction data (`chat`, `prompt_completion`) and preference pairs.
     pub fn is_instruction(self) -> bool {
-        matches!(self, DataKind::Chat | DataKind::PromptCompletion)
+        matches!(self, DataKind::Chat | DataKind::PromptCompletion | DataKind::Preference)
     }
 }
 

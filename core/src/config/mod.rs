@@ -8,6 +8,7 @@ mod combinations;
 mod data;
 mod debug;
 mod dist;
+mod dpo;
 mod lora;
 mod model;
 mod optim;
@@ -31,6 +32,7 @@ pub use combinations::{AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB};
 pub use data::{is_pattern, ColumnMap, DataConfig, DataFormat, DataKind, DatasetSpec, Overflow, TrainOn, WeightBy};
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
+pub use dpo::{DpoConfig, DpoLoss, TruncationMode};
 pub use lora::LoraConfig;
 pub(crate) use model::move_flat_keys;
 use model::refuse_flat_keys;
@@ -66,6 +68,9 @@ pub struct Config {
     pub optim: OptimConfig,
     pub dist: DistConfig,
     pub debug: DebugConfig,
+    /// `[dpo]`: what DPO does with preference data (`data.kind = "preference"`).
+    #[serde(default)]
+    pub dpo: DpoConfig,
     /// `[lora]`: absent (the default) = full fine-tuning; see [`Config::lora`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,

@@ -158,6 +158,7 @@ pub const RULES: &[(&str, Range)] = &[
     ("lora.rank", int(1)),
     ("lora.alpha", positive()),
     ("lora.dropout", unit()),
+    ("dpo.beta", positive()),
     ("dist.timeout_s", int(1)),
     ("dist.nccl_timeout_s", int(1)),
     ("dist.bucket_mb", positive().or_zero("one tensor per all-reduce")),

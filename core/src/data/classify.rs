@@ -192,6 +192,7 @@ impl Dataset for Classification {
             dataset_ids: Some(Tensor::f_from_slice(&ids)?),
             segments: None,
             trained_tokens: None,
+            reference: None,
             samples: b as i64,
             tokens: b as i64,
         })

@@ -11,6 +11,7 @@ pub mod chat_template;
 mod classify;
 pub mod instruct;
 pub mod loader;
+pub mod preference;
 pub mod reader;
 pub mod token_cache;
 pub mod tokenize;
@@ -50,6 +51,9 @@ pub struct Batch {
     /// host, which [`crate::objective::CausalLmPerToken`] divides the step's loss by
     /// (all micro-batches, all ranks) before any forward. `None` for other data.
     pub trained_tokens: Option<i64>,
+    /// Preference pairs with `dpo.precompute_reference`: the reference model's
+    /// log-probability of each completion, `[2B]` float32 (chosen, then rejected).
+    pub reference: Option<Tensor>,
     pub samples: i64,
     pub tokens: i64,
 }
@@ -73,6 +77,7 @@ impl Batch {
             targets: pin(self.targets),
             dataset_ids: self.dataset_ids.map(pin),
             segments: self.segments.map(|s| s.map(pin)),
+            reference: self.reference.map(pin),
             ..self
         }
     }
@@ -88,6 +93,7 @@ impl Batch {
             targets: move_(self.targets),
             dataset_ids: self.dataset_ids.map(move_),
             segments: self.segments.map(|s| s.map(move_)),
+            reference: self.reference.map(move_),
             ..self
         }
     }
@@ -136,6 +142,10 @@ pub trait Dataset: Send + Sync {
     fn row_counts(&self) -> Option<instruct::RowCounts> {
         None
     }
+    /// Preference pairs, for DPO's precomputed reference.
+    fn preference(&self) -> Option<&preference::PreferenceData> {
+        None
+    }
 }
 
 /// Positions of a language model's sequences: `data.max_seq_len`, or the model's.
@@ -154,6 +164,7 @@ pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
         || (config.model.kind == crate::config::ModelKind::Torchscript && config.model.torchscript.task == crate::config::TaskKind::Classification);
     let tokenized = config.tokenizes();
     Ok(match (data.kind, classify) {
+        (DataKind::Preference, _) => Arc::new(preference::PreferenceData::from_config(config, seq_len)?),
         (DataKind::Chat | DataKind::PromptCompletion, _) => Arc::new(instruct::InstructData::from_config(config, seq_len)?),
         _ if tokenized => Arc::new(token_cache::windows(config, seq_len)?),
         (DataKind::Synthetic, false) => Arc::new(TokenWindows::synthetic(config, seq_len)),

@@ -204,6 +204,7 @@ impl Dataset for TokenWindows {
             dataset_ids: None,
             segments: None,
             trained_tokens: None,
+            reference: None,
             samples: b as i64,
             tokens: (b * t) as i64,
         })

@@ -68,7 +68,7 @@ impl Linear {
 
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let y = x.f_linear(&self.base.ws, self.base.bs.as_ref())?;
-        let Some(ad) = &self.adapter else { return Ok(y) };
+        let Some(ad) = self.adapter.as_ref().filter(|_| !ADAPTERS_OFF.get()) else { return Ok(y) };
         let h = match ad.dropout > 0.0 && train {
             true => x.f_dropout(ad.dropout, true)?,
             false => x.shallow_clone(),
@@ -76,6 +76,25 @@ impl Linear {
         let low = h.f_linear::<Tensor>(&ad.a, None)?.f_linear::<Tensor>(&ad.b, None)?;
         Ok(y.f_add(&low.f_mul_scalar(ad.scaling)?)?)
     }
+}
+
+thread_local! {
+    /// Set while [`without_adapters`] runs on this thread.
+    static ADAPTERS_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every adapter switched off on this thread: the model is its base
+/// (`peft`'s `disable_adapter()`), with no second copy of the weights. DPO's
+/// reference with LoRA and no `dpo.reference` is this.
+pub fn without_adapters<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ADAPTERS_OFF.set(self.0);
+        }
+    }
+    let _restore = Restore(ADAPTERS_OFF.replace(true));
+    f()
 }
 
 /// The frozen base weights of `vs` (every parameter but the adapters), by name.

@@ -15,7 +15,10 @@
 //!   their number in the whole step, so the loss does not depend on how the step is
 //!   split (transformers #34191);
 //! - [`Classification`] (`classification`): each micro-batch's mean, and the
-//!   accuracy in evaluation.
+//!   accuracy in evaluation;
+//! - [`Dpo`] (`dpo`): preference pairs (`data.kind = "preference"`), each pair's
+//!   loss against a frozen [`Reference`] model (`reference`), the mean over the
+//!   step's pairs, with TRL's reward and log-probability metrics.
 //!
 //! They share one cross-entropy ([`cross_entropy`], on tch's `f_` functions) and,
 //! with `train.loss_chunk`, compute a language model's loss a chunk of positions at
@@ -33,17 +36,27 @@ mod causal_lm;
 mod chunked;
 mod classification;
 mod cross_entropy;
+mod dpo;
+mod precompute;
+mod reference;
 mod scale;
 
 use ptrain_plugin_api::Task;
-use tch::Tensor;
+use tch::{nn, Tensor};
 
 pub use causal_lm::{CausalLmMean, CausalLmPerToken};
 pub use classification::Classification;
 pub use cross_entropy::cross_entropy;
+pub use dpo::Dpo;
+pub use reference::Reference;
 pub use scale::StepScale;
 
-use crate::{config::Config, data::Batch, error::Result};
+use crate::{
+    config::{Config, DataKind},
+    data::{Batch, Dataset},
+    error::Result,
+    model::Model,
+};
 
 /// The model being trained, as an objective sees it. The trainer's learner
 /// implements it, running the model under the run's precision (bf16 autocast).
@@ -132,6 +145,16 @@ pub fn from_config(config: &Config, task: Task) -> Box<dyn Objective> {
         Task::Classification => Box::new(Classification),
         Task::LanguageModel if config.data.kind.is_instruction() => Box::new(CausalLmPerToken { chunk }),
         Task::LanguageModel => Box::new(CausalLmMean { chunk }),
+    }
+}
+
+/// The run's objective: [`from_config`]'s, or DPO on preference data, whose
+/// reference starts as the policy `model` does (its parameters in `vars`, built,
+/// nothing restored yet).
+pub fn build(config: &Config, model: &mut dyn Model, vars: &nn::VarStore, dataset: &dyn Dataset) -> Result<Box<dyn Objective>> {
+    match config.data.kind {
+        DataKind::Preference => Ok(Box::new(Dpo::build(config, model, vars, dataset)?)),
+        _ => Ok(from_config(config, model.task())),
     }
 }
 

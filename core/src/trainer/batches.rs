@@ -140,6 +140,7 @@ mod tests {
                 dataset_ids: None,
                 segments: None,
                 trained_tokens: Some(trained),
+                reference: None,
                 samples: 1,
                 tokens: 4,
             })

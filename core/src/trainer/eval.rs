@@ -114,7 +114,7 @@ mod tests {
             let trained = 2 + 3 * key.step as i64;
             let _ = targets.narrow(0, trained, 16 - trained).fill_(IGNORE_INDEX);
             let targets = targets.view([2, 8]);
-            Ok(Batch { inputs, targets, dataset_ids: None, segments: None, trained_tokens: Some(trained), samples: 2, tokens: 16 })
+            Ok(Batch { inputs, targets, dataset_ids: None, segments: None, trained_tokens: Some(trained), reference: None, samples: 2, tokens: 16 })
         }
         fn dataset_names(&self) -> Vec<String> {
             Vec::new()

@@ -103,7 +103,7 @@ impl Run {
             None => crate::data::from_config(&config)?,
         };
         let vs = nn::VarStore::new(device);
-        let model = match model_factory {
+        let mut model = match model_factory {
             Some(factory) => factory(&vs.root(), dataset.as_ref())?,
             // The checkpoint has every weight: model.init_from's may be gone. A LoRA
             // checkpoint has only the adapters: the base comes from model.init_from.
@@ -134,7 +134,7 @@ impl Run {
             }
             _ => config.train.steps,
         };
-        let objective = objective::from_config(&config, model.task());
+        let objective = objective::build(&config, model.as_mut(), &vs, dataset.as_ref())?;
         let (model_kind, task, layers) = (model.kind().to_string(), model.task(), model.layers(dataset.seq_len()));
         if shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters) {
             super::sharding::refuse_unsupported(&config, checkpoint.is_some(), false, false)?;

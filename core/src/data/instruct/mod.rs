@@ -10,7 +10,7 @@ mod cache;
 pub mod encode;
 pub mod messages;
 mod mix;
-mod pack;
+pub(crate) mod pack;
 pub mod shape;
 pub mod show;
 pub mod source;
@@ -266,6 +266,7 @@ impl InstructData {
             dataset_ids: if self.named { Some(tensor(&sources)?) } else { None },
             segments: if self.packing { Some(Segments { positions: tensor(&positions)?, ids: tensor(&rows)?, prefix: None }) } else { None },
             trained_tokens: Some(trained),
+            reference: None,
             samples: b as i64,
             tokens: (b * t) as i64,
         })

@@ -1,0 +1,130 @@
+//! Direct Preference Optimization, as TRL's `DPOTrainer` computes it. A batch of
+//! `B` pairs holds `2B` rows, the chosen completions then the rejected ones, or
+//! (`data.packing`) `B` sequences each holding its prompt once (see
+//! [`crate::data::preference`]); each completion's log-probability is the sum over
+//! its tokens. With the reference's (see [`Reference`]):
+//!
+//! - `margin = (chosen - ref_chosen) - (rejected - ref_rejected)`;
+//! - `sigmoid`: `-log sigmoid(beta * margin)`; `hinge`: `relu(1 - beta * margin)`;
+//!   `ipo`: `(margin per completion token - 1 / (2 beta))^2`, each log-ratio
+//!   divided by its completion's tokens, as TRL normalises it.
+//!
+//! The step's loss is the mean over every pair of the step, however it is cut into
+//! micro-batches and ranks: a micro-batch sums its pairs' losses and counts its
+//! pairs ([`Count::Units`]). The metrics are TRL's, means over the pairs:
+//! `rewards/chosen` (`beta * (chosen - ref_chosen)`), `rewards/rejected`,
+//! `rewards/accuracies` (chosen rewarded above rejected), `rewards/margins`,
+//! `logps/chosen`, `logps/rejected`.
+
+use std::sync::Mutex;
+
+use tch::{nn, Kind, Tensor};
+
+use super::{
+    precompute::precompute,
+    reference::{completion_logps, per_completion},
+    Count, Forward, Metrics, Objective, Reference, Sum,
+};
+use crate::{
+    config::{Config, DpoLoss},
+    data::{Batch, Dataset, IGNORE_INDEX},
+    error::{Error, Result},
+    model::Model,
+};
+
+pub struct Dpo {
+    beta: f64,
+    loss: DpoLoss,
+    /// Run from `sum(&self)`: behind a lock (one step at a time takes it). `None`
+    /// when precomputed: the batches carry the reference's log-probabilities.
+    reference: Option<Mutex<Reference>>,
+}
+
+/// A pair's chosen and rejected halves of `[2B]` row values.
+fn halves(rows: &Tensor, pairs: i64) -> Result<(Tensor, Tensor)> {
+    Ok((rows.f_narrow(0, 0, pairs)?, rows.f_narrow(0, pairs, pairs)?))
+}
+
+impl Dpo {
+    /// DPO as `config.dpo` says, against the reference it names (see
+    /// [`Reference::build`]; `policy` is the model about to be trained, its
+    /// parameters in `vars`, nothing restored into them yet). With
+    /// `dpo.precompute_reference`, the reference's log-probabilities of every pair
+    /// are computed here and the reference model freed.
+    pub fn build(config: &Config, policy: &mut dyn Model, vars: &nn::VarStore, dataset: &dyn Dataset) -> Result<Dpo> {
+        let mut reference = Reference::build(config, vars, dataset)?;
+        let reference = match config.dpo.precompute_reference {
+            true => {
+                let data = dataset.preference().ok_or_else(|| Error::Other("dpo.precompute_reference needs preference data".into()))?;
+                precompute(&mut reference, policy, data, config, vars.device())?;
+                None
+            }
+            false => Some(Mutex::new(reference)),
+        };
+        Ok(Dpo { beta: config.dpo.beta, loss: config.dpo.loss, reference })
+    }
+
+    /// The batch's reference log-probabilities: precomputed, or the reference's.
+    fn reference_logps(&self, policy: &mut dyn Forward, batch: &Batch) -> Result<Tensor> {
+        if let Some(precomputed) = &batch.reference {
+            return Ok(precomputed.shallow_clone());
+        }
+        let reference = self.reference.as_ref().ok_or_else(|| Error::Other("a batch without the precomputed reference log-probabilities".into()))?;
+        let mut reference = reference.lock().map_err(|_| Error::Other("the DPO reference model's lock is poisoned".into()))?;
+        reference.logps(policy, batch)
+    }
+
+    /// Each pair's loss `[B]` from its log-ratios (policy minus reference) and,
+    /// for `ipo`, the rows' completion tokens.
+    fn pair_losses(&self, chosen_ratio: &Tensor, rejected_ratio: &Tensor, batch: &Batch) -> Result<Tensor> {
+        let beta = self.beta;
+        Ok(match self.loss {
+            DpoLoss::Sigmoid => chosen_ratio.f_sub(rejected_ratio)?.f_mul_scalar(beta)?.f_log_sigmoid()?.f_neg()?,
+            DpoLoss::Hinge => chosen_ratio.f_sub(rejected_ratio)?.f_mul_scalar(-beta)?.f_add_scalar(1.0)?.f_relu()?,
+            DpoLoss::Ipo => {
+                let tokens = per_completion(&batch.targets.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Float)?, batch)?.f_clamp_min(1.0)?;
+                let (chosen_tokens, rejected_tokens) = halves(&tokens, batch.samples)?;
+                let delta = chosen_ratio.f_div(&chosen_tokens)?.f_sub(&rejected_ratio.f_div(&rejected_tokens)?)?;
+                delta.f_sub_scalar(1.0 / (2.0 * beta))?.f_square()?
+            }
+        })
+    }
+}
+
+impl Objective for Dpo {
+    fn name(&self) -> &'static str {
+        "dpo"
+    }
+
+    /// The batch's pairs.
+    fn count(&self, batch: &Batch) -> Result<Count> {
+        Ok(Count::Units(batch.samples.max(0) as u64))
+    }
+
+    fn sum(&self, model: &mut dyn Forward, batch: &Batch, train: bool) -> Result<Sum> {
+        let pairs = batch.samples;
+        // The reference first: its logits are freed before the policy's graph is built.
+        let reference = self.reference_logps(model, batch)?;
+        let logits = model.forward(batch, train)?;
+        let logps = completion_logps(&logits, batch)?;
+        let (chosen, rejected) = halves(&logps, pairs)?;
+        let (ref_chosen, ref_rejected) = halves(&reference, pairs)?;
+        let chosen_ratio = chosen.f_sub(&ref_chosen)?;
+        let rejected_ratio = rejected.f_sub(&ref_rejected)?;
+        let loss = self.pair_losses(&chosen_ratio, &rejected_ratio, batch)?.f_sum(Kind::Float)?;
+        let metrics = tch::no_grad(|| -> Result<Metrics> {
+            let chosen_rewards = chosen_ratio.f_mul_scalar(self.beta)?;
+            let rejected_rewards = rejected_ratio.f_mul_scalar(self.beta)?;
+            let sum = |t: &Tensor| t.f_sum(Kind::Float);
+            Ok(vec![
+                ("rewards/chosen", sum(&chosen_rewards)?),
+                ("rewards/rejected", sum(&rejected_rewards)?),
+                ("rewards/accuracies", sum(&chosen_rewards.f_gt_tensor(&rejected_rewards)?)?),
+                ("rewards/margins", sum(&chosen_rewards.f_sub(&rejected_rewards)?)?),
+                ("logps/chosen", sum(&chosen)?),
+                ("logps/rejected", sum(&rejected)?),
+            ])
+        })?;
+        Ok(Sum { loss, metrics, logits: Some(logits) })
+    }
+}

@@ -1,0 +1,68 @@
+//! `dpo.precompute_reference = true`: the reference's log-probabilities of every
+//! training and held-out pair, computed once before training (in the order the
+//! pairs are stored, `data.batch_size` at a time) and handed to the data, whose
+//! batches then carry them ([`crate::data::Batch::reference`]); the reference model
+//! is freed after. The losses equal the live reference's.
+
+use std::time::Instant;
+
+use tch::{Device, Tensor};
+
+use super::{Forward, Reference};
+use crate::{
+    config::{Config, Precision},
+    data::{preference::PreferenceData, Batch, Split},
+    error::{Error, Result},
+    model::{Model, ModelInput},
+};
+
+/// A model outside the learner run as the learner runs it (bf16 autocast when
+/// `autocast` is set: `Some(true)` on CUDA), for the reference's forwards.
+pub struct Bare<'a> {
+    pub model: &'a mut dyn Model,
+    pub autocast: Option<bool>,
+}
+
+impl Forward for Bare<'_> {
+    fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
+        let model = &mut *self.model;
+        let mut run = || model.forward(ModelInput::new(&batch.inputs, train).segments(batch.segments.as_ref()))?.logits();
+        match self.autocast {
+            None => run(),
+            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
+        }
+    }
+
+    fn forward_hidden(&mut self, _batch: &Batch, _train: bool) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
+}
+
+/// Computes the reference log-probabilities of every pair of `data` with
+/// `reference` (`policy` is the model about to be trained, for a reference that is
+/// the policy with its adapters off) and sets them in `data`.
+pub fn precompute(reference: &mut Reference, policy: &mut dyn Model, data: &PreferenceData, config: &Config, device: Device) -> Result<()> {
+    let started = Instant::now();
+    let autocast = (config.train.precision == Precision::Bf16).then_some(device.is_cuda());
+    let size = config.data.batch_size.max(1) as usize;
+    let mut pairs = 0;
+    for split in [Split::Train, Split::Val] {
+        let n = data.len(split);
+        let mut logps = Vec::with_capacity(n);
+        for start in (0..n).step_by(size) {
+            let picks: Vec<usize> = (start..(start + size).min(n)).collect();
+            let batch = data.batch_of(split, &picks)?.to_device(device, false);
+            let values = reference.logps(&mut Bare { model: &mut *policy, autocast }, &batch)?.f_to_device(Device::Cpu)?;
+            let values = Vec::<f32>::try_from(&values).map_err(|e| Error::Other(format!("reading the reference log-probabilities: {e}")))?;
+            let k = picks.len();
+            logps.extend((0..k).map(|i| [values[i], values[k + i]]));
+        }
+        pairs += n;
+        data.set_reference(split, logps)?;
+    }
+    tracing::info!(
+        "dpo: the reference's log-probabilities of {pairs} pairs computed in {:.2}s; the reference model is freed",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

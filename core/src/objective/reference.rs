@@ -1,0 +1,119 @@
+//! DPO's reference model: what the policy's log-probabilities are compared with.
+//! Frozen (no gradient, no optimizer state), run without autograd, and under
+//! `train.precision = "bf16"` stored in bf16. It is `dpo.reference` (a Hugging Face
+//! directory or a ptrain checkpoint or run directory), or else the starting model:
+//! with `[lora]`, the policy itself with its adapters switched off (no second copy
+//! of the weights); otherwise `model.init_from` loaded again (a resumed run's policy
+//! is no longer the starting model), or a copy of the policy's initial weights when
+//! they are random.
+
+use std::path::Path;
+
+use tch::{nn, Kind, Reduction, Tensor};
+
+use super::{cross_entropy, precompute::Bare, Forward};
+use crate::{
+    config::{Config, Precision},
+    data::{
+        preference::{CHOSEN, REJECTED},
+        Batch, Dataset,
+    },
+    error::{Error, Result},
+    model::{self, lora, pretrained::Pretrained, Model},
+};
+
+pub enum Reference {
+    /// A model of its own.
+    Model {
+        model: Box<dyn Model>,
+        /// Holds the model's (frozen) parameters.
+        _vars: nn::VarStore,
+        /// bf16 autocast on CUDA (`Some(true)`) or the CPU (`Some(false)`), as the policy runs.
+        autocast: Option<bool>,
+    },
+    /// The LoRA policy with its adapters off: its base model.
+    Adapters,
+}
+
+/// Per-token values `[rows, T]` summed per completion: `[2B]`, the chosen ones then
+/// the rejected ones, whether the pairs are separate rows or one sequence each
+/// (their rows told apart by [`crate::data::Segments::ids`]).
+pub fn per_completion(values: &Tensor, batch: &Batch) -> Result<Tensor> {
+    let sum = |t: &Tensor| t.f_sum_dim_intlist(Some(&[1i64][..]), false, Kind::Float);
+    match batch.segments.as_ref().filter(|s| s.prefix.is_some()) {
+        None => Ok(sum(values)?),
+        Some(s) => {
+            let chosen = sum(&values.f_mul(&s.ids.f_eq(CHOSEN)?)?)?;
+            let rejected = sum(&values.f_mul(&s.ids.f_eq(REJECTED)?)?)?;
+            Ok(Tensor::f_cat(&[chosen, rejected], 0)?)
+        }
+    }
+}
+
+/// Each completion's summed log-probability of its tokens, float32 `[2B]`.
+pub fn completion_logps(logits: &Tensor, batch: &Batch) -> Result<Tensor> {
+    per_completion(&cross_entropy(logits, &batch.targets, Reduction::None)?.f_neg()?, batch)
+}
+
+impl Reference {
+    /// The reference `config` names, on the device of the policy's `policy` store
+    /// (built from `config` before any checkpoint is restored into it).
+    pub fn build(config: &Config, policy: &nn::VarStore, dataset: &dyn Dataset) -> Result<Reference> {
+        if config.lora().is_some() && config.dpo.reference.is_empty() {
+            tracing::info!("dpo: reference = the base model (the policy with its LoRA adapters off)");
+            return Ok(Reference::Adapters);
+        }
+        let device = policy.device();
+        let (model, mut vars) = match config.dpo.reference.as_str() {
+            "" => {
+                let mut base = config.clone();
+                base.lora = None;
+                let vars = nn::VarStore::new(device);
+                let model = model::build(&base, &vars, dataset)?;
+                if config.model.init_from.is_empty() {
+                    let mut copy = vars;
+                    copy.copy(policy).map_err(|e| Error::Other(format!("dpo.reference: copying the starting model: {e}")))?;
+                    (model, copy)
+                } else {
+                    (model, vars)
+                }
+            }
+            path => {
+                let pretrained = Pretrained::open(Path::new(path), device)?;
+                let (theirs, ours) = (pretrained.config.model.vocab_size, config.model.vocab_size);
+                if theirs != ours {
+                    return Err(Error::Data {
+                        path: path.into(),
+                        message: format!(
+                            "dpo.reference has a vocabulary of {theirs} tokens, the policy {ours}: it must be the same model family and tokenizer"
+                        ),
+                    });
+                }
+                (pretrained.model, pretrained.vars)
+            }
+        };
+        vars.freeze();
+        let bf16 = config.train.precision == Precision::Bf16;
+        if bf16 {
+            vars.bfloat16();
+        }
+        tracing::info!(
+            "dpo: reference {} ({} parameters{}, frozen)",
+            if config.dpo.reference.is_empty() { "= the starting model" } else { config.dpo.reference.as_str() },
+            vars.variables().values().map(|t| t.numel()).sum::<usize>(),
+            if bf16 { ", bf16" } else { "" }
+        );
+        Ok(Reference::Model { model, _vars: vars, autocast: bf16.then_some(device.is_cuda()) })
+    }
+
+    /// Each row's summed log-probability of `batch`'s targets, without autograd
+    /// (`policy` is the model trained, whose adapters may be switched off).
+    pub fn logps(&mut self, policy: &mut dyn Forward, batch: &Batch) -> Result<Tensor> {
+        tch::no_grad(|| match self {
+            Reference::Adapters => lora::without_adapters(|| completion_logps(&policy.forward(batch, false)?, batch)),
+            Reference::Model { model, autocast, .. } => {
+                completion_logps(&Bare { model: model.as_mut(), autocast: *autocast }.forward(batch, false)?, batch)
+            }
+        })
+    }
+}

@@ -1,0 +1,290 @@
+//! DPO on preference pairs (`data.kind = "preference"`, `[dpo]`) through the built
+//! binary, judged by TRL's real `DPOTrainer` (tests/support/dpo.py), with a tiny
+//! random Qwen2 policy and a *different* reference made by `transformers`: the rows
+//! of a batch are TRL's collated rows (prompt tokens never trained), the first
+//! step's loss and six metrics equal DPOTrainer's for conversational, plain and
+//! implicit-prompt pairs and every loss form, the starting model as reference gives
+//! exactly ln 2, and bad rows exit 2 naming file and line. Nothing is downloaded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{
+    hf::{close, s, support_py},
+    *,
+};
+
+const SIX: [&str; 6] = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"];
+
+fn dpo_py(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
+    support_py("dpo.py", args)
+}
+
+/// A tokenizer, a policy, a reference and pairs of every form, in `dir`.
+fn made(dir: &Path, pairs: usize) -> PathBuf {
+    dpo_py(&[&"make", &dir, &pairs.to_string(), &"3"]);
+    dir.to_path_buf()
+}
+
+/// A one-thread CPU DPO run's arguments on `data` (also its held-out file: nothing
+/// is held out of the training pairs), with `extra` settings.
+fn args(dir: &Path, data: &str, extra: &[String]) -> Vec<String> {
+    let mut a: Vec<String> = ["--device", "cpu"].map(String::from).into();
+    let data = dir.join(data);
+    let sets = [
+        "run.threads=1".to_string(),
+        "model.kind=llama".into(),
+        format!("model.init_from={}", s(&dir.join("policy"))),
+        "data.kind=preference".into(),
+        format!("data.path={}", s(&data)),
+        format!("data.val_path={}", s(&data)),
+        format!("data.tokens_cache={}", s(&dir.join("cache"))),
+        "train.eval_batches=1".into(),
+    ];
+    for set in sets.iter().chain(extra) {
+        a.extend(["--set".to_string(), set.clone()]);
+    }
+    a
+}
+
+fn run(dir: &Path, name: &str, data: &str, extra: &[String]) -> PathBuf {
+    let run_dir = dir.join(name);
+    run_expect(ptrain().args(["run", "--quiet", "--plugins", "jsonl", "--run-dir"]).arg(&run_dir).args(args(dir, data, extra)), 0);
+    run_dir
+}
+
+/// The metrics the sinks got at `step`.
+fn metrics_at(run_dir: &Path, step: u64) -> serde_json::Value {
+    read_jsonl(&run_dir.join("metrics.jsonl")).into_iter().find(|m| m["step"] == step).expect("the step's metrics")
+}
+
+/// The first step's loss and six metrics of `run_dir` against `transformers`' own
+/// forward of the policy and the reference through DPOTrainer's formulas
+/// (`theirs["plain"]`: loss within 1e-5, metrics 1e-4), and against DPOTrainer's own
+/// values: the policy's log-probabilities and the accuracies within 1e-4. (DPOTrainer's
+/// reference forward, of the model as TRL patches it, differs from `transformers`'
+/// forward of the same weights by ~5e-6 relative on a summed log-probability: its
+/// loss is compared within 2e-3 (relative) and its rewards within 1e-3.)
+fn check_against_trl(run_dir: &Path, theirs: &serde_json::Value, what: &str) {
+    let ours = metrics_at(run_dir, 1);
+    let mine = |name: &str| ours[format!("train/{name}")].as_f64().unwrap_or_else(|| panic!("{what}: no train/{name} in {ours}"));
+    let loss = summary(run_dir)["first_loss"].as_f64().unwrap();
+    let plain = &theirs["plain"];
+    close(loss, plain["loss"].as_f64().unwrap(), 1e-5, &format!("{what}: first loss vs transformers' forward through DPOTrainer's loss"));
+    close(loss, theirs["loss"].as_f64().unwrap(), 2e-3 * loss.abs().max(1.0), &format!("{what}: first loss vs DPOTrainer's"));
+    for name in SIX {
+        close(mine(name), plain[name].as_f64().unwrap(), 1e-4, &format!("{what}: {name} vs transformers' forward"));
+        let tolerance = if name.starts_with("logps/") || name == "rewards/accuracies" { 1e-4 } else { 1e-3 };
+        close(mine(name), theirs[name].as_f64().unwrap(), tolerance, &format!("{what}: {name} vs DPOTrainer's"));
+    }
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).unwrap().lines().filter(|l| !l.trim().is_empty()).count()
+}
+
+#[test]
+fn a_batchs_rows_are_trls_collated_rows_with_only_completions_trained() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 12);
+    for data in ["conv.jsonl", "plain.jsonl", "implicit.jsonl"] {
+        let pairs = lines(&d.join(data));
+        let extra = ["train.steps=1".to_string(), format!("data.batch_size={pairs}"), "debug.dump_tensors_at=[1]".into()];
+        let run_dir = run(&d, &format!("rows-{data}"), data, &extra);
+        let report = dpo_py(&[&"batch", &d.join("policy"), &d.join(data), &run_dir.join("tensors-step1.rank0.safetensors")]);
+        assert_eq!(report["pairs"], pairs, "{data}: {report}");
+        assert!(report["equal"].as_bool().unwrap(), "{data}: ptrain's rows differ from TRL's: {report}");
+    }
+}
+
+#[test]
+fn first_step_loss_and_metrics_equal_dpo_trainers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    let reference = d.join("reference");
+    let cases =
+        [("conv.jsonl", "sigmoid"), ("plain.jsonl", "sigmoid"), ("implicit.jsonl", "sigmoid"), ("conv.jsonl", "ipo"), ("plain.jsonl", "hinge")];
+    for (data, loss) in cases {
+        let extra = [
+            "train.steps=1".to_string(),
+            "data.batch_size=8".into(),
+            format!("dpo.loss={loss}"),
+            "dpo.beta=0.1".into(),
+            format!("dpo.reference={}", s(&reference)),
+        ];
+        let run_dir = run(&d, &format!("first-{loss}-{data}"), data, &extra);
+        let theirs = dpo_py(&[&"first-step", &d.join("policy"), &reference, &d.join(data), &loss, &"0.1"]);
+        let what = format!("{data}, {loss}");
+        check_against_trl(&run_dir, &theirs, &what);
+        let margins = metrics_at(&run_dir, 1)["train/rewards/margins"].as_f64().unwrap();
+        assert!(margins.abs() > 1e-3, "{what}: a different reference gives margins: {margins}");
+    }
+}
+
+#[test]
+fn the_starting_model_as_reference_starts_at_ln_2_and_evaluates_held_out_pairs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    let extra = ["train.steps=2".to_string(), "data.batch_size=4".into(), "train.eval_every=2".into(), "optim.lr=1e-3".into()];
+    let run_dir = run(&d, "ln2", "conv.jsonl", &extra);
+    let summary = summary(&run_dir);
+    assert_eq!(summary["first_loss"].as_f64().unwrap(), (2.0f32.ln()) as f64, "policy = reference: -log sigmoid(0)");
+    let at2 = metrics_at(&run_dir, 2);
+    for name in ["eval/loss", "eval/rewards/accuracies", "eval/logps/chosen"] {
+        assert!(at2[name].as_f64().is_some(), "{name} missing at step 2: {at2}");
+    }
+}
+
+#[test]
+fn bad_preference_rows_exit_2_naming_the_file_and_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 2);
+    let good = std::fs::read_to_string(d.join("plain.jsonl")).unwrap();
+    for (row, says) in [
+        (r#"{"prompt": "a", "chosen": " b"}"#, "needs `chosen` and `rejected`"),
+        (r#"{"prompt": "a", "chosen": " b", "rejected": " b"}"#, "`chosen` equals `rejected`"),
+        (r#"{"prompt": "a", "chosen": "", "rejected": " b"}"#, "the chosen completion is empty"),
+        (r#"{"prompt": "a", "chosen": [{"role": "assistant", "content": "b"}], "rejected": " c"}"#, "all strings or all message lists"),
+        (r#"{"prompt": "a", "chosen": " b", "rejected": " c", "score": 3}"#, "column `score`"),
+    ] {
+        let file = d.join("bad.jsonl");
+        std::fs::write(&file, format!("{good}{row}\n")).unwrap();
+        let out = run_expect(ptrain().args(["run", "--quiet", "--run-dir"]).arg(d.join("bad-run")).args(args(&d, "bad.jsonl", &[])), 2);
+        let err = stderr(&out);
+        assert!(err.contains("bad.jsonl") && err.contains("line 3") && err.contains(says), "{row}: {err}");
+    }
+}
+
+#[test]
+fn lora_without_a_reference_starts_at_exactly_ln_2_and_equals_dpo_trainer_with_peft() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    // The reference is the policy with its adapters off: B = 0 at the start, so the
+    // policy is its base exactly, bit for bit.
+    let extra = ["train.steps=3".to_string(), "data.batch_size=8".into(), "lora.rank=4".into(), "optim.lr=1e-2".into()];
+    let run_dir = run(&d, "lora", "conv.jsonl", &extra);
+    let summary = summary(&run_dir);
+    assert_eq!(summary["first_loss"].as_f64().unwrap(), (2.0f32.ln()) as f64, "adapters at zero: -log sigmoid(0)");
+    assert!(summary["final_loss"].as_f64().unwrap() < summary["first_loss"].as_f64().unwrap(), "the adapters learn: {summary}");
+    let at3 = metrics_at(&run_dir, 3);
+    assert!(at3["train/rewards/margins"].as_f64().unwrap() > 0.0, "the reference stayed the base: {at3}");
+}
+
+#[test]
+fn the_prompt_once_per_pair_gives_the_separate_rows_results_and_cross_talk_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    for data in ["conv.jsonl", "plain.jsonl"] {
+        let base = ["train.steps=1".to_string(), "data.batch_size=8".into(), format!("dpo.reference={}", s(&d.join("reference")))];
+        let with = |more: &[&str]| -> Vec<String> { base.iter().cloned().chain(more.iter().map(|m| m.to_string())).collect() };
+        let separate = run(&d, &format!("separate-{data}"), data, &with(&[]));
+        let packed = run(&d, &format!("packed-{data}"), data, &with(&["data.packing=true"]));
+        let crossed = run(&d, &format!("crossed-{data}"), data, &with(&["data.packing=true", "debug.packing_cross_talk=true"]));
+        let (a, b, c) = (metrics_at(&separate, 1), metrics_at(&packed, 1), metrics_at(&crossed, 1));
+        // The log-probabilities within 1e-6 (relative); what is computed from them
+        // (float32 differences of sums of ~130) within 1e-5.
+        for name in ["loss"].iter().chain(&SIX).map(|n| format!("train/{n}")) {
+            let (x, y) = (a[&name].as_f64().unwrap(), b[&name].as_f64().unwrap());
+            let tolerance = if name.contains("logps") { 1e-6 * x.abs() } else { 1e-5 };
+            assert!((x - y).abs() <= tolerance, "{data}: {name}: separate rows {x}, one sequence per pair {y}");
+        }
+        let (x, z) = (a["train/logps/rejected"].as_f64().unwrap(), c["train/logps/rejected"].as_f64().unwrap());
+        assert!((x - z).abs() > 1e-3, "{data}: rejected answers that see the chosen ones went unnoticed ({x} vs {z})");
+    }
+}
+
+#[test]
+fn a_precomputed_reference_gives_the_live_references_losses_and_dpo_trainers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    let reference = d.join("reference");
+    let base = ["train.steps=3".to_string(), "data.batch_size=4".into(), "train.eval_every=3".into(), format!("dpo.reference={}", s(&reference))];
+    let live = run(&d, "live", "conv.jsonl", &base);
+    let pre: Vec<String> = base.iter().cloned().chain(["dpo.precompute_reference=true".to_string()]).collect();
+    let precomputed = run(&d, "precomputed", "conv.jsonl", &pre);
+    let (a, b) = (metrics_at(&live, 3), metrics_at(&precomputed, 3));
+    for name in ["loss", "eval/loss"].iter().map(|n| n.to_string()).chain(SIX.iter().map(|n| format!("train/{n}"))) {
+        let name = if name == "loss" { "train/loss".to_string() } else { name };
+        let (x, y) = (a[&name].as_f64().unwrap(), b[&name].as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{name}: live reference {x}, precomputed {y}");
+    }
+    // And against DPOTrainer's precompute_ref_log_probs, one batch of every pair.
+    let extra =
+        ["train.steps=1".to_string(), "data.batch_size=8".into(), format!("dpo.reference={}", s(&reference)), "dpo.precompute_reference=true".into()];
+    let run_dir = run(&d, "precomputed-8", "conv.jsonl", &extra);
+    let theirs = dpo_py(&[&"first-step", &d.join("policy"), &reference, &d.join("conv.jsonl"), &"sigmoid", &"0.1", &"--precompute"]);
+    check_against_trl(&run_dir, &theirs, "precomputed");
+}
+
+#[test]
+fn a_step_is_the_mean_over_its_pairs_however_it_is_split_and_resume_is_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 16);
+    let reference = format!("dpo.reference={}", s(&d.join("reference")));
+    for packing in ["false", "true"] {
+        let base = ["train.steps=1".to_string(), reference.clone(), format!("data.packing={packing}")];
+        let with = |more: &[&str]| -> Vec<String> { base.iter().cloned().chain(more.iter().map(|m| m.to_string())).collect() };
+        let whole = run(&d, &format!("1x8-{packing}"), "conv.jsonl", &with(&["data.batch_size=8"]));
+        let split = run(&d, &format!("4x2-{packing}"), "conv.jsonl", &with(&["data.batch_size=2", "optim.accum_steps=4"]));
+        let ranks_dir = d.join(format!("2rx4-{packing}"));
+        let out = ranks::launch(2)
+            .args(["run", "--quiet", "--plugins", "jsonl", "--run-dir"])
+            .arg(&ranks_dir)
+            .args(args(&d, "conv.jsonl", &with(&["data.batch_size=4"])))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "2 ranks: {}", stderr(&out));
+        let at = |r: &Path, name: &str| metrics_at(r, 1)[name].as_f64().unwrap();
+        for name in ["loss"].iter().chain(&SIX).map(|n| format!("train/{n}")) {
+            for (what, other) in [("4 x 2", &split), ("2 ranks x 4", &ranks_dir)] {
+                let (x, y) = (at(&whole, &name), at(other, &name));
+                assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "packing={packing}: {name}: 1 x 8 {x}, {what} {y}");
+            }
+        }
+    }
+    // Resumed at step 3 of 6, the losses are the uninterrupted run's, bit for bit.
+    let extra = ["data.batch_size=4".to_string(), reference.clone(), "optim.schedule=constant".into(), "optim.warmup_steps=0".into()];
+    let cmd = |run_dir: &Path, steps: &str, resume: Option<&Path>| {
+        let mut c = ptrain();
+        c.args(["run", "--quiet", "--plugins", "checkpoint,jsonl", "--steps", steps, "--run-dir"]).arg(run_dir);
+        if let Some(r) = resume {
+            c.arg("--resume").arg(r);
+        }
+        c.args(args(&d, "conv.jsonl", &extra)).args(["--set", "plugins.jsonl.every=1"]);
+        run_expect(&mut c, 0);
+    };
+    let (whole, part, resumed) = (d.join("whole"), d.join("part"), d.join("resumed"));
+    cmd(&whole, "6", None);
+    cmd(&part, "3", None);
+    cmd(&resumed, "6", Some(&part));
+    let losses = |r: &Path| -> Vec<(u64, u64)> {
+        read_jsonl(&r.join("metrics.jsonl"))
+            .iter()
+            .filter_map(|m| Some((m["step"].as_u64()?, m["train/loss"].as_f64()?.to_bits())))
+            .filter(|(step, _)| *step > 3)
+            .collect()
+    };
+    assert_eq!(losses(&whole).len(), 3);
+    assert_eq!(losses(&resumed), losses(&whole), "the resumed run's losses, bit for bit");
+}
+
+#[test]
+fn an_export_after_dpo_loads_in_transformers_and_lora_adapters_in_peft() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    for (name, extra, format) in [("full", vec![], "hf"), ("lora", vec!["lora.rank=4".to_string(), "optim.lr=1e-2".into()], "peft")] {
+        let mut c = ptrain();
+        let run_dir = d.join(format!("export-{name}"));
+        c.args(["run", "--quiet", "--plugins", "checkpoint", "--steps", "2", "--run-dir"]).arg(&run_dir);
+        run_expect(c.args(args(&d, "conv.jsonl", &[&["data.batch_size=4".to_string()][..], &extra].concat())), 0);
+        let out = d.join(format!("out-{name}"));
+        run_expect(ptrain().args(["export", "--format", format, "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 0);
+        let report = if format == "peft" { dpo_py(&[&"load", &out, &d.join("policy")]) } else { dpo_py(&[&"load", &out]) };
+        assert_eq!(report["missing"], serde_json::json!([]), "{name}: {report}");
+        assert_eq!(report["unexpected"], serde_json::json!([]), "{name}: {report}");
+        if format == "peft" {
+            assert!(report["max_lora_b"].as_f64().unwrap() > 0.0, "{name}: the adapters were trained: {report}");
+        }
+    }
+}
