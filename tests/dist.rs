@@ -163,7 +163,7 @@ fn launch_training(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>
         .args(["--set", "run.log_every=1"])
         .args(extra)
         .env("PTRAIN_LOG", "info")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -172,17 +172,22 @@ fn launch_training(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>
     (launcher, rx)
 }
 
-/// Rank 0's stderr, line by line, from a reader thread.
+/// Rank 0's stderr (and stdout, when piped), line by line, from reader threads.
 fn lines(child: &mut Child) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
-    let reader = BufReader::new(child.stderr.take().expect("piped stderr"));
-    thread::spawn(move || {
-        for line in reader.lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
+    let stdout = child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>);
+    let stderr = child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>);
+    assert!(stderr.is_some(), "piped stderr");
+    for stream in [stderr, stdout].into_iter().flatten() {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        });
+    }
     rx
 }
 
@@ -313,6 +318,9 @@ fn ptrain_launch_forwards_sigint_to_every_rank_and_exits_130() {
         assert!(log.iter().any(|l| l.starts_with(&format!("[rank{rank}] received signal 2"))), "rank {rank} got no SIGINT: {log:#?}");
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "rank {rank} outlived the launcher");
     }
+    // The command that resumes is the launch of as many ranks, not a single process.
+    let resume = format!("[rank0] resume: ptrain launch --nproc 2 run --run-dir {} --auto-resume", dir.path().display());
+    assert!(log.iter().any(|l| l == &resume), "{resume:?} missing: {log:#?}");
 }
 
 #[test]
@@ -346,6 +354,8 @@ fn a_signal_to_one_rank_stops_every_rank_after_the_same_step() {
     };
     let step = stopped_after(0);
     assert_eq!(stopped_after(1), step, "both ranks stop after the same step");
+    let announced = format!("every rank stops after step {step},");
+    assert!(log.iter().any(|l| l.starts_with("[rank1]") && l.contains(&announced)), "the signalled rank announced that step: {log:#?}");
     assert_eq!(step % 5, 0, "stops are agreed at the non-finite check");
     let s = summary(dir.path());
     assert_eq!(s["last_step"], step);
