@@ -12,7 +12,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let args = <cli::Cli as clap::Parser>::parse();
     cli::run(args).unwrap_or_else(|err| {
-        eprintln!("error: {err:#}");
+        eprintln!("error: {}", cli::chain(&err));
         cli::exit_code(&err)
     })
 }

@@ -299,3 +299,43 @@ fn dataset_metrics_reports_the_loss_per_source_of_a_mix() {
         assert!(row[format!("dataset/{d}/accuracy")].as_f64().unwrap() <= 1.0, "{row}");
     }
 }
+
+#[test]
+fn a_small_set_reports_its_positions_epochs_repeats_and_held_out_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = chat_model(dir.path(), 12);
+    let cache = dir.path().join("cache");
+    let base = sets(&model, "chat", &model.join("chat.jsonl"), &cache);
+    let run = |name: &str, extra: &[&str]| {
+        let run_dir = dir.path().join(name);
+        let out = run_expect(ptrain().env("PTRAIN_LOG", "info").args(["run", "--run-dir"]).arg(&run_dir).args(with(base.clone(), extra)), 0);
+        (summary(&run_dir), format!("{}{}", stdout(&out), stderr(&out)))
+    };
+
+    // One row a step for an epoch, nothing held out: the positions computed are
+    // each row's tokens but its last, not batch_size x max_seq_len (256).
+    let (sum, log) = run("rows", &["data.val_fraction=0", "data.batch_size=1", "train.epochs=1", "run.log_every=3"]);
+    let source = &sum["data_rows"]["sources"][0];
+    let (kept, tokens) = (source["kept"].as_u64().unwrap(), source["tokens"].as_u64().unwrap());
+    assert!(kept >= 9, "{sum}");
+    assert_eq!(sum["steps"], kept, "one epoch of one row a step: {sum}");
+    assert_eq!(sum["tokens"].as_u64().unwrap(), tokens - kept, "each row's positions once: {sum}");
+    assert!(sum["evals"].as_array().unwrap().is_empty(), "nothing held out: {sum}");
+    let epoch = format!("epoch {:.2}", 3.0 / kept as f64);
+    assert!(log.contains(&epoch), "the progress line says which epoch ({epoch}): {log}");
+
+    // A step larger than the training set repeats rows in it: said, with the rows,
+    // the step and the epochs. The whole held-out set is evaluated once.
+    let (sum, log) = run("repeats", &["data.val_fraction=0.25", "data.batch_size=16", "train.steps=2", "train.eval_batches=0"]);
+    let held_out = (kept as f64 * 0.25).ceil() as u64;
+    let train = kept - held_out;
+    let warning = format!("the training set holds {train} rows, fewer than one step takes (16 = data.batch_size 16");
+    assert!(log.contains(&warning), "{warning:?} in:\n{log}");
+    assert!(log.contains(&format!("the 2 steps are {:.1} epochs", 32.0 / train as f64)), "{log}");
+    assert_eq!(sum["evals"][0]["samples"], held_out, "{sum}");
+    assert!(log.contains(&format!("({held_out} held-out samples)")), "{log}");
+
+    // Packed, the samples are sequences: named with the rows they hold.
+    let (_, log) = run("packed", &["data.packing=true", "data.batch_size=8", "train.steps=1"]);
+    assert!(log.contains("packed sequences (data.packing:"), "{log}");
+}

@@ -373,3 +373,38 @@ sys.exit(p.returncode)
     let steps: Vec<&str> = text.lines().filter(|l| l.starts_with("step ")).map(|l| l.split("  ").next().unwrap()).collect();
     assert_eq!(steps, ["step 2/6", "step 4/6", "step 6/6"], "plain progress lines on the redirected stdout:\n{text}");
 }
+
+#[test]
+fn evaluation_covers_the_held_out_set_once_and_val_fraction_0_trains_on_every_row() {
+    let dir = run_dir();
+    // 256 synthetic classification rows: the last tenth (26, rounded up) held out.
+    let mlp = |name: &str, sets: &[&str]| {
+        let out_dir = dir.path().join(name);
+        let mut cmd = ptrain();
+        cmd.args(["run", "--steps", "3", "--device", "cpu", "--set", "model.kind=\"mlp\"", "--set", "data.synthetic_len=4096"]);
+        for set in sets {
+            cmd.args(["--set", set]);
+        }
+        let out = run_expect(cmd.env("PTRAIN_LOG", "info").arg("--run-dir").arg(&out_dir), 0);
+        (summary(&out_dir), format!("{}{}", stdout(&out), stderr(&out)))
+    };
+    let (whole, log) = mlp("whole", &["train.eval_batches=0", "data.batch_size=8"]);
+    let eval = &whole["evals"][0];
+    assert_eq!(eval["samples"], 26, "every held-out row once, the last batch short: {whole}");
+    assert!(log.contains("(26 held-out samples)"), "the eval line says how many: {log}");
+    // More batches than the held-out rows fill: the same rows once, never wrapping.
+    let (more, _) = mlp("more", &["train.eval_batches=50", "data.batch_size=8"]);
+    assert_eq!(more["evals"][0]["samples"], 26, "{more}");
+    assert_eq!(more["evals"][0]["loss"], eval["loss"], "the same rows, the same loss");
+    // Nothing held out: every row trains, no evaluation, no eval loss.
+    let (none, log) = mlp("none", &["data.val_fraction=0"]);
+    assert_eq!(none["status"], "completed");
+    assert!(none["evals"].as_array().unwrap().is_empty() && none["final_eval_loss"].is_null(), "{none}");
+    assert!(log.contains("no evaluation"), "{log}");
+
+    // Text windows: the held-out tenth of the synthetic text, tiled by windows of block_size + 1.
+    let out_dir = dir.path().join("text");
+    run_expect(ptrain().args(tiny_gpt(2)).args(["--set", "train.eval_batches=0", "--run-dir"]).arg(&out_dir), 0);
+    let (held_out_tokens, block) = (200_000 / 10, 32);
+    assert_eq!(summary(&out_dir)["evals"][0]["samples"], (held_out_tokens - 1) / block, "{}", summary(&out_dir));
+}

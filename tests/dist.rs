@@ -162,7 +162,7 @@ fn launch_training(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>
         .args(["--set", "run.log_every=1"])
         .args(extra)
         .env("PTRAIN_LOG", "info")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -286,6 +286,9 @@ fn ptrain_launch_forwards_sigint_to_every_rank_and_exits_130() {
         assert!(log.iter().any(|l| l.starts_with(&format!("[rank{rank}] received signal 2"))), "rank {rank} got no SIGINT: {log:#?}");
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "rank {rank} outlived the launcher");
     }
+    // The command that resumes is the launch of as many ranks, not a single process.
+    let resume = format!("[rank0] resume: ptrain launch --nproc 2 run --run-dir {} --auto-resume", dir.path().display());
+    assert!(log.iter().any(|l| l == &resume), "{resume:?} missing: {log:#?}");
 }
 
 #[test]
@@ -319,6 +322,8 @@ fn a_signal_to_one_rank_stops_every_rank_after_the_same_step() {
     };
     let step = stopped_after(0);
     assert_eq!(stopped_after(1), step, "both ranks stop after the same step");
+    let announced = format!("every rank stops after step {step},");
+    assert!(log.iter().any(|l| l.starts_with("[rank1]") && l.contains(&announced)), "the signalled rank announced that step: {log:#?}");
     assert_eq!(step % 5, 0, "stops are agreed at the non-finite check");
     let s = summary(dir.path());
     assert_eq!(s["last_step"], step);

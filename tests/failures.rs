@@ -218,3 +218,58 @@ fn a_data_file_that_becomes_unreadable_fails_the_run_cleanly() {
     let newest = last - last % 2;
     resumes_from(newest, job(newest + 2), &run);
 }
+
+/// A libtorch call after the last step that panics (an allocation failing where
+/// the last losses are read): the run fails with its record, never exit 101.
+#[test]
+fn a_libtorch_failure_after_the_last_step_fails_the_run_with_its_summary_not_exit_101() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let (error, _) = fails(&mut gpt(4, &run, &["--set", "debug.alloc_at_finish=true"]), &run);
+    assert_eq!(error["kind"], "out_of_memory", "{error}");
+    assert!(error["message"].as_str().unwrap().contains("at the end of the run, after step 4"), "{error}");
+    let s = summary(&run);
+    assert_eq!((s["steps"].as_u64(), s["last_step"].as_u64()), (Some(4), Some(4)), "every step ran: {s}");
+    assert_eq!(s["plugins"]["jsonl"]["lines"], 4, "the plugins got their run end: {s}");
+    assert_eq!(jsonl_steps(&run), vec![1, 2, 3, 4]);
+}
+
+/// A full disk at the end: `summary.json`'s temporary file is /dev/full. The
+/// closing line and the summary's essentials reach stderr, the error says
+/// "write" and gives the OS error once, and no temporary file is left.
+#[test]
+fn a_summary_that_cannot_be_written_is_told_on_stderr_and_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let tmp = run.join("summary.json.tmp");
+    std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+    let out = run_expect(&mut gpt(4, &run, &[]), 1);
+    let err = stderr(&out);
+    assert!(err.contains("cannot write") && err.contains("summary.json"), "{err}");
+    assert_eq!(err.matches("No space left on device").count(), 1, "the OS error once: {err}");
+    assert!(err.contains("completed: 4 steps"), "the closing line, on stderr: {err}");
+    let essentials = err.lines().find_map(|l| l.strip_prefix("summary: ")).unwrap_or_else(|| panic!("the essentials: {err}"));
+    let essentials: Value = serde_json::from_str(essentials).unwrap();
+    assert_eq!(essentials["last_step"], 4, "{essentials}");
+    assert_eq!(essentials["checkpoint"]["latest"], "step-00000004", "the newest checkpoint: {essentials}");
+    assert!(std::fs::symlink_metadata(&tmp).is_err(), "the temporary file is cleaned up");
+    assert!(!run.join("summary.json").exists());
+}
+
+/// Resuming with another global batch (batch_size x accum_steps x ranks: a 2-rank
+/// run resumed by a single process halves it) changes what a step trains on: refused
+/// with exit 2 naming both, unless --allow-batch-change.
+#[test]
+fn a_resume_with_another_global_batch_is_refused_naming_both_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    run_expect(&mut gpt(4, &run, &[]), 0);
+    let out = run_expect(&mut gpt(6, &run, &["--auto-resume", "--set", "data.batch_size=4"]), 2);
+    let err = stderr(&out);
+    let both = "its global batch is 8 (data.batch_size 8 x optim.accum_steps 1 x 1 rank(s)), this run's 4 (data.batch_size 4 x";
+    assert!(err.contains(both) && err.contains("--allow-batch-change"), "{err}");
+    run_expect(&mut gpt(6, &run, &["--auto-resume", "--set", "data.batch_size=4", "--allow-batch-change"]), 0);
+    let s = summary(&run);
+    assert_eq!((s["start_step"].as_u64(), s["last_step"].as_u64()), (Some(4), Some(6)), "{s}");
+}

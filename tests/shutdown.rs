@@ -280,3 +280,52 @@ fn the_final_wait_lists_only_the_workers_still_running() {
     assert!(line.ends_with(": jsonl"), "{line}");
     assert_eq!(summary(dir.path())["plugin_failures"][0]["plugin"], "worker-faults");
 }
+
+/// A checkpoint writer stuck in I/O (debug.pause_save_at_step: the save of step 3
+/// never ends). Every wait on it is bounded: training warns at the plugin's
+/// `hook_warn_s`, gives the save up at its `finish_timeout_s` (the plugin disabled,
+/// the save listed as abandoned) and goes on to its end; after a single SIGINT the
+/// run ends as interrupted (exit 130, the summary says so), its last committed
+/// checkpoint intact.
+#[test]
+fn a_save_stuck_in_io_is_given_up_at_its_timeout_and_a_first_signal_ends_the_run() {
+    let stuck = |steps: u64, dir: &Path| {
+        let mut cmd = ptrain();
+        cmd.args(tiny_gpt(steps))
+            .args(["--plugins", "checkpoint", "--set", "plugins.checkpoint.every=1", "--set", "debug.pause_save_at_step=3"])
+            .args(["--set", "plugins.checkpoint.finish_timeout_s=3", "--set", "plugins.checkpoint.hook_warn_s=1", "--run-dir"])
+            .arg(dir)
+            .env("PTRAIN_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    let mut child = stuck(8, &done).spawn().unwrap();
+    let lines = stderr_lines(&mut child);
+    let code = wait_at_most(&mut child, Duration::from_secs(120));
+    let err = lines.iter().collect::<Vec<_>>().join("\n");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("waiting for plugin `checkpoint` to finish writing a checkpoint"), "a warning at hook_warn_s:\n{err}");
+    let s = summary(&done);
+    assert_eq!((s["status"].as_str(), s["steps"].as_u64()), (Some("completed"), Some(8)), "{s}");
+    assert!(s["abandoned_plugins"]["checkpoint"].as_u64().unwrap() >= 1, "the stuck save is listed: {s}");
+    assert_eq!(s["plugin_failures"][0]["plugin"], "checkpoint", "{s}");
+    assert_eq!(std::fs::read_to_string(done.join("checkpoints/latest")).unwrap().trim(), "step-00000002");
+
+    // Stuck, then a single Ctrl-C: the run ends as interrupted, within the bound.
+    let signalled = dir.path().join("signalled");
+    let mut child = stuck(100_000, &signalled).spawn().unwrap();
+    let lines = stderr_lines(&mut child);
+    wait_for_json(&mut child, &signalled.join("save-paused.rank0.json"));
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let code = wait_at_most(&mut child, Duration::from_secs(120));
+    let err = lines.iter().collect::<Vec<_>>().join("\n");
+    assert_eq!(code, 130, "{err}");
+    let s = summary(&signalled);
+    assert_eq!((s["status"].as_str(), s["exit_code"].as_i64()), (Some("interrupted"), Some(130)), "{s}");
+    assert!(s["abandoned_plugins"]["checkpoint"].as_u64().unwrap() >= 1, "{s}");
+    let listing = stdout(&run_expect(ptrain().args(["checkpoints", "list"]).arg(&signalled), 0));
+    assert!(listing.contains("step-00000002") && listing.contains("<- latest") && !listing.contains("INVALID"), "{listing}");
+}

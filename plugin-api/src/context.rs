@@ -166,14 +166,18 @@ pub struct StepContext<'a> {
     /// Samples of every rank in the finished steps (resumed runs count from the start
     /// of training).
     pub samples_seen: u64,
-    /// Token positions of every rank in the finished steps, padding included:
-    /// `samples_seen x seq_len` (a classifier's sample counts as one).
+    /// Token positions of every rank in the finished steps: the positions the
+    /// model computed, padding included (instruction rows padded to the longest of
+    /// their micro-batch count that length, not `seq_len`; a classifier's sample
+    /// counts as one). Exact as of the last progress line or metrics emission; in
+    /// between, other ranks are counted as this one (the same unless padding differs).
     pub tokens_seen: u64,
     /// Samples in this optimizer step on this rank: `batch_size x accum_steps`
     /// (multiply by `world_size` for the global batch).
     pub step_samples: u64,
-    /// Token positions in this optimizer step on this rank, padding included:
-    /// `step_samples x seq_len` (a classifier's sample counts as one).
+    /// Token positions this optimizer step computes on this rank, padding included
+    /// (the micro-batches' own lengths; a classifier's sample counts as one): this
+    /// step's from `AfterBackward` on, the previous step's before it.
     pub step_tokens: u64,
     /// Instruction data: the tokens of this step on this rank that the loss is
     /// computed on (targets that are not the ignore index: assistant turns, no

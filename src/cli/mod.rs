@@ -97,6 +97,21 @@ pub fn exit_code(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(if usage { 2 } else { 1 })
 }
 
+/// An error and its causes, as `{:#}` joins them, less a cause whose text the
+/// message already holds (`cannot write X: No space left on device` does not say
+/// the OS error twice).
+pub fn chain(err: &anyhow::Error) -> String {
+    let mut text = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
 /// Log lines on stderr: `info` and up, or with `quiet` (`ptrain run --quiet`) only
 /// warnings and errors; `PTRAIN_LOG` (an `EnvFilter`) overrides both. Colour only
 /// on a terminal, and never with `NO_COLOR` set (https://no-color.org).

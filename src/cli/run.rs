@@ -8,13 +8,15 @@ use ptrain_core::{config::DeviceChoice, Config, ConfigBuilder, Resume, Trainer};
 /// The exit codes of `ptrain run`, for `--help`.
 const EXIT_CODES: &str = "Exit codes:
   0        the run completed, or a plugin ended it early as done (request_stop: early-stop)
-  1        training failed (an error, a panic, out of memory, a data worker's death: summary.json has status
-           \"failed\" and the error; the sinks are drained, the newest checkpoint is kept), or stopped
+  1        training failed (an error, a panic, out of memory, a data worker's death, an error after the last
+           step: summary.json has status \"failed\" and the error; the sinks are drained, the newest checkpoint
+           is kept), its summary.json could not be written (a full disk: its essentials go to stderr), or stopped
            (non-finite losses, a save error with on_save_error = \"stop\", a plugin's request_failure_stop,
            a failure or stall of a plugin set critical = true)
   2        refused before training: bad configuration, missing file, unknown or incompatible plugin, bad plugin
            options, a checkpoint given to --resume that cannot be used (of another model: the differing key is named;
-           LoRA adapters trained on another base model: the base weights' hashes differ),
+           LoRA adapters trained on another base model: the base weights' hashes differ; another global batch
+           without --allow-batch-change),
            a run directory another run holds, or one holding checkpoints without --auto-resume/--resume/--overwrite
   3        the run completed, but a plugin failed (or was given up on at the end) and --strict-plugins
            (run.strict_plugins) is set
@@ -65,6 +67,10 @@ pub struct RunArgs {
     /// progress lines or evaluation lines (`PTRAIN_LOG` overrides the log level).
     #[arg(long)]
     pub quiet: bool,
+    /// Resume a checkpoint whose global batch (data.batch_size x optim.accum_steps x ranks)
+    /// differs from this run's (refused without it: a step would train on other samples).
+    #[arg(long)]
+    allow_batch_change: bool,
     /// A plugin failure (a plugin disabled after an error or a panic, or one given up on
     /// at the end) makes a run that otherwise completed exit 3, after finishing and
     /// writing its summary (`run.strict_plugins`). For CI.
@@ -133,12 +139,43 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // group; without one, the single-rank run.
     let dist = ptrain_dist::from_env(&config)?;
     let rank = dist.rank();
-    let trainer = Trainer::new(config).resume(resume).overwrite(args.overwrite).handle_signals(true).progress(!args.quiet).data_parallel(dist);
+    let trainer = Trainer::new(config)
+        .resume(resume)
+        .overwrite(args.overwrite)
+        .allow_batch_change(args.allow_batch_change)
+        .handle_signals(true)
+        .progress(!args.quiet)
+        .data_parallel(dist);
     let outcome = trainer.run()?;
     let s = &outcome.summary;
     if let Some(error) = &s.error {
         eprintln!("error: {error}");
     }
+    let line = closing_line(s);
+    reportln!("{line}");
+    if let Some(why) = &outcome.summary_error {
+        // The record is lost with the file: stderr gets what it said, whatever stdout is.
+        eprintln!("error: {why}: the run's summary exists only here");
+        eprintln!("{line}");
+        eprintln!("summary: {}", essentials(s));
+    }
+    for failure in &s.plugin_failures {
+        reportln!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
+    }
+    if outcome.exit_code == ptrain_core::trainer::EXIT_PLUGIN_FAILED {
+        reportln!("exit {}: a plugin failed or was given up on, and run.strict_plugins is set", outcome.exit_code);
+    }
+    if rank == 0 && outcome.summary_error.is_none() {
+        reportln!("summary: {}", outcome.run_dir.join("summary.json").display());
+    }
+    if rank == 0 && s.status == "interrupted" {
+        resume_lines(s, &outcome.run_dir);
+    }
+    Ok(ExitCode::from(outcome.exit_code as u8))
+}
+
+/// The closing line: how the run ended, its figures, and what went wrong on the way.
+fn closing_line(s: &ptrain_core::Summary) -> String {
     let loss = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     let problems = problems(s);
     let but = if problems.is_empty() { String::new() } else { format!("; but {}", problems.join("; ")) };
@@ -146,7 +183,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // A finished run resumed with no more steps than it has: nothing ran, and
         // "0 steps, loss - -> -" would not say why.
         let relation = if s.start_step > s.total_steps { "past" } else { "at" };
-        reportln!(
+        format!(
             "{}: nothing to train: the run is already at step {}, {relation} train.steps = {} (steps count from the run's start, \
              not from the checkpoint: --steps {} trains {} more){but}",
             s.status,
@@ -154,9 +191,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             s.total_steps,
             s.start_step + s.total_steps,
             s.total_steps
-        );
+        )
     } else {
-        reportln!(
+        format!(
             "{}: {} steps in {:.2}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}{but}",
             s.status,
             s.steps,
@@ -167,21 +204,30 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             loss(s.first_loss),
             loss(s.final_loss),
             loss(s.final_eval_loss),
-        );
+        )
     }
-    for failure in &s.plugin_failures {
-        reportln!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
-    }
-    if outcome.exit_code == ptrain_core::trainer::EXIT_PLUGIN_FAILED {
-        reportln!("exit {}: a plugin failed or was given up on, and run.strict_plugins is set", outcome.exit_code);
-    }
-    if rank == 0 {
-        reportln!("summary: {}", outcome.run_dir.join("summary.json").display());
-        if s.status == "interrupted" {
-            resume_lines(s, &outcome.run_dir);
-        }
-    }
-    Ok(ExitCode::from(outcome.exit_code as u8))
+}
+
+/// What `summary.json` would have said that a user needs, on one line of JSON:
+/// how the run ended, where it got to, its losses, and its newest checkpoint.
+fn essentials(s: &ptrain_core::Summary) -> serde_json::Value {
+    let checkpoint =
+        s.plugins.get("checkpoint").map(|c| serde_json::json!({ "dir": c.get("dir"), "latest": c.get("latest"), "kept": c.get("kept") }));
+    serde_json::json!({
+        "status": s.status,
+        "exit_code": s.exit_code,
+        "error": s.error,
+        "stop_reason": s.stop_reason,
+        "start_step": s.start_step,
+        "last_step": s.last_step,
+        "total_steps": s.total_steps,
+        "first_loss": s.first_loss,
+        "final_loss": s.final_loss,
+        "final_eval_loss": s.final_eval_loss,
+        "checkpoint": checkpoint,
+        "plugin_failures": s.plugin_failures.len(),
+        "abandoned_plugins": s.abandoned_plugins,
+    })
 }
 
 /// A run's recorded `config.toml` (absolute paths) less its `[debug]` table: the
@@ -200,7 +246,14 @@ fn resume_lines(s: &ptrain_core::Summary, run_dir: &std::path::Path) {
         Some(path) => reportln!("checkpoint: {}", path.display()),
         None => reportln!("checkpoint: none (load the checkpoint plugin, --plugins checkpoint, to resume interrupted runs)"),
     }
-    reportln!("resume: ptrain run --run-dir {} --auto-resume", run_dir.display());
+    // Several ranks resume as several ranks: the same global batch, the same data stream.
+    match s.world_size {
+        1 => reportln!("resume: ptrain run --run-dir {} --auto-resume", run_dir.display()),
+        n if std::env::var_os("TORCHELASTIC_RUN_ID").is_some() => {
+            reportln!("resume: the same torchrun command ({n} ranks) with `ptrain run --run-dir {} --auto-resume`", run_dir.display())
+        }
+        n => reportln!("resume: ptrain launch --nproc {n} run --run-dir {} --auto-resume", run_dir.display()),
+    }
 }
 
 /// What went wrong along the way that a user must know though the run went on:
@@ -231,7 +284,7 @@ fn problems(s: &ptrain_core::Summary) -> Vec<String> {
         out.push(format!("plugin {name} left the schedule ({why})"));
     }
     for (name, lost) in &s.abandoned_plugins {
-        out.push(format!("plugin {name} abandoned at the end with {lost} event(s) unhandled"));
+        out.push(format!("plugin {name} abandoned with {lost} event(s) unhandled"));
     }
     for (name, stall) in &s.plugin_stalls {
         out.push(format!(

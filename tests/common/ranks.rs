@@ -96,17 +96,22 @@ pub fn wait_within(mut child: Child, limit: Duration) -> Option<ExitStatus> {
     status
 }
 
-/// Rank 0's stderr, line by line, from a reader thread.
+/// Rank 0's stderr (and stdout, when piped), line by line, from reader threads.
 pub fn lines(child: &mut Child) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
-    let reader = BufReader::new(child.stderr.take().expect("piped stderr"));
-    thread::spawn(move || {
-        for line in reader.lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
+    let stdout = child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>);
+    let stderr = child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>);
+    assert!(stderr.is_some(), "piped stderr");
+    for stream in [stderr, stdout].into_iter().flatten() {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        });
+    }
     rx
 }
 

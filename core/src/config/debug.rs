@@ -33,6 +33,12 @@ pub struct DebugConfig {
     pub alloc_at_step: u64,
     #[serde(default = "default_alloc_bytes")]
     pub alloc_bytes: u64,
+    /// An allocation of `alloc_bytes` through tch's panicking API as the run ends,
+    /// after its last step (where the last losses are read): a libtorch failure on
+    /// the finish path, which must fail the run (exit 1, summary written), never
+    /// panic out of the process (exit 101).
+    #[serde(default)]
+    pub alloc_at_finish: bool,
     /// A data worker (or, with `data.num_workers = 0`, the loop itself) panics
     /// producing this step's batch. 0 = never.
     #[serde(default)]

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, path::Path};
 use serde::Deserialize;
 use tch::Tensor;
 
-use super::{Batch, BatchKey, Dataset, Split};
+use super::{spread, Batch, BatchKey, Dataset, Split};
 use crate::{
     config::Config,
     error::{Error, Result},
@@ -112,7 +112,7 @@ impl Classification {
                 Some(val) => (rows, val),
                 None => hold_out(rows, f, data.val_fraction),
             };
-            if train.len() == 0 || val.len() == 0 {
+            if train.len() == 0 || (val.len() == 0 && data.val_fraction > 0.0) {
                 return Err(Error::Data { path: data.path.clone().into(), message: format!("dataset `{name}` has too few rows to hold some out") });
             }
             weights.push(weight);
@@ -133,7 +133,17 @@ impl Classification {
     }
 }
 
+impl Classification {
+    /// Held-out rows of every dataset.
+    fn held_out_rows(&self) -> u64 {
+        self.datasets.iter().map(|d| d.val.len() as u64).sum()
+    }
+}
+
 fn hold_out(all: Rows, f: usize, fraction: f64) -> (Rows, Rows) {
+    if fraction <= 0.0 {
+        return (all, Rows::default());
+    }
     let n = all.len();
     let cut = n - ((n as f64 * fraction).ceil() as usize).clamp(1, n.saturating_sub(1).max(1));
     let val = Rows { features: all.features[cut * f..].to_vec(), labels: all.labels[cut..].to_vec() };
@@ -174,14 +184,28 @@ impl Dataset for Classification {
         let mut features = Vec::with_capacity(b * f);
         let mut labels = Vec::with_capacity(b);
         let mut ids = Vec::with_capacity(b);
+        let held_out = self.held_out_rows();
+        if split == Split::Val && held_out == 0 {
+            return Err(Error::Other("nothing is held out (data.val_fraction = 0): no held-out batch".into()));
+        }
         for i in 0..b as u64 {
-            let mut rng = Rng::keyed(self.seed, &[split as u64, key.step, key.micro, key.first_sample + i]);
-            let d = rng.weighted(&self.cumulative);
-            let rows = match split {
-                Split::Train => &self.datasets[d].train,
-                Split::Val => &self.datasets[d].val,
+            let (d, rows, r) = match split {
+                Split::Train => {
+                    let mut rng = Rng::keyed(self.seed, &[split as u64, key.step, key.micro, key.first_sample + i]);
+                    let d = rng.weighted(&self.cumulative);
+                    let rows = &self.datasets[d].train;
+                    (d, rows, rng.below(rows.len() as u64) as usize)
+                }
+                // Every dataset's held-out rows, one after the other, each once a pass.
+                Split::Val => {
+                    let (mut d, mut r) = (0, spread(key.stream + i, held_out) as usize);
+                    while r >= self.datasets[d].val.len() {
+                        r -= self.datasets[d].val.len();
+                        d += 1;
+                    }
+                    (d, &self.datasets[d].val, r)
+                }
             };
-            let r = rng.below(rows.len() as u64) as usize;
             features.extend_from_slice(&rows.features[r * f..(r + 1) * f]);
             labels.push(rows.labels[r]);
             ids.push(d as i64);
@@ -204,6 +228,10 @@ impl Dataset for Classification {
 
     fn train_len(&self) -> u64 {
         self.datasets.iter().map(|d| d.train.len() as u64).sum()
+    }
+
+    fn val_len(&self) -> Option<u64> {
+        Some(self.held_out_rows())
     }
 
     fn seq_len(&self) -> i64 {

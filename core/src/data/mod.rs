@@ -129,6 +129,15 @@ pub trait Dataset: Send + Sync {
     fn dataset_names(&self) -> Vec<String>;
     /// Distinct training samples, to count epochs.
     fn train_len(&self) -> u64;
+    /// Held-out samples, read in a fixed order: `Split::Val` sample `key.stream + i`
+    /// is held-out sample number `key.stream + i` (below this count), so an
+    /// evaluation can cover the whole set once (`train.eval_batches = 0`) and never
+    /// wraps. `Some(0)`: nothing is held out (`data.val_fraction = 0` and no
+    /// `data.val_path`): no evaluation. `None` (the default, for datasets of your
+    /// own): held-out batches are drawn as the key says, `train.eval_batches` of them.
+    fn val_len(&self) -> Option<u64> {
+        None
+    }
     /// Sequence length of LM samples (1 for classification).
     fn seq_len(&self) -> i64;
     /// Feature width and class count of classification data (0 for LM data).
@@ -146,6 +155,27 @@ pub trait Dataset: Send + Sync {
     fn preference(&self) -> Option<&preference::PreferenceData> {
         None
     }
+}
+
+/// Held-out sample `k` of `n` in a fixed order that spreads over the set (a
+/// stride coprime with `n`, near its golden section): the first few samples of
+/// an evaluation are not all from one end of the held-out text, and `k` in
+/// `0..n` visits each sample once.
+pub fn spread(k: u64, n: u64) -> u64 {
+    if n <= 1 {
+        return 0;
+    }
+    let gcd = |mut a: u64, mut b: u64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let mut stride = ((n as f64 * 0.618) as u64).max(1);
+    while gcd(stride, n) != 1 {
+        stride += 1;
+    }
+    ((k % n) as u128 * stride as u128 % n as u128) as u64
 }
 
 /// Positions of a language model's sequences: `data.max_seq_len`, or the model's.
@@ -173,4 +203,17 @@ pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
         (DataKind::Tokens, _) => Arc::new(TokenWindows::u16_file(config, seq_len)?),
         (DataKind::Jsonl, _) => Arc::new(Classification::jsonl(config)?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn spread_visits_every_held_out_sample_once() {
+        for n in [1u64, 2, 3, 10, 12, 97, 1000] {
+            let mut seen: Vec<u64> = (0..n).map(|k| super::spread(k, n)).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n = {n}");
+        }
+        assert!(super::spread(1, 1000) > 100, "the second sample is far from the first");
+    }
 }

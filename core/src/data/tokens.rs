@@ -11,7 +11,7 @@ use std::{
 use memmap2::Mmap;
 use tch::Tensor;
 
-use super::{Batch, BatchKey, Dataset, Split};
+use super::{spread, Batch, BatchKey, Dataset, Split};
 use crate::{
     config::Config,
     error::{Error, Result},
@@ -156,6 +156,9 @@ impl TokenWindows {
         }
         let windows = Self::split(config, seq_len, train, Some(val), same);
         for (split, (store, span)) in [("training", &windows.train), ("validation", &windows.val)] {
+            if split == "validation" && same && span.end == span.start {
+                continue; // data.val_fraction = 0
+            }
             if span.end.saturating_sub(span.start) < windows.seq_len + 2 || store.len() < span.end {
                 let path = if split == "validation" && !same { val_path } else { train_path };
                 return Err(Error::Data {
@@ -172,7 +175,12 @@ impl TokenWindows {
         let n = train.len();
         let val_store = val.unwrap_or(Store::Bytes(Vec::new()));
         let (train_span, val_span) = if same {
-            let cut = n - ((n as f64 * config.data.val_fraction) as usize).max(seq_len as usize + 2).min(n / 2);
+            // data.val_fraction = 0: nothing held out (no evaluation).
+            let held = match config.data.val_fraction {
+                f if f > 0.0 => ((n as f64 * f) as usize).max(seq_len as usize + 2).min(n / 2),
+                _ => 0,
+            };
+            let cut = n - held;
             (Span { start: 0, end: cut }, Span { start: cut, end: n })
         } else {
             let m = val_store.len();
@@ -191,11 +199,21 @@ impl Dataset for TokenWindows {
         let (b, t) = (key.count as usize, self.seq_len);
         let mut buf = vec![0i64; b * (t + 1)];
         let mut bytes = Vec::new();
-        let starts = (span.end - span.start - t - 1) as u64;
+        let starts = (span.end - span.start).saturating_sub(t + 1) as u64;
+        let held_out = self.held_out_windows();
+        if split == Split::Val && held_out == 0 {
+            return Err(Error::Other("nothing is held out (data.val_fraction = 0): no held-out batch".into()));
+        }
         for (i, window) in buf.chunks_exact_mut(t + 1).enumerate() {
-            let sample = key.first_sample + i as u64;
-            let mut rng = Rng::keyed(self.seed, &[split as u64, key.step, key.micro, sample]);
-            store.copy_window(span.start + rng.below(starts + 1) as usize, window, &mut bytes)?;
+            let start = match split {
+                Split::Train => {
+                    let sample = key.first_sample + i as u64;
+                    Rng::keyed(self.seed, &[split as u64, key.step, key.micro, sample]).below(starts + 1) as usize
+                }
+                // The held-out windows tile the span, each read once per pass.
+                Split::Val => spread(key.stream + i as u64, held_out) as usize * t,
+            };
+            store.copy_window(span.start + start, window, &mut bytes)?;
         }
         let all = Tensor::f_from_slice(&buf)?.f_view([b as i64, t as i64 + 1])?;
         Ok(Batch {
@@ -218,8 +236,21 @@ impl Dataset for TokenWindows {
         ((self.train.1.end - self.train.1.start) / self.seq_len.max(1)) as u64
     }
 
+    fn val_len(&self) -> Option<u64> {
+        Some(self.held_out_windows())
+    }
+
     fn seq_len(&self) -> i64 {
         self.seq_len as i64
+    }
+}
+
+impl TokenWindows {
+    /// Windows of `seq_len + 1` tokens tiling the held-out span, each sharing its
+    /// last token with the next one's first (0 when nothing is held out).
+    fn held_out_windows(&self) -> u64 {
+        let span = &self.val.1;
+        ((span.end - span.start).saturating_sub(1) / self.seq_len.max(1)) as u64
     }
 }
 

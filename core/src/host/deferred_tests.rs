@@ -22,6 +22,7 @@ fn host(shutdown: Duration) -> (PluginHost, Arc<HostServices>) {
         detached: None,
         declared: 0,
         finish_timeout: Duration::from_secs(60),
+        hook_warn: Duration::from_secs(60),
         critical: false,
         watched: Watched::new("p", Duration::from_secs(60), None, None),
     });

@@ -112,7 +112,7 @@ impl PluginHost {
 
     /// Disables a plugin: listed in the summary, never called again, and off the
     /// run's schedule when it next plans a step ([`PluginHost::take_departed`]).
-    fn record_failure(&mut self, index: usize, hook: &str, step: u64, error: String) {
+    pub(super) fn record_failure(&mut self, index: usize, hook: &str, step: u64, error: String) {
         let instance = &mut self.instances[index];
         instance.failed = true;
         if instance.critical {
@@ -191,6 +191,9 @@ impl PluginHost {
         }
         for (index, instance) in self.instances.iter_mut().enumerate() {
             let Runner::Worker(w) = &mut instance.runner else { continue };
+            if w.is_abandoned() {
+                continue; // given up already, during the run (a save stuck in I/O)
+            }
             let deadline = started + instance.finish_timeout.min(shutdown);
             match w.drain_until(deadline, interrupted) {
                 Drain::Done => {

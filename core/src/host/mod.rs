@@ -27,7 +27,12 @@ mod services;
 mod watchdog;
 mod worker;
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use ptrain_plugin_api::{Hook, Outbox, PluginBox, StepWindows, Threading};
 use serde::Serialize;
@@ -83,8 +88,11 @@ struct Instance {
     detached: Option<String>,
     /// Hooks the plugin has attachments to, as a bit mask.
     declared: u32,
-    /// `finish_timeout_s`: how long a worker may drain at the end.
+    /// `finish_timeout_s`: how long a worker may drain at the end, or take to write
+    /// a save the run waits for.
     finish_timeout: Duration,
+    /// `hook_warn_s`: when a wait on it is worth a warning.
+    hook_warn: Duration,
     /// `critical`: its failure, stall or abandonment fails the run.
     critical: bool,
     /// Its calls in progress and its stalls (`hook_warn_s`), for the watchdog.
@@ -238,6 +246,7 @@ impl PluginHost {
                 detached: None,
                 declared,
                 finish_timeout: Duration::from_secs_f64(settings.finish_timeout_s),
+                hook_warn,
                 critical: settings.critical,
                 watched,
             });
@@ -294,12 +303,47 @@ impl PluginHost {
             .collect()
     }
 
-    /// Waits until every checkpoint handed to a plugin has been written.
-    pub fn wait_saves(&self) {
-        for instance in &self.instances {
-            if let Runner::Worker(w) = &instance.runner {
-                w.wait_saves();
+    /// Waits for the checkpoints handed to worker plugins to be written: each
+    /// plugin for at most its `finish_timeout_s`, all for at most `shutdown`, with a
+    /// warning at its `hook_warn_s`. A save still being written then (a writer stuck
+    /// in I/O: a frozen mount, a hung NFS server) is abandoned: the plugin is
+    /// disabled (listed in `plugin_failures`, its unhandled events in
+    /// `abandoned_plugins`) and gets no more saves; the run goes on. `step`: the
+    /// step whose save is about to be handed over, or the run's last.
+    pub fn wait_saves(&mut self, step: u64, shutdown: Duration) {
+        let started = Instant::now();
+        for index in 0..self.instances.len() {
+            let instance = &self.instances[index];
+            let Runner::Worker(worker) = &instance.runner else { continue };
+            if instance.failed {
+                continue;
             }
+            let limit = instance.finish_timeout.min(shutdown);
+            if worker.wait_saves_until(started + instance.hook_warn.min(limit)) {
+                continue;
+            }
+            let name = instance.info.name.clone();
+            if instance.hook_warn < limit {
+                tracing::warn!(
+                    "waiting for plugin `{name}` to finish writing a checkpoint ({:.0}s so far; stuck in I/O?): \
+                     training waits at most {:.0}s (plugins.{name}.finish_timeout_s, run.shutdown_timeout_s), then gives the save up",
+                    started.elapsed().as_secs_f64(),
+                    limit.as_secs_f64()
+                );
+                if worker.wait_saves_until(started + limit) {
+                    continue;
+                }
+            }
+            let Runner::Worker(worker) = &mut self.instances[index].runner else { continue };
+            let unhandled = worker.abandon();
+            let why = format!(
+                "a checkpoint save did not finish within {:.0}s (plugins.{name}.finish_timeout_s, run.shutdown_timeout_s): \
+                 abandoned, with {unhandled} event(s) never handled",
+                limit.as_secs_f64()
+            );
+            tracing::error!("plugin `{name}`: {why}; the plugin is disabled and takes no more saves");
+            *self.abandoned.entry(name).or_default() += unhandled;
+            self.record_failure(index, "checkpoint", step, why);
         }
     }
 

@@ -49,11 +49,17 @@ impl SaveTracker {
         self.done.notify_all();
     }
 
-    pub fn wait_idle(&self) {
+    /// Waits until no save is in flight or `deadline` passes; returns whether none is.
+    pub fn wait_idle_until(&self, deadline: Instant) -> bool {
         let mut n = self.in_flight.lock().expect("tracker lock");
         while *n > 0 {
-            n = self.done.wait(n).expect("tracker lock");
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            n = self.done.wait_timeout(n, deadline - now).expect("tracker lock").0;
         }
+        true
     }
 }
 
@@ -200,8 +206,25 @@ impl Worker {
         self.shared.summary.lock().expect("summary lock").take()
     }
 
-    pub fn wait_saves(&self) {
-        self.shared.saves.wait_idle();
+    /// Waits for the saves handed over to be written, until `deadline`; returns
+    /// whether they were.
+    pub fn wait_saves_until(&self, deadline: Instant) -> bool {
+        self.shared.saves.wait_idle_until(deadline)
+    }
+
+    /// Whether the host gave up on it ([`Worker::abandon`]).
+    pub fn is_abandoned(&self) -> bool {
+        self.shared.abandoned.load(Ordering::SeqCst)
+    }
+
+    /// Gives up on the worker while it is inside a call (a save stuck in I/O): it
+    /// handles nothing more, and the process's exit ends its thread. Returns the
+    /// events it never handled, the one in progress included.
+    pub fn abandon(&mut self) -> u64 {
+        self.shared.abandoned.store(true, Ordering::SeqCst);
+        self.queue.close();
+        self.thread = None;
+        self.queue.len() as u64 + u64::from(self.shared.busy.load(Ordering::SeqCst))
     }
 
     /// No more events: the worker drains what is queued, then returns.

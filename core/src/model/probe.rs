@@ -82,7 +82,10 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
     }
     let (inputs, targets) = match batch {
         ProbeBatch::Drawn { split, step } => {
-            let b = dataset.batch(split, BatchKey { step, micro: 0, first_sample: 0, count: config.data.batch_size as u64, stream: 0 })?;
+            let count = config.data.batch_size as u64;
+            // Held-out data is read in order: evaluation batch `step` starts at sample step x batch_size.
+            let stream = if split == Split::Val { step * count } else { 0 };
+            let b = dataset.batch(split, BatchKey { step, micro: 0, first_sample: 0, count, stream })?;
             (b.inputs, Some(b.targets))
         }
         ProbeBatch::Given { inputs, targets } => (inputs, targets),

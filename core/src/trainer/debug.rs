@@ -21,6 +21,7 @@ pub(super) struct Faults {
     fail_at: u64,
     alloc_at: u64,
     alloc_bytes: u64,
+    alloc_at_finish: bool,
     device: Device,
     spike_at: Vec<u64>,
     spike_factor: f64,
@@ -32,9 +33,19 @@ impl Faults {
             fail_at: debug.fail_at_step,
             alloc_at: debug.alloc_at_step,
             alloc_bytes: debug.alloc_bytes,
+            alloc_at_finish: debug.alloc_at_finish,
             device,
             spike_at: debug.grad_spike_at.clone(),
             spike_factor: debug.grad_spike_factor,
+        }
+    }
+
+    /// `[debug] alloc_at_finish`: fails as an unguarded tch call fails, with a
+    /// panic (the end of the run must catch it).
+    pub fn at_finish(&self) {
+        if self.alloc_at_finish {
+            let bytes = i64::try_from(self.alloc_bytes).unwrap_or(i64::MAX);
+            let _ = Tensor::empty([bytes], (Kind::Uint8, self.device));
         }
     }
 
@@ -85,6 +96,10 @@ impl Dataset for PanicAt {
 
     fn train_len(&self) -> u64 {
         self.inner.train_len()
+    }
+
+    fn val_len(&self) -> Option<u64> {
+        self.inner.val_len()
     }
 
     fn seq_len(&self) -> i64 {

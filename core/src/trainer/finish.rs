@@ -13,6 +13,7 @@ use ptrain_plugin_api::CheckpointReason;
 use tch::{Device, Kind, Tensor};
 
 use super::{
+    failure::RunError,
     memory::MemoryFigures,
     run::Run,
     stop::Stop,
@@ -29,7 +30,7 @@ use crate::{
 
 impl Run {
     pub(super) fn finish(mut self, last_step: u64, stop: Option<Stop>, started: Instant) -> Result<Outcome> {
-        let (status, exit_code, stop_reason, last_save) = match &stop {
+        let (mut status, mut exit_code, stop_reason, last_save) = match &stop {
             None => ("completed", 0, None, None),
             Some(Stop::Signal(sig)) => ("interrupted", 128 + sig, Some(format!("signal {sig}")), Some(CheckpointReason::Interrupted)),
             // A plugin that decides training is done (early stopping) ends the run
@@ -39,12 +40,12 @@ impl Run {
             Some(Stop::NonFinite(r)) => ("nonfinite", 1, Some(r.clone()), Some(CheckpointReason::NonFinite)),
             Some(Stop::Failed(e)) => ("failed", 1, Some(e.to_string()), None),
         };
-        let error = match &stop {
+        let mut error = match &stop {
             Some(Stop::Failed(e)) => Some(e.clone()),
             _ => None,
         };
         // The other ranks of a failed run may be anywhere: no more collectives.
-        let collective = error.is_none();
+        let mut collective = error.is_none();
         let stopped_by = match &stop {
             Some(Stop::Requested(r)) if !r.plugin.is_empty() => Some(r.plugin.clone()),
             _ => None,
@@ -52,31 +53,35 @@ impl Run {
         if let (Some(reason), None) = (&stop_reason, &error) {
             self.metrics.progress.println(&format!("stopping after step {last_step}: {reason}"));
         }
-        if let Some(reason) = last_save {
-            let saved_already = reason == CheckpointReason::End && self.tally.last_save_step == Some(last_step);
-            if last_step > self.env.start_step && !saved_already {
-                self.save(last_step, reason)?;
-            }
-        }
-        if stop.is_some() && self.has_emitted() {
-            // Only what plugins and evaluation emitted: no core metrics, no collective.
-            self.emit_metrics(last_step, self.learner.lr_schedule.lr(last_step), StepPlan::NONE)?;
-        }
-        self.host.wait_saves();
+        // The end's own work (the last save and metrics, the figures read from the
+        // device, the collectives) fails like a step: an error or a panic in it (a
+        // libtorch error, a collective that timed out) fails the run, and the rest
+        // of the end still happens: the plugins' end and the summary.
+        let read = panic::catching(|| self.end_work(last_step, last_save, stop.is_some(), collective));
         self.batches.stop();
-        let wall_s = started.elapsed().as_secs_f64();
-        // Every distributed stop is agreed (see `StopControl::agree`), so all ranks
-        // end at the same step and can meet in one more collective.
-        let memory = |collective| MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, collective);
-        let (first_loss, final_loss, memory) = if collective {
-            let (first, last) = self.mean_losses(true)?;
-            (first, last, memory(true)?)
-        } else {
-            // What can still be read after a failure; a device that failed may fail again.
-            let losses = panic::catching(|| self.mean_losses(false)).ok().and_then(|r| r.ok()).unwrap_or((None, None));
-            let memory = panic::catching(|| memory(false)).ok().and_then(|r| r.ok()).unwrap_or_default();
-            (losses.0, losses.1, memory)
+        let device = self.env.device;
+        let failed_at_end = match read {
+            Ok(Ok(figures)) => Ok(figures),
+            Ok(Err(e)) => Err(RunError::from_error(&e, last_step, device)),
+            Err(panic) => Err(RunError::from_panic(panic, last_step, device)),
         };
+        let (first_loss, final_loss, memory) = match failed_at_end {
+            Ok(figures) => figures,
+            Err(mut cause) => {
+                cause.message = format!("at the end of the run, after step {last_step}: {}", cause.message);
+                tracing::error!("{}", cause.message);
+                if error.is_none() {
+                    // A signal's run stays interrupted (exit 130/143); any other fails.
+                    if status != "interrupted" {
+                        (status, exit_code) = ("failed", 1);
+                    }
+                    error = Some(cause);
+                }
+                collective = false;
+                self.figures_after_failure()
+            }
+        };
+        let wall_s = started.elapsed().as_secs_f64();
         self.metrics.progress.finish();
         let final_eval_loss = self.tally.evals.last().map(|e| e.loss);
         let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
@@ -99,7 +104,8 @@ impl Run {
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
         let samples = steps * tally.step_samples * env.world as u64;
-        let tokens = steps * tally.step_tokens * env.world as u64;
+        // Positions computed, padding included: the batches' own sizes, not the configured shape.
+        let tokens = tally.tokens_this_part();
         let p = &tally.phases_total;
         let data_rows = self.learner.dataset.row_counts();
         // Instruction data: the units its objective counted are its trained tokens.
@@ -166,26 +172,93 @@ impl Run {
         if env.config.debug.dump_params && collective {
             self.dump_params()?;
         }
-        let summary = summary.with_parts(&env.run_dir.join("summary.json"), env.unix_start);
-        if env.rank == 0 {
-            let path = env.run_dir.join("summary.json");
-            summary.write(&path).map_err(Error::writing(&path))?;
+        let mut summary = summary.with_parts(&env.run_dir.join("summary.json"), env.unix_start);
+        let mut exit_code = exit_code;
+        // A summary that cannot be written (a full or read-only disk) loses the run's
+        // record: the CLI then prints its essentials, and the run does not exit 0.
+        let summary_error = match env.rank {
+            0 => {
+                let path = env.run_dir.join("summary.json");
+                summary.write(&path).map_err(|e| Error::writing(&path)(e).to_string()).err()
+            }
+            _ => None,
+        };
+        if summary_error.is_some() && exit_code == 0 {
+            exit_code = 1;
+            summary.exit_code = 1;
         }
-        // A barrier: launchers tear the job down when any rank exits non-zero (an
-        // interrupted one exits 130), so no rank leaves before rank 0 has written
-        // its checkpoint and summary. Each rank counts itself and the host reads
-        // the count: NCCL's wait only orders streams, the read blocks until the
-        // all-reduce is done on every rank.
-        // (One rank alone has no one to wait for.)
+        // No rank leaves before rank 0 has written (one rank alone has no one to wait for).
         if collective && env.world > 1 {
-            let mut done = Tensor::ones([1], (Kind::Float, env.device));
-            self.dist.all_reduce_sum(&mut done).map_err(Error::Dist)?;
-            let ranks = done.double_value(&[0]);
-            if ranks != f64::from(env.world) {
-                return Err(Error::Dist(format!("the end-of-run barrier counted {ranks} ranks, not {}", env.world)));
+            if let Err(e) = self.end_barrier() {
+                // The summary is written: the run's record stands; this rank fails.
+                tracing::error!("{e}");
+                exit_code = if exit_code == 0 { 1 } else { exit_code };
             }
         }
-        Ok(Outcome { summary, run_dir: self.env.run_dir.clone(), exit_code })
+        Ok(Outcome { summary, run_dir: self.env.run_dir.clone(), exit_code, summary_error })
+    }
+
+    /// The last save (an emergency one after a stop), the last metrics, the saves
+    /// waited for, and the figures read from the device: the first and last loss,
+    /// the positions computed and the memory held, over every rank when `collective`.
+    fn end_work(
+        &mut self,
+        last_step: u64,
+        last_save: Option<CheckpointReason>,
+        stopped: bool,
+        collective: bool,
+    ) -> Result<(Option<f64>, Option<f64>, MemoryFigures)> {
+        if let Some(reason) = last_save {
+            let saved_already = reason == CheckpointReason::End && self.tally.last_save_step == Some(last_step);
+            if last_step > self.env.start_step && !saved_already {
+                self.save(last_step, reason)?;
+            }
+        }
+        if stopped && self.has_emitted() {
+            // Only what plugins and evaluation emitted: no core metrics, no collective.
+            self.emit_metrics(last_step, self.learner.lr_schedule.lr(last_step), StepPlan::NONE)?;
+        }
+        self.faults.at_finish();
+        let figures = if collective {
+            // Every distributed stop is agreed (see `StopControl::agree`), so all ranks
+            // end at the same step and meet in these collectives. They come before
+            // the wait for the last save (rank 0's, handed over as host copies): the
+            // other ranks do not wait on its I/O inside a collective's timeout.
+            let (first, last) = self.mean_losses(true)?;
+            let mut tokens = [self.tally.tokens_local as f64];
+            self.dist.sum_host(&mut tokens).map_err(Error::Dist)?;
+            self.tally.agree_tokens(tokens[0] as u64);
+            let memory = MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, true)?;
+            (first, last, memory)
+        } else {
+            self.figures_after_failure()
+        };
+        self.host.wait_saves(last_step, Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s));
+        Ok(figures)
+    }
+
+    /// What can still be read after a failure, this rank's alone: a device that
+    /// failed may fail again, so each read is caught.
+    fn figures_after_failure(&self) -> (Option<f64>, Option<f64>, MemoryFigures) {
+        let losses = panic::catching(|| self.mean_losses(false)).ok().and_then(|r| r.ok()).unwrap_or((None, None));
+        let memory = panic::catching(|| MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, false));
+        (losses.0, losses.1, memory.ok().and_then(|r| r.ok()).unwrap_or_default())
+    }
+
+    /// A barrier: launchers tear the job down when any rank exits non-zero (an
+    /// interrupted one exits 130), so no rank leaves before rank 0 has written its
+    /// checkpoint and summary. Each rank counts itself and the host reads the
+    /// count: NCCL's wait only orders streams, the read blocks until the all-reduce
+    /// is done on every rank.
+    fn end_barrier(&self) -> Result<()> {
+        let world = self.env.world;
+        let mut done = Tensor::f_ones([1], (Kind::Float, self.env.device))?;
+        self.dist.all_reduce_sum(&mut done).map_err(Error::Dist)?;
+        let ranks = done.f_double_value(&[0])?;
+        if ranks != f64::from(world) {
+            return Err(Error::Dist(format!("the end-of-run barrier counted {ranks} ranks, not {world}")));
+        }
+        Ok(())
     }
 
     /// The first and last training loss, averaged over the ranks (this rank's
@@ -194,12 +267,12 @@ impl Run {
         let (Some(first), Some(last)) = (&self.tally.first_loss, &self.tally.last_loss) else {
             return Ok((None, None));
         };
-        let mut both = Tensor::stack(&[first.to_kind(Kind::Double), last.to_kind(Kind::Double)], 0);
+        let mut both = Tensor::f_stack(&[first.f_to_kind(Kind::Double)?, last.f_to_kind(Kind::Double)?], 0)?;
         if collective {
             self.dist.all_reduce_sum(&mut both).map_err(Error::Dist)?;
-            both /= self.env.world as f64;
+            both = both.f_div_scalar(self.env.world as f64)?;
         }
-        let v = Vec::<f64>::try_from(both.to_device(Device::Cpu)).unwrap_or_default();
+        let v = Vec::<f64>::try_from(both.f_to_device(Device::Cpu)?)?;
         Ok((v.first().copied(), v.get(1).copied()))
     }
 
@@ -208,7 +281,7 @@ impl Run {
         let dir = &self.env.run_dir;
         std::fs::create_dir_all(dir).map_err(Error::writing(dir))?;
         let path = dir.join(format!("params-rank{}.safetensors", self.env.rank));
-        let host: Vec<(&str, Tensor)> = self.learner.params.iter().map(|(n, t)| (n.as_str(), t.to_device(Device::Cpu))).collect();
+        let host = self.learner.params.iter().map(|(n, t)| Ok((n.as_str(), t.f_to_device(Device::Cpu)?))).collect::<Result<Vec<_>>>()?;
         Tensor::write_safetensors(&host, &path)?;
         Ok(())
     }

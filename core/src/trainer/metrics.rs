@@ -61,6 +61,10 @@ pub(super) struct MetricsProcessor {
     last_emit: (Instant, u64, PhaseTimes),
     /// When and at which step the last progress line was shown.
     last_progress: (Instant, u64),
+    /// Token positions of every rank in this part of the run at the last emission
+    /// and the last progress line: rates are the positions computed since.
+    tokens_at_emit: u64,
+    tokens_at_progress: u64,
     pub progress: progress::Progress,
 }
 
@@ -70,6 +74,8 @@ impl MetricsProcessor {
             emitted: Vec::with_capacity(64),
             last_emit: (Instant::now(), start_step, PhaseTimes::default()),
             last_progress: (Instant::now(), start_step),
+            tokens_at_emit: 0,
+            tokens_at_progress: 0,
             progress,
         }
     }
@@ -83,7 +89,7 @@ impl MetricsProcessor {
     /// the next batch; returns them, for the `Eval` hook.
     pub fn record_eval(&mut self, point: &EvalPoint) -> &[Metric] {
         let shown: String = point.metrics.iter().map(|(name, v)| format!(", {name} {v:.3}")).collect();
-        self.progress.println(&format!("eval at step {}: loss {:.4}{shown}", point.step, point.loss));
+        self.progress.println(&format!("eval at step {}: loss {:.4}{shown} ({} held-out samples)", point.step, point.loss, point.samples));
         let start = self.emitted.len();
         self.emitted.push(Metric::scalar("eval/loss", point.loss));
         self.emitted.extend(point.metrics.iter().map(|(name, v)| Metric::scalar(format!("eval/{name}"), *v)));
@@ -122,13 +128,18 @@ impl MetricsProcessor {
         let world = from.world as u64;
         let secs = since.elapsed().as_secs_f64().max(1e-9);
         let mut names = vec!["train/loss"];
+        // The ranks' positions computed ride the same collective, summed.
+        values.push(tally.tokens_local as f64);
         from.dist.sum_host(&mut values).map_err(Error::Dist)?;
+        let tokens_all = values.pop().unwrap_or_default() as u64;
+        tally.agree_tokens(tokens_all);
         for v in &mut values {
             *v /= world as f64;
         }
         let objective: Vec<Metric> =
             objective.iter().zip(values.drain(1..)).map(|((name, _), v)| Metric::scalar(format!("train/{name}"), v)).collect();
-        let tokens = tally.step_tokens * world * steps;
+        let tokens = tokens_all - self.tokens_at_emit.min(tokens_all);
+        self.tokens_at_emit = tokens_all;
         let samples = tally.step_samples * world * steps;
         let epoch = tally.samples_seen as f64 / from.train_len.max(1) as f64;
         values.extend([lr, tokens as f64 / secs, samples as f64 / secs, epoch]);
@@ -152,14 +163,19 @@ impl MetricsProcessor {
     /// shows progress), read in the one sync.
     pub fn show_progress(&mut self, step: u64, lr: f64, tally: &mut Tally, from: &Sources) -> Result<()> {
         let (since, since_step) = self.last_progress;
-        let mut sum = [tally.take_mean_loss(Since::Progress, step - since_step)?];
+        // The mean loss and the positions computed, of every rank, in one collective.
+        let mut sum = [tally.take_mean_loss(Since::Progress, step - since_step)?, tally.tokens_local as f64];
         from.dist.sum_host(&mut sum).map_err(Error::Dist)?;
         let loss = sum[0] / from.world as f64;
+        let tokens_all = sum[1] as u64;
+        tally.agree_tokens(tokens_all);
         let secs = since.elapsed().as_secs_f64().max(1e-9);
         let steps = (step - since_step).max(1);
-        let tokens_per_s = (tally.step_tokens * from.world as u64 * steps) as f64 / secs;
+        let tokens_per_s = tokens_all.saturating_sub(self.tokens_at_progress) as f64 / secs;
+        self.tokens_at_progress = tokens_all;
         let eta_s = secs / steps as f64 * (from.total_steps - step) as f64;
-        self.progress.update(&progress::Line { step, loss, lr, tokens_per_s, eta_s });
+        let epoch = tally.samples_seen as f64 / from.train_len.max(1) as f64;
+        self.progress.update(&progress::Line { step, loss, lr, tokens_per_s, eta_s, epoch });
         self.last_progress = (Instant::now(), step);
         Ok(())
     }

@@ -94,6 +94,9 @@ pub struct Outcome {
     /// which), stopped on non-finite losses or by a plugin's failure,
     /// [`EXIT_PLUGIN_FAILED`] completed with a plugin failure under `run.strict_plugins`.
     pub exit_code: i32,
+    /// Why `summary.json` could not be written (a full or read-only disk): the
+    /// summary then exists only here, and the run exits 1 if it would have exited 0.
+    pub summary_error: Option<String>,
 }
 
 /// The exit code of a run that completed while a plugin failed or was given up on
@@ -115,6 +118,7 @@ pub struct Trainer {
     dataset: Option<Arc<dyn Dataset>>,
     resume: Option<Resume>,
     overwrite: bool,
+    allow_batch_change: bool,
     handle_signals: bool,
     progress: bool,
     /// How this process takes part: one rank alone unless told otherwise.
@@ -129,6 +133,7 @@ impl Trainer {
             dataset: None,
             resume: None,
             overwrite: false,
+            allow_batch_change: false,
             handle_signals: false,
             progress: true,
             dist: Box::new(SingleRank),
@@ -157,6 +162,13 @@ impl Trainer {
     /// is refused unless it resumes.
     pub fn overwrite(mut self, on: bool) -> Trainer {
         self.overwrite = on;
+        self
+    }
+
+    /// Resumes a checkpoint whose global batch (`batch_size x accum_steps x ranks`)
+    /// differs from this run's, with a warning; without it that is refused.
+    pub fn allow_batch_change(mut self, on: bool) -> Trainer {
+        self.allow_batch_change = on;
         self
     }
 

@@ -33,8 +33,11 @@ pub struct Line {
     pub step: u64,
     pub loss: f64,
     pub lr: f64,
+    /// Token positions computed per second, padding included (every rank).
     pub tokens_per_s: f64,
     pub eta_s: f64,
+    /// Passes over the training samples so far (2.5: halfway through the third).
+    pub epoch: f64,
 }
 
 impl Progress {
@@ -58,7 +61,14 @@ impl Progress {
         if !self.shown {
             return;
         }
-        let text = format!("loss {:.4}  lr {:.2e}  {:.0} tok/s  eta {}", line.loss, line.lr, line.tokens_per_s, format_secs(line.eta_s));
+        let text = format!(
+            "loss {:.4}  lr {:.2e}  epoch {:.2}  {:.0} tok/s  eta {}",
+            line.loss,
+            line.lr,
+            line.epoch,
+            line.tokens_per_s,
+            format_secs(line.eta_s)
+        );
         match &self.bar {
             Some(bar) => {
                 bar.set_position(line.step);

@@ -7,7 +7,6 @@
 use std::{
     io::Write,
     path::{Path, PathBuf},
-    sync::Mutex,
 };
 
 use super::{clock::stamp, Resume};
@@ -15,20 +14,6 @@ use crate::error::{Error, Result};
 
 /// `<run-dir>/ptrain.lock`: `pid = N` and `host = NAME` of the run holding it.
 pub const LOCK_FILE: &str = "ptrain.lock";
-
-/// The lock this process holds, for the one exit that skips destructors (a second
-/// signal exits at once: see [`super::signals`]).
-static HELD: Mutex<Option<(PathBuf, u32)>> = Mutex::new(None);
-
-/// Removes the lock this process holds, if any. For exits that skip destructors.
-pub fn release_held() {
-    let held = HELD.lock().map(|mut h| h.take()).unwrap_or(None);
-    if let Some((path, pid)) = held {
-        if Holder::read(&path).is_some_and(|h| h.pid == pid) {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-}
 
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -112,9 +97,6 @@ impl RunLock {
             match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(mut file) => {
                     file.write_all(me.text().as_bytes()).and_then(|()| file.sync_all()).map_err(Error::writing(&path))?;
-                    if let Ok(mut held) = HELD.lock() {
-                        *held = Some((path.clone(), me.pid));
-                    }
                     return Ok(RunLock { path, dir: dir.to_owned(), created_dir });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match Holder::read(&path) {
@@ -158,9 +140,6 @@ impl Drop for RunLock {
     fn drop(&mut self) {
         if Holder::read(&self.path).is_some_and(|h| h.pid == std::process::id()) {
             let _ = std::fs::remove_file(&self.path);
-        }
-        if let Ok(mut held) = HELD.lock() {
-            *held = None;
         }
         if self.created_dir {
             // Fails, as it should, unless the run left nothing behind.

@@ -70,10 +70,33 @@ fn core_slots(config: &Config, device: Device) -> Vec<SlotSpec> {
     slots
 }
 
+/// A training set smaller than one step's global batch is repeated within every
+/// step, silently unless said: names the samples (rows, or packed sequences), the
+/// step and the epochs the run makes of it.
+fn warn_repeats(config: &Config, dataset: &dyn crate::data::Dataset, world: u32, total_steps: u64) {
+    let (b, accum) = (config.data.batch_size as u64, config.optim.accum_steps);
+    let global = b * accum * world as u64;
+    let samples = dataset.train_len();
+    if samples >= global || samples == 0 {
+        return;
+    }
+    let what = match dataset.row_counts() {
+        Some(rows) if config.data.packing => format!("{samples} packed sequences (data.packing: {} rows read)", rows.rows),
+        Some(_) => format!("{samples} rows"),
+        None => format!("{samples} samples"),
+    };
+    tracing::warn!(
+        "data: the training set holds {what}, fewer than one step takes ({global} = data.batch_size {b} x optim.accum_steps {accum} x {world} \
+         rank(s)): every step holds the same samples more than once (an epoch is shorter than a step), and the {total_steps} steps are {:.1} epochs; \
+         lower data.batch_size or optim.accum_steps, or add rows",
+        (total_steps * global) as f64 / samples as f64
+    );
+}
+
 impl Run {
     pub fn setup(trainer: Trainer) -> Result<Run> {
         let started = Instant::now();
-        let Trainer { config, model: model_factory, dataset, resume, overwrite, handle_signals, progress, dist } = trainer;
+        let Trainer { config, model: model_factory, dataset, resume, overwrite, allow_batch_change, handle_signals, progress, dist } = trainer;
         let (rank, world) = (dist.rank(), dist.world_size());
         let shard = ShardSpec::agree(config.dist.shard, dist.as_ref())?;
         let run_dir = run_dir(&config, shard.as_ref().map(|s| s.launch_secs));
@@ -89,6 +112,9 @@ impl Run {
         if let (Some(ckpt), None) = (&checkpoint, &model_factory) {
             state::check_model(ckpt, &config)?;
         }
+        if let Some(ckpt) = &checkpoint {
+            state::check_global_batch(ckpt, &config, world, allow_batch_change)?;
+        }
         // A misspelt [plugins.<name>] table is refused before tokenizing or loading weights.
         crate::host::loader::check_tables(&config.run.plugins, &config.plugins)?;
 
@@ -102,6 +128,12 @@ impl Run {
             Some(d) => d,
             None => crate::data::from_config(&config)?,
         };
+        let evaluator = Evaluator::new(&config, dataset.val_len(), rank, world, device)?;
+        match (evaluator.enabled(), rank) {
+            (false, 0) => tracing::info!("nothing is held out (data.val_fraction = 0, no data.val_path): no evaluation"),
+            (true, 0) => tracing::info!("each evaluation covers {} held-out samples", evaluator.covers()),
+            _ => {}
+        }
         let vs = nn::VarStore::new(device);
         let mut model = match model_factory {
             Some(factory) => factory(&vs.root(), dataset.as_ref())?,
@@ -134,6 +166,9 @@ impl Run {
             }
             _ => config.train.steps,
         };
+        if rank == 0 {
+            warn_repeats(&config, dataset.as_ref(), world, total_steps);
+        }
         let objective = objective::build(&config, model.as_mut(), &vs, dataset.as_ref())?;
         let (model_kind, task, layers) = (model.kind().to_string(), model.task(), model.layers(dataset.seq_len()));
         if shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters) {
@@ -228,7 +263,7 @@ impl Run {
         }
         let nonfinite_counts = (restored.nonfinite_run, restored.nonfinite_total);
         let nonfinite = NonFinite::new(&config.train, config.debug.nonfinite_loss_at.clone(), device, start_step, nonfinite_counts);
-        let tally = Tally::new(b * accum, b * accum * seq_len.max(1) as u64, restored.samples_seen, restored.tokens_seen);
+        let tally = Tally::new(b * accum, restored.samples_seen, restored.tokens_seen);
         if config.auto_loss_chunk() {
             tracing::info!(
                 "loss computed {} positions at a time (train.loss_chunk unset, vocabulary {} >= {}: the whole logits would dominate memory; \
@@ -258,10 +293,10 @@ impl Run {
         };
         Ok(Run {
             metrics: MetricsProcessor::new(start_step, Progress::new(start_step, total_steps, progress, rank == 0)),
-            stop: StopControl::new(signals, services),
+            stop: StopControl::new(signals, services, env.config.train.nonfinite_check_every, total_steps),
             faults: Faults::new(&env.config.debug, device),
             dump: TensorDump::new(&env.config.debug),
-            evaluator: Evaluator::new(&env.config, rank, world, device),
+            evaluator,
             env,
             learner,
             objective,

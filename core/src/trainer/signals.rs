@@ -46,8 +46,9 @@ impl Signals {
                     }
                     if flag.swap(sig, Ordering::SeqCst) != 0 {
                         super::eprint_line("second signal: exiting now (the last committed checkpoint is intact)");
-                        // No destructor runs past this exit: release the run directory here.
-                        super::run_dir::release_held();
+                        // Nothing touches the run directory on this way out: it may be the
+                        // mount a stuck save hangs on. The lock left there names this
+                        // process, dead from now on: the next run takes it over.
                         std::process::exit(128 + sig);
                     }
                     super::eprint_line(&format!("received signal {sig}: finishing the step, then saving and exiting (again to force)"));

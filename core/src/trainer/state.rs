@@ -163,6 +163,36 @@ pub fn check_lora_base(checkpoint: &Checkpoint, live: Option<&str>) -> Result<()
     }
 }
 
+/// A resumed run trains on with the checkpoint's global batch (`data.batch_size x
+/// optim.accum_steps x ranks`): another one changes what a step is (its samples,
+/// its gradient's noise, where the data stream stands), so it is refused naming
+/// both unless `allow` (`--allow-batch-change`).
+pub fn check_global_batch(checkpoint: &Checkpoint, config: &crate::config::Config, world: u32, allow: bool) -> Result<()> {
+    let saved: toml::Table = checkpoint.config_toml.parse().unwrap_or_default();
+    let key = |table: &str, key: &str| saved.get(table).and_then(|t| t.get(key)).and_then(toml::Value::as_integer).map(|v| v as u64);
+    let ranks = checkpoint.state.get("world_size").and_then(serde_json::Value::as_u64);
+    let (Some(b), Some(ranks)) = (key("data", "batch_size"), ranks) else { return Ok(()) };
+    let accum = key("optim", "accum_steps").unwrap_or(1);
+    let (now_b, now_accum) = (config.data.batch_size as u64, config.optim.accum_steps);
+    let (was, now) = (b * accum * ranks, now_b * now_accum * world as u64);
+    if was == now {
+        return Ok(());
+    }
+    let shape = |b: u64, a: u64, r: u64| format!("data.batch_size {b} x optim.accum_steps {a} x {r} rank(s)");
+    let message = format!("its global batch is {was} ({}), this run's {now} ({})", shape(b, accum, ranks), shape(now_b, now_accum, world as u64));
+    if allow {
+        tracing::warn!("resuming {} with another global batch (--allow-batch-change): {message}", checkpoint.path.display());
+        return Ok(());
+    }
+    Err(Error::Checkpoint {
+        path: checkpoint.path.clone(),
+        message: format!(
+            "{message}. Resume with the same ranks and batch (`ptrain launch --nproc {ranks} run ... --auto-resume` for {ranks} ranks), \
+             or pass --allow-batch-change to train on with the new one"
+        ),
+    })
+}
+
 /// `[model]` keys that may change on resume: where the weights first came from
 /// (the checkpoint has them all now), dropout, a TorchScript file's path.
 const MAY_CHANGE: &[&str] = &["model.init_from", "model.dropout", "model.torchscript.path"];

@@ -3,7 +3,7 @@
 //! after the update, through the run's components (evaluation, metrics,
 //! checkpoints, hooks). A step with nothing due pays one gate check.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use abi_stable::std_types::RSlice;
 use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, Scalar, StepTensors, TensorRef};
@@ -69,7 +69,7 @@ impl Run {
                 // asked to leave leave the schedule first.
                 let host = &mut self.host;
                 let plan = self.schedule.plan(step, || host.take_departed(step));
-                if let Some(reason) = self.stop.before_step(self.env.world) {
+                if let Some(reason) = self.stop.before_step(self.env.world, step) {
                     return Ok(Some(reason));
                 }
                 plan
@@ -117,6 +117,8 @@ impl Run {
             });
         }
         let mut step_loss = step_loss.expect("at least one micro-batch");
+        // Every micro-batch is fetched now: the positions this step computes.
+        self.tally.step_tokens = self.batches.step_tokens();
         if plan.has(Hook::AfterBackward) {
             let tensors = StepTensors { loss: TensorRef::of(&step_loss), ..StepTensors::NONE };
             self.call_hook(At { hook: Hook::AfterBackward, step, micro_batch: accum - 1, lr, phases: timer.phases }, tensors);
@@ -206,7 +208,7 @@ impl Run {
                 stop = self.stop.agree(self.dist.as_ref())?;
             }
         }
-        if plan.core(CoreTask::Eval) && stop.is_none() {
+        if plan.core(CoreTask::Eval) && stop.is_none() && self.evaluator.enabled() {
             self.evaluate(step, lr, phases)?;
         }
         if plan.core(CoreTask::EmptyCache) {
@@ -283,8 +285,12 @@ impl Run {
             return Ok(());
         }
         let waited = Instant::now();
-        self.host.wait_saves();
+        // Bounded: a writer stuck in I/O is given up (and disabled) at its timeout.
+        self.host.wait_saves(step, Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s));
         self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
+        if !self.host.has_checkpointer() {
+            return Ok(());
+        }
         let lead = self.env.rank == 0;
         let state = save::train_state(step, &self.env, &self.tally, &self.nonfinite, &self.learner);
         let plugin_states = if lead { self.host.save_states(step) } else { Vec::new().into() };

@@ -28,11 +28,15 @@ pub(super) struct StopControl {
     pub services: Arc<HostServices>,
     /// A stop request seen by this rank, not yet agreed with the others.
     pending: Option<Stop>,
+    /// Distributed runs agree on stopping at these steps (the non-finite check's
+    /// cadence, and the last step).
+    agree_every: u64,
+    last_step: u64,
 }
 
 impl StopControl {
-    pub fn new(signals: Option<Signals>, services: Arc<HostServices>) -> StopControl {
-        StopControl { signals, services, pending: None }
+    pub fn new(signals: Option<Signals>, services: Arc<HostServices>, agree_every: u64, last_step: u64) -> StopControl {
+        StopControl { signals, services, pending: None, agree_every: agree_every.max(1), last_step }
     }
 
     /// A stop asked for since the run started, if any. Requests lower the gate,
@@ -46,10 +50,18 @@ impl StopControl {
 
     /// Whether to stop before `step`. A distributed rank only notes the request:
     /// ranks stop at the same step, agreed at the next check ([`StopControl::agree`]).
-    pub fn before_step(&mut self, world: u32) -> Option<Stop> {
+    /// The rank that saw the request says at which step every rank will stop.
+    pub fn before_step(&mut self, world: u32, step: u64) -> Option<Stop> {
         let reason = self.requested()?;
         if world == 1 {
             return Some(reason);
+        }
+        if self.pending.is_none() {
+            let at = step.div_ceil(self.agree_every).saturating_mul(self.agree_every).min(self.last_step);
+            super::eprint_line(&format!(
+                "every rank stops after step {at}, the next step the ranks agree on stopping at (train.nonfinite_check_every = {})",
+                self.agree_every
+            ));
         }
         self.pending.get_or_insert(reason);
         None

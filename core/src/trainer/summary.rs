@@ -28,6 +28,9 @@ pub struct EvalPoint {
     /// Classification's accuracy (also among `metrics`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
+    /// Held-out samples the evaluation covered, all ranks together (rows; with
+    /// `data.packing`, packed sequences; text windows for language-model data).
+    pub samples: u64,
     /// Every metric of the objective, as `eval/<name>` reports it (not in
     /// `summary.json`, which keeps `accuracy` alone).
     #[serde(skip)]
@@ -157,10 +160,15 @@ impl Summary {
         self
     }
 
+    /// Writes the summary through a temporary file and a rename; a write that fails
+    /// (a full disk) leaves no temporary file behind.
     pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(self).expect("summary serializes");
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, text + "\n")?;
-        std::fs::rename(tmp, path)
+        let written = std::fs::write(&tmp, text + "\n").and_then(|()| std::fs::rename(&tmp, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 }

@@ -13,12 +13,22 @@ use crate::{
 
 #[derive(Default)]
 pub(super) struct Tally {
-    /// Samples and tokens in one optimizer step on one rank.
+    /// Samples in one optimizer step on one rank.
     pub step_samples: u64,
+    /// Token positions computed in the current optimizer step on this rank, padding
+    /// included (a classifier's sample counts as one): the batches' own sizes,
+    /// known once the step's micro-batches are fetched.
     pub step_tokens: u64,
     /// Over every rank, since the start of training (resumed runs included).
+    /// `tokens_seen` is exact after each reading of the ranks' totals
+    /// ([`Tally::agree_tokens`], at progress lines, metrics and the end); between
+    /// them it adds this rank's positions for every rank.
     pub samples_seen: u64,
     pub tokens_seen: u64,
+    /// `tokens_seen` when this part of the run started.
+    pub tokens_before: u64,
+    /// Token positions this rank computed in this part of the run.
+    pub tokens_local: u64,
     /// Instruction data: the trained tokens (the units its objective counts) on this
     /// rank in the current step.
     pub step_trained_tokens: u64,
@@ -52,11 +62,22 @@ pub(super) enum Since {
 }
 
 impl Tally {
-    /// The totals of a run whose steps each take `step_samples` samples and
-    /// `step_tokens` tokens on a rank, having seen `samples_seen` and `tokens_seen`
-    /// before (a resumed run's).
-    pub fn new(step_samples: u64, step_tokens: u64, samples_seen: u64, tokens_seen: u64) -> Tally {
-        Tally { step_samples, step_tokens, samples_seen, tokens_seen, ..Tally::default() }
+    /// The totals of a run whose steps each take `step_samples` samples on a rank,
+    /// having seen `samples_seen` and `tokens_seen` before (a resumed run's).
+    pub fn new(step_samples: u64, samples_seen: u64, tokens_seen: u64) -> Tally {
+        Tally { step_samples, samples_seen, tokens_seen, tokens_before: tokens_seen, ..Tally::default() }
+    }
+
+    /// Every rank's positions in this part of the run, read by a collective:
+    /// `tokens_seen` becomes exact.
+    pub fn agree_tokens(&mut self, all_ranks: u64) {
+        self.tokens_seen = self.tokens_before + all_ranks;
+    }
+
+    /// Positions of every rank in this part of the run (exact as of the last
+    /// [`Tally::agree_tokens`]).
+    pub fn tokens_this_part(&self) -> u64 {
+        self.tokens_seen - self.tokens_before
     }
 
     /// The mean step loss since the last read of `since` over `steps` steps, and
@@ -82,6 +103,7 @@ impl Tally {
         self.hooks_total_s += hooks_s;
         self.samples_seen += self.step_samples * world;
         self.tokens_seen += self.step_tokens * world;
+        self.tokens_local += self.step_tokens;
         if self.first_loss.is_none() {
             self.first_loss = Some(loss.shallow_clone());
         }
@@ -108,7 +130,8 @@ mod tests {
 
     #[test]
     fn each_reader_gets_the_mean_since_its_own_last_read() {
-        let mut tally = Tally::new(4, 32, 0, 0);
+        let mut tally = Tally::new(4, 0, 0);
+        tally.step_tokens = 32;
         assert!(tally.take_mean_loss(Since::Metrics, 1).unwrap().is_nan(), "nothing before the first step");
         for loss in [1.0, 3.0] {
             step(&mut tally, loss, &[]);
@@ -120,6 +143,9 @@ mod tests {
         let (first, last) = (tally.first_loss.as_ref().unwrap(), tally.last_loss.as_ref().unwrap());
         assert_eq!((first.double_value(&[]), last.double_value(&[])), (1.0, 8.0));
         assert_eq!((tally.samples_seen, tally.tokens_seen), (24, 192), "three steps of two ranks");
+        assert_eq!(tally.tokens_local, 96, "this rank's");
+        tally.agree_tokens(180);
+        assert_eq!((tally.tokens_seen, tally.tokens_this_part()), (180, 180), "the ranks' own counts, read");
         assert_eq!((tally.phases_total.step_s, tally.hooks_total_s), (3.0, 1.5));
     }
 

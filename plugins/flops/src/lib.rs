@@ -59,11 +59,13 @@ const ATTACHMENTS: &[Attachment] = &[
     Attachment::new("profile_stop", Hook::AfterBackward, Cadence::NEVER.with_first_step()),
 ];
 
-/// A point of the run: steps run by this process and wall seconds since its start.
+/// A point of the run: steps run by this process, wall seconds since its start,
+/// and token positions computed by every rank (`tokens_seen`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Mark {
     steps: u64,
     elapsed: f64,
+    tokens: u64,
 }
 
 pub struct Flops {
@@ -74,8 +76,12 @@ pub struct Flops {
     world: u32,
     device: Device,
     step_samples: u64,
+    /// Token positions of the step `per_step` counts, on one rank: the configured
+    /// shape (`step_samples x seq_len`), or the profiled step's own.
     step_tokens: u64,
-    /// Model FLOPs of one optimizer step on one rank (every micro-batch).
+    /// Model FLOPs of one optimizer step of `step_tokens` positions on one rank
+    /// (every micro-batch). Steps that compute fewer positions (rows padded only to
+    /// the longest of their micro-batch) count in proportion.
     per_step: Option<f64>,
     peak: Option<Peak>,
     profiling: bool,
@@ -117,15 +123,17 @@ impl Flops {
         }
     }
 
-    /// The one collective of the plugin: rank 0's FLOP count and peak to all ranks.
+    /// The one collective of the plugin: rank 0's FLOP count (and the positions it
+    /// is of) and peak to all ranks.
     fn share(&mut self) -> PluginResult {
-        let values = [self.per_step.unwrap_or(-1.0), self.peak.as_ref().map_or(-1.0, |p| p.flops)];
+        let values = [self.per_step.unwrap_or(-1.0), self.peak.as_ref().map_or(-1.0, |p| p.flops), self.step_tokens as f64];
         let tensor = Tensor::from_slice(&values).to_device(self.device);
         self.host.broadcast(TensorRef::of(&tensor), 0).map_err(PluginError::msg)?;
         let values = Vec::<f64>::try_from(tensor.to_device(Device::Cpu))?;
         if self.rank != 0 {
             self.per_step = (values[0] >= 0.0).then_some(values[0]);
             self.peak = (values[1] > 0.0).then(|| Peak { flops: values[1], source: "rank 0".into() });
+            self.step_tokens = (values[2] as u64).max(1);
         }
         Ok(())
     }
@@ -153,13 +161,14 @@ impl Flops {
             }
             return Ok(());
         };
-        out.scalar("flops/step", per_step);
-        let now = Mark { steps: ctx.steps_run, elapsed: ctx.elapsed_s };
+        out.scalar("flops/step", self.flops_of(per_step, ctx.step_tokens));
+        let now = Mark { steps: ctx.steps_run, elapsed: ctx.elapsed_s, tokens: ctx.tokens_seen };
         // The first step alone (warm-up, set-up hooks) would understate the rate.
-        let start = self.last.or((now.steps > 1).then_some(Mark { steps: 0, elapsed: 0.0 }));
+        let before = now.tokens.saturating_sub(now.steps * self.step_tokens * self.world.max(1) as u64);
+        let start = self.last.or((now.steps > 1).then_some(Mark { steps: 0, elapsed: 0.0, tokens: before }));
         if let Some(start) = start {
             if now.steps > start.steps && now.elapsed > start.elapsed {
-                let achieved = per_step * (now.steps - start.steps) as f64 / (now.elapsed - start.elapsed);
+                let achieved = self.achieved(per_step, &start, &now);
                 out.scalar("flops/achieved_tflops", achieved / 1e12);
                 if let Some(peak) = &self.peak {
                     out.scalar("perf/mfu", achieved / peak.flops);
@@ -169,6 +178,18 @@ impl Flops {
         }
         self.last = Some(now);
         Ok(())
+    }
+
+    /// FLOPs of a step computing `positions` token positions on this rank.
+    fn flops_of(&self, per_step: f64, positions: u64) -> f64 {
+        per_step * positions as f64 / self.step_tokens.max(1) as f64
+    }
+
+    /// FLOP/s on this rank between two marks: the positions every rank computed
+    /// (`tokens_seen`), this rank's share, at `per_step`'s FLOPs per position.
+    fn achieved(&self, per_step: f64, from: &Mark, to: &Mark) -> f64 {
+        let positions = to.tokens.saturating_sub(from.tokens) / self.world.max(1) as u64;
+        self.flops_of(per_step, positions) / (to.elapsed - from.elapsed)
     }
 
     fn summary(&self) -> serde_json::Value {
@@ -188,7 +209,7 @@ impl Flops {
         }
         if let (Some(per_step), Some(first), Some(last)) = (self.per_step, self.first, self.last) {
             if last.steps > first.steps && last.elapsed > first.elapsed {
-                let achieved = per_step * (last.steps - first.steps) as f64 / (last.elapsed - first.elapsed);
+                let achieved = self.achieved(per_step, &first, &last);
                 s["achieved_tflops"] = (achieved / 1e12).into();
                 if let Some(peak) = &self.peak {
                     s["mfu"] = (achieved / peak.flops).into();
@@ -283,6 +304,8 @@ impl Plugin for Flops {
                 // Model FLOPs: matmuls and attention. Elementwise adds and multiplies
                 // (residuals, dropout masks) are left out, as the count leaves them out.
                 self.per_step = Some((counts.matmul + counts.attention) as f64);
+                // The profiled step's own positions (all its micro-batches are fetched by now).
+                self.step_tokens = ctx.step_tokens.max(1);
                 self.profiled = Some(counts);
             }
             Hook::StepEnd => self.report(ctx, out)?,

@@ -8,8 +8,9 @@ use ptrain_plugin_api::{testing, Hook, HostApi, LayerKind, LayerSpec, ModelInfo,
 
 use super::Flops;
 
-/// What rank 0 holds in the broadcast test: FLOPs per step and peak FLOP/s.
-const RANK0: [f64; 2] = [1.5e9, 2.0e12];
+/// What rank 0 holds in the broadcast test: FLOPs per step, peak FLOP/s, and the
+/// positions of the step it profiled.
+const RANK0: [f64; 3] = [1.5e9, 2.0e12, 8.0];
 
 static BROADCASTS: AtomicUsize = AtomicUsize::new(0);
 static LOGS: AtomicUsize = AtomicUsize::new(0);
@@ -44,11 +45,19 @@ fn start(plugin: &mut Flops, layers: &[LayerSpec<'static>], rank: u32, world_siz
     plugin.on_run_start(&RunInfo { rank, world_size, model, batch_size: 8, accum_steps, ..testing::run_info() })
 }
 
-fn report(plugin: &mut Flops, steps_run: u64, elapsed_s: f64) -> Vec<(String, f64)> {
-    let ctx = StepContext { step_samples: 8, step_tokens: 8, elapsed_s, ..testing::step(Hook::StepEnd, steps_run) };
+/// A report after `steps_run` steps of `positions` token positions each on every
+/// one of `world` ranks.
+fn report_of(plugin: &mut Flops, steps_run: u64, elapsed_s: f64, positions: u64, world: u64) -> Vec<(String, f64)> {
+    let tokens_seen = steps_run * positions * world;
+    let ctx = StepContext { step_samples: 8, step_tokens: positions, tokens_seen, elapsed_s, ..testing::step(Hook::StepEnd, steps_run) };
     let mut out = Outbox::new();
     plugin.on_step(&ctx, &mut out).unwrap();
     testing::scalars(&mut out)
+}
+
+/// Full steps: 16 positions (8 samples x 2 micro-batches of one position), one rank.
+fn report(plugin: &mut Flops, steps_run: u64, elapsed_s: f64) -> Vec<(String, f64)> {
+    report_of(plugin, steps_run, elapsed_s, 16, 1)
 }
 
 fn get(metrics: &[(String, f64)], name: &str) -> Option<f64> {
@@ -80,17 +89,29 @@ fn reports_count_per_optimizer_step_and_rate_over_each_window() {
 }
 
 #[test]
+fn steps_that_compute_fewer_positions_count_fewer_flops() {
+    let mut plugin = Flops::new(serde_json::json!({"peak_tflops": 1.0}), HostApi::standalone()).unwrap();
+    start(&mut plugin, &[linear(16, 32, false), linear(32, 4, true)], 0, 1, 2).unwrap();
+    let per_step = (3 * 2 * (16 * 32 + 32 * 4) - 2 * 16 * 32) as f64 * 16.0;
+    // Rows padded to the longest of their micro-batch: a quarter of the configured shape.
+    let first = report_of(&mut plugin, 1, 5.0, 4, 1);
+    assert_eq!(get(&first, "flops/step"), Some(per_step / 4.0));
+    let second = report_of(&mut plugin, 11, 7.0, 4, 1);
+    assert!(close(get(&second, "flops/achieved_tflops").unwrap(), per_step / 4.0 * 10.0 / 2.0 / 1e12), "{second:?}");
+}
+
+#[test]
 fn other_ranks_take_rank_zeros_figures_from_one_broadcast() {
     let host = HostApi { broadcast: broadcast_from_rank0, log: count_log, ..HostApi::standalone() };
     // No layers: the count comes from rank 0's profile.
     let mut plugin = Flops::new(serde_json::json!({}), host).unwrap();
     start(&mut plugin, &[], 1, 2, 1).unwrap();
     assert_eq!(LOGS.load(Ordering::SeqCst), 0, "rank 1 measured no peak of its own");
-    let first = report(&mut plugin, 1, 1.0);
+    let first = report_of(&mut plugin, 1, 1.0, 8, 2);
     assert_eq!(get(&first, "flops/step"), Some(RANK0[0]));
-    let later = report(&mut plugin, 5, 3.0);
+    let later = report_of(&mut plugin, 5, 3.0, 8, 2);
     assert!(close(get(&later, "perf/mfu").unwrap(), RANK0[0] * 4.0 / 2.0 / RANK0[1]), "{later:?}");
-    report(&mut plugin, 9, 5.0);
+    report_of(&mut plugin, 9, 5.0, 8, 2);
     assert_eq!(BROADCASTS.load(Ordering::SeqCst), 1, "one broadcast, once");
 }
 

@@ -168,7 +168,7 @@ impl InstructData {
             sources.push(Source { name: "val".into(), store });
         }
         let first = Path::new(&sources[0].store.meta.source);
-        if val.is_empty() {
+        if val.is_empty() && (has_val || data.val_fraction > 0.0) {
             return Err(bad(first, "no row is left for validation (set data.val_path, or more rows)".into()));
         }
         if train.is_empty() {
@@ -289,7 +289,8 @@ impl Dataset for InstructData {
         let picks: Vec<usize> = (0..key.count)
             .map(|i| match split {
                 Split::Train => self.order.sample(key.stream + i),
-                Split::Val => ((key.stream + i) % self.val.len() as u64) as usize,
+                // The evaluator reads each held-out sample once (`val_len`).
+                Split::Val => ((key.stream + i) % self.val.len().max(1) as u64) as usize,
             })
             .collect();
         self.collate(if split == Split::Train { &self.train } else { &self.val }, &picks)
@@ -306,6 +307,10 @@ impl Dataset for InstructData {
 
     fn train_len(&self) -> u64 {
         self.train.len() as u64
+    }
+
+    fn val_len(&self) -> Option<u64> {
+        Some(self.val.len() as u64)
     }
 
     fn seq_len(&self) -> i64 {

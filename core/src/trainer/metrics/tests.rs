@@ -26,7 +26,8 @@ fn get(batch: &MetricBatch, name: &str) -> Option<f64> {
 
 #[test]
 fn a_batch_holds_the_means_since_the_last_one_of_the_loss_and_the_objectives_metrics() {
-    let (mut metrics, mut tally) = (processor(), Tally::new(4, 0, 0, 0));
+    let (mut metrics, mut tally) = (processor(), Tally::new(4, 0, 0));
+    tally.step_tokens = 24;
     step(&mut tally, 1.0, &[("rewards/chosen", 0.5)]);
     step(&mut tally, 3.0, &[("rewards/chosen", 1.5)]);
     let batch = metrics.batch(2, 0.25, Needs::BASIC_METRICS, Vec::new(), &mut tally, &sources(&[])).unwrap();
@@ -36,6 +37,7 @@ fn a_batch_holds_the_means_since_the_last_one_of_the_loss_and_the_objectives_met
     assert_eq!(get(&batch, "train/lr"), Some(0.25));
     assert_eq!(get(&batch, "train/epoch"), Some(0.08), "8 samples of 100");
     assert_eq!(get(&batch, "train/grad_norm"), None, "detailed metrics were not asked for");
+    assert_eq!(tally.tokens_this_part(), 48, "the positions the two steps computed");
     step(&mut tally, 5.0, &[]);
     let next = metrics.batch(3, 0.25, Needs::BASIC_METRICS, Vec::new(), &mut tally, &sources(&[])).unwrap();
     assert_eq!(get(&next, "train/loss"), Some(5.0), "since the last batch only");
@@ -46,7 +48,7 @@ fn a_batch_holds_the_means_since_the_last_one_of_the_loss_and_the_objectives_met
 fn emitted_metrics_come_first_and_nothing_is_read_when_no_sink_wants_the_core_ones() {
     let (mut metrics, mut tally) = (processor(), Tally::default());
     step(&mut tally, 2.0, &[]);
-    let point = EvalPoint { step: 1, loss: 1.5, accuracy: Some(0.75), metrics: vec![("accuracy", 0.75)] };
+    let point = EvalPoint { step: 1, loss: 1.5, accuracy: Some(0.75), samples: 16, metrics: vec![("accuracy", 0.75)] };
     let for_hook: Vec<String> = metrics.record_eval(&point).iter().map(|m| m.name.to_string()).collect();
     assert_eq!(for_hook, ["eval/loss", "eval/accuracy"]);
     assert!(metrics.has_emitted());
