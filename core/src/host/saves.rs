@@ -1,0 +1,52 @@
+//! The run's waits on checkpoint saves handed to worker plugins, each bounded: a
+//! writer stuck in I/O is given up rather than holding the run.
+
+use std::time::{Duration, Instant};
+
+use super::{PluginHost, Runner};
+
+impl PluginHost {
+    /// Waits for the checkpoints handed to worker plugins to be written: each
+    /// plugin for at most its `finish_timeout_s`, all for at most `shutdown`, with a
+    /// warning at its `hook_warn_s`. A save still being written then (a writer stuck
+    /// in I/O: a frozen mount, a hung NFS server) is abandoned: the plugin is
+    /// disabled (listed in `plugin_failures`, its unhandled events in
+    /// `abandoned_plugins`) and gets no more saves; the run goes on. `step`: the
+    /// step whose save is about to be handed over, or the run's last.
+    pub fn wait_saves(&mut self, step: u64, shutdown: Duration) {
+        let started = Instant::now();
+        for index in 0..self.instances.len() {
+            let instance = &self.instances[index];
+            let Runner::Worker(worker) = &instance.runner else { continue };
+            if instance.failed {
+                continue;
+            }
+            let limit = instance.finish_timeout.min(shutdown);
+            if worker.wait_saves_until(started + instance.hook_warn.min(limit)) {
+                continue;
+            }
+            let name = instance.info.name.clone();
+            if instance.hook_warn < limit {
+                tracing::warn!(
+                    "waiting for plugin `{name}` to finish writing a checkpoint ({:.0}s so far; stuck in I/O?): \
+                     training waits at most {:.0}s (plugins.{name}.finish_timeout_s, run.shutdown_timeout_s), then gives the save up",
+                    started.elapsed().as_secs_f64(),
+                    limit.as_secs_f64()
+                );
+                if worker.wait_saves_until(started + limit) {
+                    continue;
+                }
+            }
+            let Runner::Worker(worker) = &mut self.instances[index].runner else { continue };
+            let unhandled = worker.abandon();
+            let why = format!(
+                "a checkpoint save did not finish within {:.0}s (plugins.{name}.finish_timeout_s, run.shutdown_timeout_s): \
+                 abandoned, with {unhandled} event(s) never handled",
+                limit.as_secs_f64()
+            );
+            tracing::error!("plugin `{name}`: {why}; the plugin is disabled and takes no more saves");
+            *self.abandoned.entry(name).or_default() += unhandled;
+            self.record_failure(index, "checkpoint", step, why);
+        }
+    }
+}
