@@ -34,7 +34,7 @@ fn chunked_sum(chunk: i64, model: &mut dyn Forward, batch: &Batch, train: bool) 
     if chunk == 0 {
         return Ok(None);
     }
-    model.forward_hidden(batch, train)?.map(|(hidden, weight)| chunked::summed(&hidden, &weight, &batch.targets, chunk)).transpose()
+    model.forward_hidden(batch, train)?.map(|(hidden, weight)| chunked::summed(&hidden, &weight, &batch.targets, None, chunk)).transpose()
 }
 
 impl Objective for CausalLmMean {

@@ -22,20 +22,35 @@ use crate::{
     error::{Error, Result},
 };
 
+/// Hidden states `[N, D]` and targets `[N]` flattened from `[.., D]` and `[..]`;
+/// on the CPU, only the trained positions (with their indices into the flattened
+/// targets). On a GPU, finding them is a host/device synchronisation: there every
+/// position is computed and the untrained ones masked.
+fn trained_positions(hidden: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let width = hidden.size().last().copied().ok_or_else(|| Error::Other("chunked loss: hidden states without a width".into()))?;
+    let h = hidden.f_reshape([-1, width])?;
+    let y = targets.f_reshape([-1])?;
+    if h.device() != Device::Cpu {
+        return Ok((h, y, None));
+    }
+    let trained = y.f_ne(IGNORE_INDEX)?.f_nonzero()?.f_squeeze_dim(1)?;
+    Ok((h.f_index_select(0, &trained)?, y.f_index_select(0, &trained)?, Some(trained)))
+}
+
 /// The cross-entropy summed over the positions whose target is not
 /// [`IGNORE_INDEX`], of the logits `hidden [.., D] @ weight [V, D]^T`, computed
-/// `chunk` positions at a time.
-pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) -> Result<Tensor> {
-    let width = hidden.size().last().copied().ok_or_else(|| Error::Other("chunked loss: hidden states without a width".into()))?;
-    let mut h = hidden.f_reshape([-1, width])?;
-    let mut y = targets.f_reshape([-1])?;
-    if h.device() == Device::Cpu {
-        // Untrained positions skip the projection. (On a GPU, finding them is a
-        // host/device synchronisation: there they are computed and masked.)
-        let trained = y.f_ne(IGNORE_INDEX)?.f_nonzero()?.f_squeeze_dim(1)?;
-        h = h.f_index_select(0, &trained)?;
-        y = y.f_index_select(0, &trained)?;
-    }
+/// `chunk` positions at a time; with `scale` (float32, shaped as `targets`, no
+/// gradient), each position's cross-entropy multiplied by its scale: DPO's
+/// gradient, where each completion's log-probability weighs as the pair's loss
+/// says ([`super::dpo`]).
+pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<&Tensor>, chunk: i64) -> Result<Tensor> {
+    let (h, y, trained) = trained_positions(hidden, targets)?;
+    let width = h.size()[1];
+    let scale = match (scale, &trained) {
+        (None, _) => None,
+        (Some(s), None) => Some(s.f_reshape([-1])?),
+        (Some(s), Some(trained)) => Some(s.f_reshape([-1])?.f_index_select(0, trained)?),
+    };
     let n = h.size()[0];
     // A frozen head (LoRA's tied embedding) gets no gradient: skip its [V, D] GEMM per chunk.
     let trains_w = weight.requires_grad();
@@ -52,7 +67,10 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) ->
             let hc = h.f_narrow(0, start, len)?.f_detach()?;
             let yc = y.f_narrow(0, start, len)?;
             let mut logits = hc.f_matmul(&w.f_tr()?)?.f_to_kind(Kind::Float)?;
-            let valid = yc.f_ne(IGNORE_INDEX)?;
+            let mut valid = yc.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Float)?;
+            if let Some(scale) = &scale {
+                valid = valid.f_mul(&scale.f_narrow(0, start, len)?)?;
+            }
             let index = yc.f_clamp_min(0)?.f_unsqueeze(1)?;
             let lse = logits.f_logsumexp([-1], false)?;
             let picked = logits.f_gather(1, &index, false)?.f_squeeze_dim(1)?;
@@ -90,6 +108,36 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) ->
     Ok(surrogate.f_sub(&surrogate.f_detach()?)?.f_add(&loss)?)
 }
 
+/// Each position's log-probability of its target under the logits
+/// `hidden [.., D] @ weight [V, D]^T`, float32 shaped as `targets` (0 where the
+/// target is [`IGNORE_INDEX`]), `chunk` positions at a time, without gradient.
+pub fn token_logps(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) -> Result<Tensor> {
+    tch::no_grad(|| {
+        let (h, y, trained) = trained_positions(hidden, targets)?;
+        let w = weight.f_to_kind(h.kind())?.f_tr()?;
+        let n = h.size()[0];
+        let mut pieces = Vec::with_capacity((n / chunk.max(1) + 1) as usize);
+        let mut start = 0;
+        while start < n {
+            let len = chunk.min(n - start);
+            let yc = y.f_narrow(0, start, len)?;
+            let logits = h.f_narrow(0, start, len)?.f_matmul(&w)?.f_to_kind(Kind::Float)?;
+            let picked = logits.f_gather(1, &yc.f_clamp_min(0)?.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
+            pieces.push(picked.f_sub(&logits.f_logsumexp([-1], false)?)?.f_mul(&yc.f_ne(IGNORE_INDEX)?)?);
+            start += len;
+        }
+        let values = match pieces.is_empty() {
+            true => Tensor::f_zeros([0], (Kind::Float, h.device()))?,
+            false => Tensor::f_cat(&pieces, 0)?,
+        };
+        let all = match trained {
+            None => values,
+            Some(trained) => Tensor::f_zeros([targets.numel() as i64], (Kind::Float, h.device()))?.f_index_copy(0, &trained, &values)?,
+        };
+        Ok(all.f_view_as(targets)?)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use tch::Reduction;
@@ -111,10 +159,40 @@ mod tests {
         let _ = hidden.grad().zero_();
         let _ = weight.grad().zero_();
 
-        let chunked = summed(&hidden, &weight, &targets, 8).unwrap();
+        let chunked = summed(&hidden, &weight, &targets, None, 8).unwrap();
         chunked.backward();
         let rel = |a: &Tensor, b: &Tensor| ((a - b).abs().max().double_value(&[])) / b.abs().max().double_value(&[]).max(1e-12);
         assert!(rel(&chunked, &whole) < 1e-6, "loss {chunked} vs {whole}");
+        assert!(rel(&hidden.grad(), &gh) < 1e-6, "hidden gradient");
+        assert!(rel(&weight.grad(), &gw) < 1e-6, "weight gradient");
+    }
+
+    #[test]
+    fn scaled_positions_and_token_log_probabilities_equal_the_whole_logits_ones() {
+        tch::manual_seed(4);
+        let (rows, t, d, v) = (3, 13, 16, 50);
+        let weight = Tensor::randn([v, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let hidden = Tensor::randn([rows, t, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let targets = Tensor::randint(v, [rows, t], (Kind::Int64, Device::Cpu));
+        let _ = targets.narrow(1, 0, 4).fill_(IGNORE_INDEX);
+        let scale = Tensor::randn([rows, t], (Kind::Float, Device::Cpu));
+        let rel = |a: &Tensor, b: &Tensor| ((a - b).abs().max().double_value(&[])) / b.abs().max().double_value(&[]).max(1e-12);
+
+        let per_token =
+            hidden.matmul(&weight.tr()).view([-1, v]).cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::None, IGNORE_INDEX, 0.0);
+        let whole_logps = per_token.neg().view([rows, t]);
+        let logps = token_logps(&hidden, &weight, &targets, 5).unwrap();
+        assert!(rel(&logps, &whole_logps) < 1e-6, "token log-probabilities {logps} vs {whole_logps}");
+        assert_eq!(logps.requires_grad(), false);
+
+        let whole = (per_token.view([rows, t]) * &scale).sum(Kind::Float);
+        whole.backward();
+        let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
+        let _ = hidden.grad().zero_();
+        let _ = weight.grad().zero_();
+        let chunked = summed(&hidden, &weight, &targets, Some(&scale), 5).unwrap();
+        chunked.backward();
+        assert!(rel(&chunked, &whole) < 1e-6, "scaled loss {chunked} vs {whole}");
         assert!(rel(&hidden.grad(), &gh) < 1e-6, "hidden gradient");
         assert!(rel(&weight.grad(), &gw) < 1e-6, "weight gradient");
     }
@@ -126,14 +204,14 @@ mod tests {
         let weight = Tensor::randn([v, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let hidden = (Tensor::randn([n, d], (Kind::Float, Device::Cpu)) * 0.3).set_requires_grad(true);
         let targets = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
-        let whole = summed(&hidden, &weight, &targets, 16).unwrap();
+        let whole = summed(&hidden, &weight, &targets, None, 16).unwrap();
         whole.backward();
         let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
         let _ = hidden.grad().zero_();
         let _ = weight.grad().zero_();
 
         // The hidden states in bf16 (as autocast hands them out): the bf16 GEMM path.
-        let chunked = summed(&hidden.to_kind(Kind::BFloat16), &weight, &targets, 16).unwrap();
+        let chunked = summed(&hidden.to_kind(Kind::BFloat16), &weight, &targets, None, 16).unwrap();
         chunked.backward();
         let rel = |a: &Tensor, b: &Tensor| ((a.to_kind(Kind::Float) - b).abs().max().double_value(&[])) / b.abs().max().double_value(&[]).max(1e-12);
         assert!(rel(&chunked, &whole) < 2e-2, "loss {chunked} vs {whole}");

@@ -15,14 +15,24 @@
 //! `rewards/chosen` (`beta * (chosen - ref_chosen)`), `rewards/rejected`,
 //! `rewards/accuracies` (chosen rewarded above rejected), `rewards/margins`,
 //! `logps/chosen`, `logps/rejected`.
+//!
+//! With `train.loss_chunk`, the log-probabilities come from the hidden states a
+//! chunk of positions at a time ([`Output::Hidden`]), without gradient; the pair
+//! losses are computed on them as a leaf, whose gradient (one scalar per
+//! completion, on the device) then weighs each position's cross-entropy in the
+//! chunked loss's gradient ([`chunked::summed`] with a scale): the loss's value is
+//! the pairs', its gradient the one the whole logits would give, and no
+//! `[tokens, vocab]` logits exist. The projection runs twice (values, then
+//! gradients) in exchange.
 
 use std::sync::Mutex;
 
 use tch::{nn, Kind, Tensor};
 
 use super::{
+    chunked,
+    logps::{per_completion, per_position, Output},
     precompute::precompute,
-    reference::{completion_logps, per_completion},
     Count, Forward, Metrics, Objective, Reference, Sum,
 };
 use crate::{
@@ -35,6 +45,8 @@ use crate::{
 pub struct Dpo {
     beta: f64,
     loss: DpoLoss,
+    /// `train.loss_chunk` (0: the whole logits).
+    chunk: i64,
     /// Run from `sum(&self)`: behind a lock (one step at a time takes it). `None`
     /// when precomputed: the batches carry the reference's log-probabilities.
     reference: Option<Mutex<Reference>>,
@@ -61,7 +73,7 @@ impl Dpo {
             }
             false => Some(Mutex::new(reference)),
         };
-        Ok(Dpo { beta: config.dpo.beta, loss: config.dpo.loss, reference })
+        Ok(Dpo { beta: config.dpo.beta, loss: config.dpo.loss, chunk: config.loss_chunk(), reference })
     }
 
     /// The batch's reference log-probabilities: precomputed, or the reference's.
@@ -71,7 +83,7 @@ impl Dpo {
         }
         let reference = self.reference.as_ref().ok_or_else(|| Error::Other("a batch without the precomputed reference log-probabilities".into()))?;
         let mut reference = reference.lock().map_err(|_| Error::Other("the DPO reference model's lock is poisoned".into()))?;
-        reference.logps(policy, batch)
+        reference.logps(policy, batch, self.chunk)
     }
 
     /// Each pair's loss `[B]` from its log-ratios (policy minus reference) and,
@@ -102,13 +114,42 @@ impl Objective for Dpo {
     }
 
     fn sum(&self, model: &mut dyn Forward, batch: &Batch, train: bool) -> Result<Sum> {
-        let pairs = batch.samples;
         // The reference first: its logits are freed before the policy's graph is built.
         let reference = self.reference_logps(model, batch)?;
-        let logits = model.forward(batch, train)?;
-        let logps = completion_logps(&logits, batch)?;
-        let (chosen, rejected) = halves(&logps, pairs)?;
-        let (ref_chosen, ref_rejected) = halves(&reference, pairs)?;
+        let output = Output::of(model, batch, train, self.chunk)?;
+        let logps = output.completion_logps(batch)?;
+        match output {
+            Output::Logits(logits) => {
+                let (loss, metrics) = self.loss_and_metrics(&logps, &reference, batch)?;
+                Ok(Sum { loss, metrics, logits: Some(logits) })
+            }
+            Output::Hidden { states, head, chunk } if states.requires_grad() => {
+                let mut leaf = logps.f_detach()?;
+                let leaf = leaf.f_requires_grad_(true)?;
+                let (loss, metrics) = self.loss_and_metrics(&leaf, &reference, batch)?;
+                let mut grads = Tensor::f_run_backward(&[&loss], &[&leaf], false, false)?;
+                let grad = grads.pop().ok_or_else(|| Error::Other("DPO: no gradient for the log-probabilities".into()))?;
+                // d loss / d logp(token) is its completion's; the cross-entropy is -logp.
+                let scale = per_position(&grad.f_neg()?, batch)?;
+                let surrogate = chunked::summed(&states, &head, &batch.targets, Some(&scale), chunk)?;
+                let loss = loss.f_detach()?.f_add(&surrogate.f_sub(&surrogate.f_detach()?)?)?;
+                Ok(Sum { loss, metrics, logits: None })
+            }
+            Output::Hidden { .. } => {
+                let (loss, metrics) = self.loss_and_metrics(&logps, &reference, batch)?;
+                Ok(Sum { loss, metrics, logits: None })
+            }
+        }
+    }
+}
+
+impl Dpo {
+    /// The summed loss of the batch's pairs and TRL's six metrics, from the policy's
+    /// and the reference's completion log-probabilities (`[2B]` each).
+    fn loss_and_metrics(&self, logps: &Tensor, reference: &Tensor, batch: &Batch) -> Result<(Tensor, Metrics)> {
+        let pairs = batch.samples;
+        let (chosen, rejected) = halves(logps, pairs)?;
+        let (ref_chosen, ref_rejected) = halves(reference, pairs)?;
         let chosen_ratio = chosen.f_sub(&ref_chosen)?;
         let rejected_ratio = rejected.f_sub(&ref_rejected)?;
         let loss = self.pair_losses(&chosen_ratio, &rejected_ratio, batch)?.f_sum(Kind::Float)?;
@@ -125,6 +166,6 @@ impl Objective for Dpo {
                 ("logps/rejected", sum(&rejected)?),
             ])
         })?;
-        Ok(Sum { loss, metrics, logits: Some(logits) })
+        Ok((loss, metrics))
     }
 }

@@ -37,6 +37,7 @@ mod chunked;
 mod classification;
 mod cross_entropy;
 mod dpo;
+mod logps;
 mod precompute;
 mod reference;
 mod scale;

@@ -6,14 +6,14 @@
 
 use std::time::Instant;
 
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::{Forward, Reference};
 use crate::{
     config::{Config, Precision},
     data::{preference::PreferenceData, Batch, Split},
     error::{Error, Result},
-    model::{Model, ModelInput},
+    model::{Model, ModelInput, ModelOutput, Returns},
 };
 
 /// A model outside the learner run as the learner runs it (bf16 autocast when
@@ -25,16 +25,30 @@ pub struct Bare<'a> {
 
 impl Forward for Bare<'_> {
     fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
+        self.output(batch, train, Returns::Logits)?.logits()
+    }
+
+    /// As the learner's: the states in bf16 under bf16 autocast.
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+        if !self.model.supports().hidden {
+            return Ok(None);
+        }
+        match self.output(batch, train, Returns::Hidden)? {
+            ModelOutput::Hidden { states, head } if self.autocast.is_some() => Ok(Some((states.f_to_kind(Kind::BFloat16)?, head))),
+            ModelOutput::Hidden { states, head } => Ok(Some((states, head))),
+            ModelOutput::Logits(_) => Err(Error::Other("the DPO reference returned logits when asked for hidden states".into())),
+        }
+    }
+}
+
+impl Bare<'_> {
+    fn output(&mut self, batch: &Batch, train: bool, returns: Returns) -> Result<ModelOutput> {
         let model = &mut *self.model;
-        let mut run = || model.forward(ModelInput::new(&batch.inputs, train).segments(batch.segments.as_ref()))?.logits();
+        let mut run = || model.forward(ModelInput::new(&batch.inputs, train).segments(batch.segments.as_ref()).returns(returns));
         match self.autocast {
             None => run(),
             Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
         }
-    }
-
-    fn forward_hidden(&mut self, _batch: &Batch, _train: bool) -> Result<Option<(Tensor, Tensor)>> {
-        Ok(None)
     }
 }
 
@@ -52,7 +66,7 @@ pub fn precompute(reference: &mut Reference, policy: &mut dyn Model, data: &Pref
         for start in (0..n).step_by(size) {
             let picks: Vec<usize> = (start..(start + size).min(n)).collect();
             let batch = data.batch_of(split, &picks)?.to_device(device, false);
-            let values = reference.logps(&mut Bare { model: &mut *policy, autocast }, &batch)?.f_to_device(Device::Cpu)?;
+            let values = reference.logps(&mut Bare { model: &mut *policy, autocast }, &batch, config.loss_chunk())?.f_to_device(Device::Cpu)?;
             let values = Vec::<f32>::try_from(&values).map_err(|e| Error::Other(format!("reading the reference log-probabilities: {e}")))?;
             let k = picks.len();
             logps.extend((0..k).map(|i| [values[i], values[k + i]]));

@@ -9,15 +9,12 @@
 
 use std::path::Path;
 
-use tch::{nn, Kind, Reduction, Tensor};
+use tch::{nn, Tensor};
 
-use super::{cross_entropy, precompute::Bare, Forward};
+use super::{logps::Output, precompute::Bare, Forward};
 use crate::{
     config::{Config, Precision},
-    data::{
-        preference::{CHOSEN, REJECTED},
-        Batch, Dataset,
-    },
+    data::{Batch, Dataset},
     error::{Error, Result},
     model::{self, lora, pretrained::Pretrained, Model},
 };
@@ -33,26 +30,6 @@ pub enum Reference {
     },
     /// The LoRA policy with its adapters off: its base model.
     Adapters,
-}
-
-/// Per-token values `[rows, T]` summed per completion: `[2B]`, the chosen ones then
-/// the rejected ones, whether the pairs are separate rows or one sequence each
-/// (their rows told apart by [`crate::data::Segments::ids`]).
-pub fn per_completion(values: &Tensor, batch: &Batch) -> Result<Tensor> {
-    let sum = |t: &Tensor| t.f_sum_dim_intlist(Some(&[1i64][..]), false, Kind::Float);
-    match batch.segments.as_ref().filter(|s| s.prefix.is_some()) {
-        None => Ok(sum(values)?),
-        Some(s) => {
-            let chosen = sum(&values.f_mul(&s.ids.f_eq(CHOSEN)?)?)?;
-            let rejected = sum(&values.f_mul(&s.ids.f_eq(REJECTED)?)?)?;
-            Ok(Tensor::f_cat(&[chosen, rejected], 0)?)
-        }
-    }
-}
-
-/// Each completion's summed log-probability of its tokens, float32 `[2B]`.
-pub fn completion_logps(logits: &Tensor, batch: &Batch) -> Result<Tensor> {
-    per_completion(&cross_entropy(logits, &batch.targets, Reduction::None)?.f_neg()?, batch)
 }
 
 impl Reference {
@@ -106,13 +83,14 @@ impl Reference {
         Ok(Reference::Model { model, _vars: vars, autocast: bf16.then_some(device.is_cuda()) })
     }
 
-    /// Each row's summed log-probability of `batch`'s targets, without autograd
-    /// (`policy` is the model trained, whose adapters may be switched off).
-    pub fn logps(&mut self, policy: &mut dyn Forward, batch: &Batch) -> Result<Tensor> {
+    /// Each completion's summed log-probability of `batch`'s targets, without
+    /// autograd (`policy` is the model trained, whose adapters may be switched off),
+    /// `chunk` positions at a time from hidden states when `chunk > 0`.
+    pub fn logps(&mut self, policy: &mut dyn Forward, batch: &Batch, chunk: i64) -> Result<Tensor> {
         tch::no_grad(|| match self {
-            Reference::Adapters => lora::without_adapters(|| completion_logps(&policy.forward(batch, false)?, batch)),
+            Reference::Adapters => lora::without_adapters(|| Output::of(policy, batch, false, chunk)?.completion_logps(batch)),
             Reference::Model { model, autocast, .. } => {
-                completion_logps(&Bare { model: model.as_mut(), autocast: *autocast }.forward(batch, false)?, batch)
+                Output::of(&mut Bare { model: model.as_mut(), autocast: *autocast }, batch, false, chunk)?.completion_logps(batch)
             }
         })
     }
