@@ -314,3 +314,38 @@ fn the_chunked_head_gives_the_whole_logits_log_probabilities_losses_and_updates(
         }
     }
 }
+
+#[test]
+fn the_precomputed_reference_is_stored_beside_the_token_cache_and_reused_without_loading_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    let reference = d.join("reference");
+    let extra = ["train.steps=2", "data.batch_size=4", "train.eval_every=2", "dpo.precompute_reference=true"].map(String::from).to_vec();
+    let extra: Vec<String> = extra.into_iter().chain([format!("dpo.reference={}", s(&reference))]).collect();
+    let logged = |name: &str| -> (PathBuf, String) {
+        let run_dir = d.join(name);
+        let mut c = ptrain();
+        c.env("PTRAIN_LOG", "info").args(["run", "--quiet", "--plugins", "jsonl", "--run-dir"]).arg(&run_dir).args(args(&d, "conv.jsonl", &extra));
+        let out = run_expect(&mut c, 0);
+        (run_dir, stderr(&out))
+    };
+    let (first, log) = logged("store");
+    assert!(log.contains("pairs computed") && !log.contains("reused from"), "the first run computes: {log}");
+    let stored: Vec<_> =
+        std::fs::read_dir(d.join("cache")).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".logps")).collect();
+    assert_eq!(stored.len(), 1, "one file of reference log-probabilities beside the token cache");
+
+    let (second, log) = logged("reuse");
+    assert!(log.contains("reused from") && !log.contains("pairs computed"), "the second run reuses them: {log}");
+    assert!(!log.contains("dpo: reference"), "the second run does not load the reference: {log}");
+    for name in ["train/loss", "eval/loss", "train/rewards/margins", "train/logps/chosen"] {
+        assert_eq!(metrics_at(&first, 2)[name], metrics_at(&second, 2)[name], "{name}: stored = computed");
+    }
+
+    // A changed reference (a file of it rewritten) computes them again.
+    let config = reference.join("config.json");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&config, std::fs::read(&config).unwrap()).unwrap();
+    let (_, log) = logged("changed");
+    assert!(log.contains("pairs computed") && !log.contains("reused from"), "a changed reference computes: {log}");
+}

@@ -183,7 +183,7 @@ mod tests {
         let whole_logps = per_token.neg().view([rows, t]);
         let logps = token_logps(&hidden, &weight, &targets, 5).unwrap();
         assert!(rel(&logps, &whole_logps) < 1e-6, "token log-probabilities {logps} vs {whole_logps}");
-        assert_eq!(logps.requires_grad(), false);
+        assert!(!logps.requires_grad());
 
         let whole = (per_token.view([rows, t]) * &scale).sum(Kind::Float);
         whole.backward();

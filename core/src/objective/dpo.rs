@@ -64,14 +64,13 @@ impl Dpo {
     /// `dpo.precompute_reference`, the reference's log-probabilities of every pair
     /// are computed here and the reference model freed.
     pub fn build(config: &Config, policy: &mut dyn Model, vars: &nn::VarStore, dataset: &dyn Dataset) -> Result<Dpo> {
-        let mut reference = Reference::build(config, vars, dataset)?;
         let reference = match config.dpo.precompute_reference {
             true => {
                 let data = dataset.preference().ok_or_else(|| Error::Other("dpo.precompute_reference needs preference data".into()))?;
-                precompute(&mut reference, policy, data, config, vars.device())?;
+                precompute(config, policy, vars, dataset, data)?;
                 None
             }
-            false => Some(Mutex::new(reference)),
+            false => Some(Mutex::new(Reference::build(config, vars, dataset)?)),
         };
         Ok(Dpo { beta: config.dpo.beta, loss: config.dpo.loss, chunk: config.loss_chunk(), reference })
     }

@@ -41,6 +41,7 @@ mod logps;
 mod precompute;
 mod reference;
 mod scale;
+mod stored;
 
 use ptrain_plugin_api::Task;
 use tch::{nn, Tensor};

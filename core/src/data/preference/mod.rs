@@ -179,6 +179,22 @@ impl PreferenceData {
         }
     }
 
+    /// The pairs' token ids and how they are cut and collated, into `key` (for the
+    /// stored reference log-probabilities: [`crate::objective`]).
+    pub fn fingerprint(&self, key: &mut sha2::Sha256) {
+        use sha2::Digest;
+        key.update(format!("{}\0{}\0{}\0", self.seq_len, self.keep_end, self.packing));
+        for (split, pairs) in [&self.train, &self.val].into_iter().enumerate() {
+            key.update(format!("split {split}: {}\0", pairs.len()));
+            for pair in pairs {
+                for ids in [&pair.prompt, &pair.chosen, &pair.rejected] {
+                    key.update((ids.len() as u64).to_le_bytes());
+                    ids.iter().for_each(|id| key.update(id.to_le_bytes()));
+                }
+            }
+        }
+    }
+
     /// Sets the reference log-probabilities (chosen, rejected) of every pair of
     /// `split`, in order; batches carry them from then on.
     pub fn set_reference(&self, split: Split, logps: Vec<[f32; 2]>) -> Result<()> {
