@@ -36,7 +36,7 @@ use crate::{
     error::{Error, Result},
     host::{HostServices, PluginHost, RunData},
     model, objective,
-    optim::ShardSpec,
+    optim::{GradMemory, ShardSpec},
     schedule::{Cadence, CoreTask, Gate, Owner, RunSchedule, SlotSpec, StepWindows},
 };
 
@@ -175,7 +175,10 @@ impl Run {
             super::sharding::refuse_unsupported(&config, checkpoint.is_some(), false, false)?;
         }
         let shard = shard.map(|spec| (spec, super::sharding::param_sharding(&config, dist.as_ref())));
-        let mut learner = Learner::new(vs, model, dataset.clone(), &config, shard, total_steps)?;
+        // One rank releases its gradients between steps; data parallelism keeps them
+        // for the all-reduce buckets bound to them.
+        let grads = if world == 1 { GradMemory::Released } else { GradMemory::Kept };
+        let mut learner = Learner::new(vs, model, dataset.clone(), &config, shard, grads, total_steps)?;
         if let Some(ckpt) = &checkpoint {
             state::check_lora_base(ckpt, lora_base.as_deref())?;
         }
