@@ -17,6 +17,7 @@ use super::{
     clock::{stamp, stamp_at, unix_now},
     debug::{Faults, PanicAt, TensorDump},
     eval::Evaluator,
+    forced::ForcedRecord,
     learner::Learner,
     metrics::MetricsProcessor,
     nonfinite::NonFinite,
@@ -216,7 +217,14 @@ impl Run {
         }
         slots.extend(core_slots(&config, device));
         let schedule = RunSchedule::new(slots, start_step + 1, total_steps, config.train.eval_every, gate, world > 1);
-        let signals = if handle_signals { Some(Signals::install(services.clone())?) } else { None };
+        let signals = if handle_signals {
+            // What a second signal during a hung inline hook writes (see `forced`).
+            let summary = (rank == 0).then(|| run_dir.join("summary.json"));
+            let record = ForcedRecord { calls: host.calls(), path: summary, start_step, total_steps, world_size: world, started };
+            Some(Signals::install(services.clone(), record)?)
+        } else {
+            None
+        };
 
         let b = config.data.batch_size as u64;
         let accum = config.optim.accum_steps;
