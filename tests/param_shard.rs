@@ -200,12 +200,8 @@ fn a_parameter_sharded_run_exports_to_what_transformers_loads_with_equal_logits(
     hf(&[&"make-llama", &"qwen2", &model]);
     hf(&[&"make-tokens", &tokens, &"20000"]);
     let run_dir = dir.path().join("run");
-    let sets = vec![
-        "data.kind=tokens".to_string(),
-        format!("data.path={}", s(&tokens)),
-        format!("model.init_from={}", s(&model)),
-        "dist.timeout_s=30".into(),
-    ];
+    let sets =
+        ["data.kind=tokens".to_string(), format!("data.path={}", s(&tokens)), format!("model.init_from={}", s(&model)), "dist.timeout_s=30".into()];
     let train = |run_dir: &Path, shard: &str| {
         let mut sets = sets.to_vec();
         sets.push(format!("dist.shard={shard}"));

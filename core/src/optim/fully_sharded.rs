@@ -269,7 +269,7 @@ impl Optimizer for FullySharded {
     fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
         match &self.offload {
             None => update(&self.config, &self.groups, &mut self.step, lr, found_inf)?,
-            Some(o) => o.step(&self.config, &self.groups, &mut self.step, lr, &self.grads, found_inf, &self.master)?,
+            Some(o) => o.step(&self.config, &self.groups, &mut self.step, lr, found_inf, [&self.grads, &self.master])?,
         }
         self.units.lock().release_all()
     }

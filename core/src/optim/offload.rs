@@ -37,16 +37,15 @@ impl Offload {
     }
 
     /// One update on the host, over `groups` (views of the host buffers), from the
-    /// device's gradient chunks; the result back into the device's chunks.
+    /// device's gradient chunks (`grads`); the result back into its chunks (`master`).
     pub fn step(
         &self,
         config: &OptimConfig,
         groups: &[Group],
         step: &mut Tensor,
         lr: f64,
-        grads: &Tensor,
         found_inf: Option<&Tensor>,
-        master: &Tensor,
+        [grads, master]: [&Tensor; 2],
     ) -> Result<()> {
         tch::no_grad(|| -> Result<()> {
             self.grads.shallow_clone().f_copy_(grads).map_err(torch)?;
