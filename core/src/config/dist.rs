@@ -25,6 +25,11 @@ pub struct DistConfig {
     /// keeps them from forward to backward (less communication, more memory).
     #[serde(default = "reshard_after_forward")]
     pub reshard_after_forward: bool,
+    /// `shard = "parameters"`: keep the optimizer state (and a float32 copy of this
+    /// rank's chunks) in host memory and run the update there (ZeRO-Offload), for a
+    /// device that holds the chunks but not AdamW's moments.
+    #[serde(default)]
+    pub offload_optimizer: bool,
 }
 
 fn end_timeout_s() -> u64 {

@@ -13,10 +13,12 @@
 //! Checkpoints restore into either through [`SavedState`], which re-cuts the
 //! slices when the layout changed.
 
+mod chunks;
 mod fully_sharded;
 mod gather;
 pub mod layout;
 mod lr_schedule;
+mod offload;
 mod replicated;
 mod saved;
 pub mod shard;
@@ -35,7 +37,7 @@ pub use shard::Sharded;
 pub use shard_spec::ShardSpec;
 
 use crate::{
-    checkpoint::ShardLayout,
+    checkpoint::{Checkpoint, ShardLayout},
     config::{OptimConfig, OptimName, ShardMode},
     dist::DataParallel,
     error::{Error, Result},
@@ -92,6 +94,16 @@ pub trait Optimizer: Send {
     /// gradient hooks), and how many blocks the parameters' names number.
     fn block_wrap(&self) -> Option<(Arc<dyn BlockWrap>, usize)> {
         None
+    }
+    /// With `parameters`: what a checkpoint part holds besides [`Optimizer::state`]
+    /// (this rank's parameter chunks; no rank holds whole weights to save).
+    fn sharded_params(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    /// With `parameters`: this rank's chunks of the weights and of the state, read from
+    /// the parts of a parameter-sharded checkpoint of any world size.
+    fn restore_chunks(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
+        Err(Error::Other("only parameter sharding restores chunks".into()))
     }
 }
 

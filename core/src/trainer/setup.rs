@@ -173,7 +173,7 @@ impl Run {
         let objective = objective::build(&config, model.as_mut(), &vs, dataset.as_ref())?;
         let (model_kind, task, layers) = (model.kind().to_string(), model.task(), model.layers(dataset.seq_len()));
         if shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters) {
-            super::sharding::refuse_unsupported(&config, checkpoint.is_some(), false, false)?;
+            super::sharding::refuse_unsupported(&config, false)?;
         }
         let shard = shard.map(|spec| (spec, super::sharding::param_sharding(&config, dist.as_ref())));
         // One rank releases its gradients between steps; data parallelism keeps them
@@ -206,7 +206,7 @@ impl Run {
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services.clone(), rank)?;
         if learner.optimizer.shard_mode() == ShardMode::Parameters {
             let reads_params = slots.iter().any(|s| s.needs.intersects(Needs::PARAMS.union(Needs::GRADS).union(Needs::HISTOGRAMS)));
-            super::sharding::refuse_unsupported(&config, false, host.has_checkpointer(), reads_params)?;
+            super::sharding::refuse_unsupported(&config, reads_params)?;
         }
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
