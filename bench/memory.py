@@ -1,8 +1,9 @@
 """The Python side of bench/memory.sh: the model, and the transformers contenders.
 
-  memory.py make DIR LAYERS WIDTH VOCAB POSITIONS
+  memory.py make DIR LAYERS WIDTH VOCAB POSITIONS [INTERMEDIATE]
         a random Qwen2 (LAYERS decoder layers of WIDTH, heads of 64, 2 KV heads, intermediate
-        2.75 x WIDTH, tied head, VOCAB ids), saved with save_pretrained for both sides to load
+        INTERMEDIATE or 2.75 x WIDTH, tied head, VOCAB ids), saved with save_pretrained for both
+        sides to load
   memory.py hf DIR STEPS BATCH SEQ THREADS [--gc] [--lora RANK]
         a plain loop on transformers' Qwen2ForCausalLM (float32, SDPA): random ids, labels = ids,
         AdamW on what requires grad; --gc calls activation_checkpointing_enable() (gradient_checkpointing_enable() before transformers 5), --lora wraps the
@@ -20,11 +21,11 @@ def out(obj):
     print(json.dumps(obj))
 
 
-def make(d, layers, width, vocab, positions):
+def make(d, layers, width, vocab, positions, intermediate=None):
     import torch
     import transformers
 
-    config = transformers.Qwen2Config(vocab_size=int(vocab), hidden_size=int(width), intermediate_size=int(width) * 11 // 4,
+    config = transformers.Qwen2Config(vocab_size=int(vocab), hidden_size=int(width), intermediate_size=int(intermediate or int(width) * 11 // 4),
                                       num_hidden_layers=int(layers), num_attention_heads=int(width) // 64, num_key_value_heads=2,
                                       max_position_embeddings=int(positions), tie_word_embeddings=True, bos_token_id=None,
                                       eos_token_id=None, pad_token_id=None)

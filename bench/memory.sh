@@ -7,14 +7,20 @@
 #
 #   bench/memory.sh                        # 12 layers of 384, vocabulary 32,000, 1 x 1024, 3 steps
 #   bench/memory.sh --layers 2 --width 128 --vocab 1000 --seq 64 --steps 2   # a dry run
+#   bench/memory.sh --case qwen2-0.5b [--batch 4]   # Qwen2-0.5B's shape (issue 41): 24 layers of 896,
+#                                      # intermediate 4,864, vocabulary 151,936; 1 x 512, 4 steps, LoRA r=16
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 . scripts/env.sh
 
-layers=12 width=384 vocab=32000 seq=1024 batch=1 steps=3 rank=8 chunk=1024 threads=$(nproc)
+layers=12 width=384 vocab=32000 seq=1024 batch=1 steps=3 rank=8 chunk=1024 threads=$(nproc) intermediate=
 while [ $# -gt 0 ]; do
   case "$1" in
+    --case)
+      [ "$2" = qwen2-0.5b ] || { echo "bench/memory.sh: unknown case $2 (known: qwen2-0.5b)" >&2; exit 2; }
+      layers=24 width=896 vocab=151936 intermediate=4864 seq=512 steps=4 rank=16; shift 2 ;;
+    --intermediate) intermediate="$2"; shift 2 ;;
     --layers) layers="$2"; shift 2 ;;
     --width) width="$2"; shift 2 ;;
     --vocab) vocab="$2"; shift 2 ;;
@@ -29,9 +35,10 @@ while [ $# -gt 0 ]; do
 done
 py="$root/.venv/bin/python"
 out="$root/bench/out/memory"
-model="$out/model-$layers-$width-$vocab"
+intermediate=${intermediate:-$((width * 11 / 4))}
+model="$out/model-$layers-$width-$intermediate-$vocab"
 mkdir -p "$out"
-[ -f "$model/config.json" ] || "$py" bench/memory.py make "$model" "$layers" "$width" "$vocab" "$seq" >&2
+[ -f "$model/config.json" ] || "$py" bench/memory.py make "$model" "$layers" "$width" "$vocab" "$seq" "$intermediate" >&2
 
 ptrain() { # name, extra --set values -> "MiB|steps/s|last loss|trainable"
   local name=$1; shift
@@ -60,16 +67,24 @@ full_p=$(ptrain full)
 full_h=$(hf)
 ac_p=$(ptrain ac train.activation_checkpointing=full)
 ac_h=$(hf --gc)
-chunk_p=$(ptrain ac-chunk train.activation_checkpointing=full "train.loss_chunk=$chunk")
-lora_p=$(ptrain lora train.activation_checkpointing=full "train.loss_chunk=$chunk" "${lora[@]}")
+# Vocabularies of 65,536 and more chunk the loss by default (train.loss_chunk unset): no row of its own.
+[ "$vocab" -lt 65536 ] && chunk_p=$(ptrain ac-chunk train.activation_checkpointing=full "train.loss_chunk=$chunk")
+lora_p=$(ptrain lora train.activation_checkpointing=full "${lora[@]}")
+lora_every_p=$(ptrain lora-every2 train.activation_checkpointing=every_n train.activation_checkpointing_every=2 "${lora[@]}")
 lora_h=$(hf --gc --lora "$rank")
+lora_none_p=$(ptrain lora-none "${lora[@]}")
+lora_none_h=$(hf --lora "$rank")
 
-echo "Random Qwen2: $layers layers of $width ($((width / 64)) heads, 2 KV heads), vocabulary $vocab, tied; batch $batch x $seq;"
-echo "$steps steps, AdamW, float32, $threads threads ($(nproc) cores). Peak memory: the process's peak RSS."
+echo "Random Qwen2: $layers layers of $width ($((width / 64)) heads, 2 KV heads, intermediate $intermediate), vocabulary $vocab, tied; batch $batch x $seq;"
+echo "$steps steps, AdamW, float32, $threads threads ($(nproc) cores). Peak memory: the process's peak RSS. ptrain's loss is chunked"
+echo "by default from a vocabulary of 65,536 (train.loss_chunk unset), and one rank releases its gradients between steps."
 echo
 echo "| ptrain | peak MiB | steps/s | trainable | transformers | peak MiB | steps/s | trainable | memory ptrain/transformers | speed ptrain/transformers |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 row "full fine-tuning" "$full_p" "$full_h" "full fine-tuning"
 row "+ activation_checkpointing = full" "$ac_p" "$ac_h" "+ activation_checkpointing_enable()"
-row "+ loss_chunk = $chunk" "$chunk_p" "$ac_h" "(no chunked loss: as above)"
-row "LoRA r=$rank (+ both)" "$lora_p" "$lora_h" "peft LoRA r=$rank + checkpointing"
+[ "$vocab" -lt 65536 ] && row "+ loss_chunk = $chunk" "$chunk_p" "$ac_h" "(no chunked loss: as above)"
+row "LoRA r=$rank + activation_checkpointing = full" "$lora_p" "$lora_h" "peft LoRA r=$rank + checkpointing"
+row "LoRA r=$rank + every_n = 2" "$lora_every_p" "$lora_h" "(as above)"
+row "LoRA r=$rank, no checkpointing" "$lora_none_p" "$lora_none_h" "peft LoRA r=$rank, no checkpointing"
+row "LoRA r=$rank, no checkpointing" "$lora_none_p" "$lora_h" "peft LoRA r=$rank + checkpointing"

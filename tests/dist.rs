@@ -6,7 +6,7 @@ mod common;
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     sync::mpsc,
     thread,
     time::{Duration, Instant},
@@ -92,15 +92,8 @@ fn ptrain_launch_holds_its_rendezvous_port_from_before_the_ranks_start() {
 #[test]
 fn torchrun_launches_the_binary_as_its_ranks() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(torchrun());
-    for var in PLACEMENT_VARS {
-        cmd.env_remove(var);
-    }
-    cmd.env_remove("PTRAIN_PLUGIN_PATH").env("PTRAIN_LOG", "warn").current_dir(repo());
-    cmd.args(["--no-python", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port"])
-        .arg(free_port().to_string())
-        .arg(bin())
-        .args(job(20, 8, dir.path()));
+    let mut cmd = torchrun_ptrain(2);
+    cmd.args(job(20, 8, dir.path()));
     run_expect(&mut cmd, 0);
     let s = summary(dir.path());
     assert_eq!((s["status"].as_str(), s["world_size"].as_u64()), (Some("completed"), Some(2)));

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{ranks::*, *};
+use common::{hf::*, ranks::*, *};
 
 /// A tiny gpt or llama of three blocks, `steps` steps, every step's loss in
 /// metrics.jsonl; `extra` settings on top.
@@ -97,10 +97,8 @@ fn a_gpt_and_a_llama_sharded_over_three_ranks_follow_unsharded_training_holding_
 #[test]
 fn what_parameter_sharding_cannot_do_yet_is_refused_before_training() {
     let dir = tempfile::tempdir().unwrap();
-    for (extra, plugins, key) in [(&["debug.dump_params=true"][..], "jsonl", "debug.dump_params"), (&[][..], "jsonl,checkpoint", "run.plugins")] {
-        let mut args = job("gpt", 2, "parameters", extra, &dir.path().join(key));
-        let at = args.iter().position(|a| a == "jsonl").unwrap();
-        args[at] = plugins.into();
+    for (extra, key) in [(&["debug.dump_params=true"][..], "debug.dump_params"), (&["debug.dump_tensors_at=[1]"][..], "debug.dump_tensors_at")] {
+        let args = job("gpt", 2, "parameters", extra, &dir.path().join(key));
         let out = run_expect(launch(2).args(&args), 2);
         let err = stderr(&out);
         assert!(err.contains(key) && err.contains("dist.shard = \"parameters\""), "{err}");
@@ -131,4 +129,139 @@ fn a_rank_killed_mid_training_makes_the_other_exit_naming_it_not_hang() {
     let errors: Vec<&String> = log.iter().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{log:#?}");
     assert!(errors[0].contains("rank 0 of 2") && errors[0].contains("dist.timeout_s"), "{}", errors[0]);
+}
+
+/// `job` with the checkpoint plugin too, and `extra` arguments after.
+fn saving(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
+    let at = args.iter().position(|a| a == "jsonl").unwrap();
+    args[at] = "jsonl,checkpoint".into();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Steps `from..=to` of `run`'s losses against `reference`'s, within `tolerance`
+/// relative (0: bit for bit).
+fn assert_losses_follow(run: &Path, reference: &Path, from: u64, to: u64, tolerance: f64) {
+    let pick = |d: &Path| losses(d).into_iter().filter(|(s, _)| (from..=to).contains(s)).collect::<Vec<_>>();
+    let (a, b) = (pick(run), pick(reference));
+    assert_eq!(a.len() as u64, to - from + 1, "{}: {a:?}", run.display());
+    for ((step, x), (other, y)) in a.iter().zip(&b) {
+        assert_eq!(step, other);
+        assert!((x - y).abs() <= tolerance * y.abs(), "{} step {step}: {x} vs {y} (tolerance {tolerance})", run.display());
+    }
+}
+
+/// Each rank saves only its chunks (model.safetensors is empty, the manifest names
+/// every parameter); the checkpoint resumes bit for bit on two ranks, and re-cut
+/// onto one rank (unsharded) and three (sharded) as the uninterrupted run goes on.
+#[test]
+fn a_parameter_sharded_checkpoint_resumes_bit_for_bit_and_reshards_onto_one_and_three_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name);
+    // Global batch 12: 2 ranks x 6, 1 x 12 and 3 x 4 see the same samples.
+    let run = |world: u32, batch: u32, shard: &str, name: &str, extra: &[&str]| {
+        let batch = format!("data.batch_size={batch}");
+        let args = saving(job("llama", 4, shard, &[&batch, "optim.schedule=constant"], &d(name)), extra);
+        match world {
+            1 => run_expect(single().args(&args), 0),
+            _ => run_expect(launch(world).args(&args), 0),
+        };
+    };
+    run(2, 6, "parameters", "full", &["--set", "plugins.checkpoint.every=2"]);
+    let step2 = d("full").join("checkpoints/step-00000002");
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(step2.join("manifest.json")).unwrap()).unwrap();
+    let (shards, units) = (&manifest["shards"], &manifest["shards"]["params"]["units"]);
+    assert_eq!((shards["world_size"].as_u64(), units.as_array().map(Vec::len)), (Some(2), Some(4)), "3 blocks and the rest: {manifest}");
+    assert!(units[1]["params"].as_array().unwrap().iter().all(|p| p["name"].as_str().unwrap().starts_with("model.layers.0.")), "{units}");
+    assert!(tensor_names(&std::fs::read(step2.join("model.safetensors")).unwrap()).is_empty(), "no rank writes whole weights");
+    for part in shards["parts"].as_array().unwrap() {
+        let names = tensor_names(&std::fs::read(step2.join(part["path"].as_str().unwrap())).unwrap());
+        assert!(["params", "exp_avg", "exp_avg_sq", "step"].iter().all(|n| names.contains(&n.to_string())), "{part}: {names:?}");
+    }
+    let resume: [&str; 2] = ["--resume", step2.to_str().unwrap()];
+
+    run(2, 6, "parameters", "two", &resume);
+    assert_eq!(summary(&d("two"))["start_step"], 2);
+    assert_losses_follow(&d("two"), &d("full"), 3, 4, 0.0);
+
+    run(1, 12, "none", "one", &resume);
+    assert_losses_follow(&d("one"), &d("full"), 3, 4, 1e-6);
+    run(3, 4, "parameters", "three", &resume);
+    assert_losses_follow(&d("three"), &d("full"), 3, 4, 1e-6);
+}
+
+/// A Qwen2 (tied head) fine-tuned on two ranks with `parameters`: `ptrain export`
+/// re-assembles its weights from the parts into a directory transformers loads with
+/// nothing missing, computing the logits ptrain computes from the checkpoint.
+#[test]
+fn a_parameter_sharded_run_exports_to_what_transformers_loads_with_equal_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tokens) = (dir.path().join("qwen2"), dir.path().join("tokens.bin"));
+    hf(&[&"make-llama", &"qwen2", &model]);
+    hf(&[&"make-tokens", &tokens, &"20000"]);
+    let run_dir = dir.path().join("run");
+    let sets =
+        ["data.kind=tokens".to_string(), format!("data.path={}", s(&tokens)), format!("model.init_from={}", s(&model)), "dist.timeout_s=30".into()];
+    let train = |run_dir: &Path, shard: &str| {
+        let mut sets = sets.to_vec();
+        sets.push(format!("dist.shard={shard}"));
+        run_expect(launch(2).args(["run", "--quiet", "--steps", "6", "--plugins", "checkpoint", "--run-dir"]).arg(run_dir).args(small(&sets)), 0);
+    };
+    let logits = |run_dir: &Path, probe: &Path| {
+        run_expect(single().args(["logits", "--split", "val", "--checkpoint"]).arg(run_dir).arg("--out").arg(probe), 0)
+    };
+    train(&run_dir, "parameters");
+    let probe = dir.path().join("probe");
+    logits(&run_dir, &probe);
+    let out = dir.path().join("exported");
+    let exported = run_expect(single().args(["export", "--format", "hf", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 0);
+    assert!(stdout(&exported).contains("step 6"), "{}", stdout(&exported));
+    let report = hf(&[&"load-export", &out, &probe]);
+    for key in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"] {
+        assert_eq!(report["info"][key], serde_json::json!([]), "{key}: {report}");
+    }
+    let max_diff = report["max_abs_diff"].as_f64().unwrap();
+    assert!(max_diff <= 1e-4, "exported logits differ from ptrain's by {max_diff}: {report}");
+    // The same training unsharded, whose weights are read from its model.safetensors:
+    // its logits too, up to the order of floating-point sums.
+    let unsharded = dir.path().join("unsharded");
+    train(&unsharded, "none");
+    let unsharded_probe = dir.path().join("unsharded-probe");
+    logits(&unsharded, &unsharded_probe);
+    let report = hf(&[&"load-export", &out, &unsharded_probe]);
+    assert!(report["max_abs_diff"].as_f64().unwrap() <= 1e-4, "exported vs unsharded training: {report}");
+    // And the trained weights are not the initial ones.
+    let source = hf(&[&"load-export", &model, &probe]);
+    assert!(source["max_abs_diff"].as_f64().unwrap() > 1e-4, "the probe is of the trained model: {source}");
+}
+
+/// `dist.offload_optimizer`: the optimizer state and the update in host memory give
+/// the losses of the run without it, bit for bit (on the CPU the same kernels see the
+/// same values), and the same checkpoint; without `parameters` it is refused.
+#[test]
+fn offloading_the_optimizer_trains_and_saves_exactly_as_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name);
+    let run = |name: &str, extra: &[&str]| {
+        let args = saving(job("gpt", 6, "parameters", extra, &d(name)), &["--set", "plugins.checkpoint.every=3"]);
+        run_expect(launch(2).args(&args), 0);
+    };
+    run("kept", &[]);
+    run("offloaded", &["dist.offload_optimizer=true", "optim.grad_clip=0.05"]);
+    run("clipped", &["optim.grad_clip=0.05"]);
+    assert_losses_follow(&d("offloaded"), &d("clipped"), 1, 6, 0.0);
+    // Every rank's part: the same chunks and state after the last update.
+    let same = |a: &str, b: &str| {
+        let script = "import sys\nfrom safetensors.torch import load_file\nfor r in (0, 1):\n    \
+                      f = f'checkpoints/step-00000006/optimizer-rank{r:05}-of-00002.safetensors'\n    \
+                      x, y = (load_file(f'{d}/{f}') for d in sys.argv[1:])\n    \
+                      assert x.keys() == y.keys() and all(x[k].equal(y[k]) for k in x), f\n";
+        python().args(["-c", script]).arg(d(a)).arg(d(b)).output().unwrap().status.success()
+    };
+    assert!(same("offloaded", "clipped"), "the same chunks and state saved");
+    assert!(!same("kept", "clipped"), "clipping changes the update (the comparison can fail)");
+
+    let out = run_expect(single().args(tiny_gpt(2)).args(["--set", "dist.offload_optimizer=true", "--set", "dist.shard=gradients"]), 2);
+    let err = stderr(&out);
+    assert!(err.contains("dist.offload_optimizer") && err.contains("parameters"), "{err}");
 }

@@ -191,12 +191,25 @@ fn a_sharded_checkpoint_resumes_bit_for_bit_and_reshards_onto_other_world_sizes(
 
 #[test]
 fn a_rank_killed_during_a_sharded_save_fails_the_others_and_auto_resume_takes_the_last_complete_checkpoint() {
+    killed_during_a_save("gradients");
+}
+
+/// The same with parameter sharding, whose parts hold the weights too.
+#[test]
+fn a_rank_killed_during_a_parameter_sharded_save_leaves_the_last_complete_checkpoint_to_resume() {
+    killed_during_a_save("parameters");
+}
+
+/// Rank 1 of 2 killed inside its part of a save of `shard`: rank 0 fails, nothing
+/// incomplete is committed, and auto-resume continues from the newest checkpoint.
+fn killed_during_a_save(shard: &str) {
     let dir = tempfile::tempdir().unwrap();
     let checkpoints = dir.path().join("checkpoints");
     let port = free_port();
-    let mut args = job(1_000_000, 8, "gradients", dir.path());
-    // A wider model, saved at every step.
-    args.extend(["--set", "model.n_embd=128", "--set", "model.n_head=4", "--set", "plugins.checkpoint.every=1"].map(String::from));
+    let mut args = job(1_000_000, 8, shard, dir.path());
+    // A wider model, saved at every step (parameter sharding cannot dump parameters).
+    let wider = ["--set", "model.n_embd=128", "--set", "model.n_head=4", "--set", "debug.dump_params=false"].map(String::from);
+    args.extend(wider.iter().cloned().chain(["--set", "plugins.checkpoint.every=1"].map(String::from)));
     // Rank 1's save of step 3 stops once its optimizer part is written, before
     // the marker that declares the part complete.
     let pause = ["--set", "debug.pause_save_at_step=3"].map(String::from);
@@ -226,8 +239,8 @@ fn a_rank_killed_during_a_sharded_save_fails_the_others_and_auto_resume_takes_th
     assert!(!stderr(&verify).contains("skipping"), "an invalid committed checkpoint:\n{}", stderr(&verify));
     let newest = committed_steps(&checkpoints).into_iter().max().expect("a committed checkpoint");
     assert!(newest >= 2, "steps 1 and 2 were saved before the kill: {:?}", committed_steps(&checkpoints));
-    let mut resume = job(newest + 2, 8, "gradients", dir.path());
-    resume.extend(["--set", "model.n_embd=128", "--set", "model.n_head=4", "--auto-resume"].map(String::from));
+    let mut resume = job(newest + 2, 8, shard, dir.path());
+    resume.extend(wider.into_iter().chain(["--auto-resume".to_string()]));
     launch(2, &resume);
     let s = summary(dir.path());
     assert_eq!((s["start_step"].as_u64(), s["status"].as_str()), (Some(newest), Some("completed")), "{s}");

@@ -329,3 +329,40 @@ fn a_save_stuck_in_io_is_given_up_at_its_timeout_and_a_first_signal_ends_the_run
     let listing = stdout(&run_expect(ptrain().args(["checkpoints", "list"]).arg(&signalled), 0));
     assert!(listing.contains("step-00000002") && listing.contains("<- latest") && !listing.contains("INVALID"), "{listing}");
 }
+
+/// An inline hook that hangs (120 s at step 3): the first SIGINT says which plugin
+/// and hook the run waits on; the second exits at once, with `summary.json` saying
+/// the run was interrupted and naming the hung hook.
+#[test]
+fn ctrl_c_during_a_hung_inline_hook_names_it_and_the_second_records_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = ptrain()
+        .args(tiny_gpt(6))
+        .args(["--plugins", &fixture("inline-faults")])
+        .args(["--set", "plugins.inline-faults.sleep_at=3", "--set", "plugins.inline-faults.sleep_ms=120000"])
+        .args(["--set", "plugins.inline-faults.hook_warn_s=0.5", "--run-dir"])
+        .arg(dir.path())
+        .env("PTRAIN_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    // The watchdog's warning: the hook is running.
+    lines.iter().find(|l| l.contains("plugin `inline-faults` has been in step_end")).expect("the hook hangs");
+    let pid = child.id().to_string();
+    let kill = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    kill("-INT");
+    let first = lines.iter().find(|l| l.contains("received signal 2")).expect("the first signal is acknowledged");
+    assert!(first.contains("plugin `inline-faults`") && first.contains("step_end hook") && first.contains("at step 3"), "{first}");
+    kill("-INT");
+    assert_eq!(wait_at_most(&mut child, Duration::from_secs(60)), 130, "exited at once, not after the hook's 120 s");
+    let rest: Vec<String> = lines.iter().collect();
+    assert!(rest.iter().any(|l| l.contains("second signal: exiting now")), "{rest:#?}");
+    let s = summary(dir.path());
+    assert_eq!((s["status"].as_str(), s["exit_code"].as_i64(), s["last_step"].as_u64()), (Some("interrupted"), Some(130), Some(3)), "{s}");
+    let hung = &s["forced_exit"];
+    assert_eq!((&hung["plugin"], &hung["hook"], &hung["step"]), (&"inline-faults".into(), &"step_end".into(), &3.into()), "{s}");
+    assert!(s["stop_reason"].as_str().unwrap().contains("plugin `inline-faults` was in step_end at step 3"), "{s}");
+    assert_eq!(s["plugin_stalls"]["inline-faults"]["step"], 3, "{s}");
+}

@@ -47,6 +47,7 @@ fn main() {
             "csrc/autocast.cpp",
             "csrc/pin.cpp",
             "csrc/checkpoint.cpp",
+            "csrc/precomputed.cpp",
             "csrc/sharding.cpp",
         ]);
     if let Some(cuda_include) = &cuda_include {

@@ -27,6 +27,7 @@
 mod commit;
 pub mod dtype;
 mod find;
+pub mod params;
 pub mod pause;
 mod read;
 pub mod shard;
@@ -36,6 +37,7 @@ use std::path::{Path, PathBuf};
 
 pub use commit::{commit_best, commit_latest, delete, read_best, read_latest};
 pub use find::{checkpoints_in, find_resumable, list, resolve};
+pub use params::{ParamEntry, ParamLayout, UnitLayout};
 pub use read::{read, read_model, validate, Checkpoint, Tensor};
 pub use shard::{part_name, write_part, write_sharded, ShardEntry, ShardLayout, ShardSet};
 pub use write::write;

@@ -67,7 +67,7 @@ pub fn validate(checkpoint: &Path) -> Result<Manifest> {
     Ok(manifest)
 }
 
-fn tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
+pub(crate) fn tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
     let bytes = std::fs::read(path).map_err(Error::io(path))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::invalid(path, e.to_string()))?;
     st.tensors()
@@ -82,9 +82,14 @@ fn tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
 
 /// Validates a checkpoint and reads its weights (`model.safetensors`) alone: what
 /// loading a trained model for export, probing or initialisation needs.
+/// A parameter-sharded checkpoint's weights are re-assembled from its parts.
 pub fn read_model(checkpoint: &Path) -> Result<(Manifest, BTreeMap<String, Tensor>)> {
     let manifest = validate(checkpoint)?;
-    Ok((manifest, tensors(&checkpoint.join(crate::MODEL_FILE))?))
+    let model = match manifest.shards.as_ref().and_then(|s| Some((s, s.params.as_ref()?))) {
+        Some((set, layout)) => crate::params::consolidate(checkpoint, set, layout, false)?,
+        None => tensors(&checkpoint.join(crate::MODEL_FILE))?,
+    };
+    Ok((manifest, model))
 }
 
 /// Validates and reads a checkpoint.
@@ -114,6 +119,21 @@ pub fn read(checkpoint: &Path) -> Result<Checkpoint> {
 }
 
 impl Checkpoint {
+    /// How a parameter-sharded checkpoint cut its parameters (`None` for others).
+    pub fn param_layout(&self) -> Option<&crate::ParamLayout> {
+        self.shards.as_ref()?.params.as_ref()
+    }
+
+    /// A parameter-sharded checkpoint as an unsharded one: whole weights and whole
+    /// optimizer state, re-assembled from the parts (for a run that holds them whole
+    /// anyway). Others are returned as they are.
+    pub fn consolidated(&self) -> Result<Checkpoint> {
+        let (Some(set), Some(layout)) = (&self.shards, self.param_layout()) else { return Ok(self.clone()) };
+        let mut optimizer = crate::params::consolidate(&self.path, set, layout, true)?;
+        let model = layout.units.iter().flat_map(|u| &u.params).filter_map(|p| Some((p.name.clone(), optimizer.remove(&p.name)?))).collect();
+        Ok(Checkpoint { model, optimizer, shards: None, ..self.clone() })
+    }
+
     /// One optimizer part of a sharded checkpoint, read from disk (parts are read
     /// on demand: a rank needs only those that overlap its slice).
     pub fn read_part(&self, part: &ShardEntry) -> Result<BTreeMap<String, Tensor>> {

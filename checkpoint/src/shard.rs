@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     commit::fsync_dir,
     dir_name,
+    params::ParamLayout,
     write::{reason, safetensors_bytes, write_common, write_file, write_manifest},
     Error, FileEntry, Manifest, Result,
 };
@@ -42,6 +43,9 @@ pub struct ShardLayout {
     pub ranges: Vec<[u64; 2]>,
     /// Identifies the launch that wrote it (its staging directories).
     pub save_id: String,
+    /// `parameters`: how the parameters themselves are cut (the parts hold them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<ParamLayout>,
 }
 
 impl ShardLayout {
@@ -75,6 +79,10 @@ pub struct ShardSet {
     pub numel: u64,
     pub world_size: u32,
     pub parts: Vec<ShardEntry>,
+    /// Parameter-sharded checkpoints: each parameter's name, shape and place in the
+    /// parts, which hold the weights (`model.safetensors` is empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<ParamLayout>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,7 +205,7 @@ fn assemble(dir: &Path, payload: &CheckpointPayload, layout: &ShardLayout, wait:
         let path = dir.join(marker_name(rank));
         std::fs::remove_file(&path).map_err(Error::io(&path))?;
     }
-    let shards = ShardSet { numel: layout.numel, world_size: layout.world_size, parts };
+    let shards = ShardSet { numel: layout.numel, world_size: layout.world_size, parts, params: layout.params.clone() };
     let manifest =
         Manifest { format: crate::SHARDED_FORMAT_VERSION, step: payload.step, reason: reason(payload.reason).into(), files, shards: Some(shards) };
     write_manifest(dir, &manifest)

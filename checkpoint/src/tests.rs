@@ -95,7 +95,7 @@ fn sharded_payload(step: u64, layout: &ShardLayout, rank: u32) -> CheckpointPayl
 }
 
 fn layout(save_id: &str) -> ShardLayout {
-    ShardLayout { mode: "gradients".into(), world_size: 3, numel: 10, ranges: vec![[0, 4], [4, 8], [8, 10]], save_id: save_id.into() }
+    ShardLayout { mode: "gradients".into(), world_size: 3, numel: 10, ranges: vec![[0, 4], [4, 8], [8, 10]], save_id: save_id.into(), params: None }
 }
 
 #[test]

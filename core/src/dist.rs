@@ -8,7 +8,7 @@
 //! tensors, never its own buffers' layout, so the data-parallel layer knows
 //! nothing of how an optimizer keeps its state.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use tch::{Device, Tensor};
 
@@ -77,6 +77,20 @@ pub trait DataParallel: Send {
     }
     /// Seconds spent waiting in collectives so far.
     fn collective_secs(&self) -> f64;
+    /// The end of the run, first stage: returns once every rank has finished its
+    /// end (its saves waited for, its plugins ended), waiting at most `timeout`
+    /// (`dist.end_timeout_s`, not a collective's `dist.timeout_s`: rank 0's final
+    /// save may take longer), or until `cancelled` (a signal) says to stop waiting.
+    /// Nothing to wait for on one rank.
+    fn end_arrive(&self, _timeout: Duration, _cancelled: &dyn Fn() -> bool) -> Result<(), String> {
+        Ok(())
+    }
+    /// The end's second stage, after rank 0 wrote the summary: rank 0 lets the other
+    /// ranks go (a launcher tears the job down when one rank exits non-zero, so none
+    /// leaves before the record is written) and waits until they have.
+    fn end_release(&self, _timeout: Duration, _cancelled: &dyn Fn() -> bool) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The one-process run: rank 0 of 1, where every collective leaves its tensors

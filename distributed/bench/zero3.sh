@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The four sharding stages on the CPU: 2 Gloo ranks (ptrain launch), one thread each, dist.shard = none /
-# optimizer / gradients / parameters (and parameters with reshard_after_forward = false), for
+# optimizer / gradients / parameters (and parameters with reshard_after_forward = false, and with
+# offload_optimizer = true), for
 #   gpt100m:    a GPT of 14 layers, width 768, 12 heads, context 256, bytes (about 99M parameters), batch 2 per rank
 #   qwen2-0.5b: the Qwen2-0.5B shape (24 layers, width 896, 14 heads, 2 KV heads, intermediate 4864, vocabulary
 #               151,936, tied head, q/k/v biases: 494M parameters), 1 x 128 positions per rank
-#   distributed/bench/zero3.sh [rounds=1] [steps=4] [models="gpt100m qwen2-0.5b"] [layers=full]
+#   [MODES="none parameters ..."] distributed/bench/zero3.sh [rounds=1] [steps=4] [models="gpt100m qwen2-0.5b"] [layers=full]
 # `layers` overrides both models' depth (a check at small size: `distributed/bench/zero3.sh 1 2 "gpt100m qwen2-0.5b" 2`).
 # Prints per model and mode: median ms/step, rank 0's ms/step in collectives, each rank's peak RSS and the bytes
 # it holds between steps (parameters, gradient, optimizer state), all from summary.json, and the bytes one step
@@ -34,7 +35,7 @@ args_for() {
       --set model.block_size=128 --set data.batch_size=1 ;;
   esac
 }
-modes="none optimizer gradients parameters parameters-kept"
+modes=${MODES:-none optimizer gradients parameters parameters-kept parameters-offload}
 for i in $(seq "$rounds"); do
   for model in $models; do
     for mode in $modes; do
@@ -42,6 +43,7 @@ for i in $(seq "$rounds"); do
       set -- $(args_for "$model")
       case $mode in
         parameters-kept) shard=(--set dist.shard=parameters --set dist.reshard_after_forward=false) ;;
+        parameters-offload) shard=(--set dist.shard=parameters --set dist.offload_optimizer=true) ;;
         *) shard=(--set dist.shard=$mode) ;;
       esac
       PTRAIN_LOG=warn "$bin" launch --nproc 2 -- "${common[@]}" "$@" "${shard[@]}" --run-dir "$out/$model-$mode-$i" >/dev/null
@@ -62,7 +64,7 @@ for model in models:
         n = 4 * r["trainable_parameters"]
         ring = (W - 1) / W * n
         formula = {"none": 2 * ring, "optimizer": 3 * ring, "gradients": 2 * ring, "parameters": 3 * ring,
-                   "parameters-kept": 2 * ring}[mode]
+                   "parameters-kept": 2 * ring, "parameters-offload": 3 * ring}[mode]
         gloo = formula + (ring if mode.startswith("parameters") or mode == "gradients" else 0)
         print(f"{model:10} {mode:15} {r['parameters']:>10} params: {statistics.median(ms):9.1f} ms/step "
               f"(collectives {statistics.median(coll):8.1f}); per rank MiB: peak RSS "

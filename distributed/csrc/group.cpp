@@ -148,6 +148,24 @@ extern "C" void pd_group_free(pd_group* group) {
   delete group;
 }
 
+extern "C" char* pd_store_add(pd_group* group, const char* key, int64_t amount, int64_t* out) {
+  PD_TRY
+  *out = group->store->add(key, amount);
+  PD_CATCH
+}
+
+extern "C" char* pd_store_set(pd_group* group, const char* key) {
+  PD_TRY
+  group->store->set(key, std::vector<uint8_t>{'1'});
+  PD_CATCH
+}
+
+extern "C" char* pd_store_check(pd_group* group, const char* key, bool* out) {
+  PD_TRY
+  *out = group->store->check({key});
+  PD_CATCH
+}
+
 extern "C" char* pd_allreduce(pd_group* group, pd_tensor t, pd_work** out) {
   PD_TRY
   std::vector<at::Tensor> tensors{tensor(t)};

@@ -22,6 +22,12 @@ char* pd_group_new(const char* host, uint16_t port, int32_t rank, int32_t world,
                    bool agent_store, int32_t listen_fd, const char* prefix,
                    const char* iface, bool loopback, int32_t device, pd_group** out);
 void pd_group_free(pd_group* group);
+// The rendezvous store, for agreements with their own timeouts (the end of a run):
+// `*out` = the counter `key` after adding `amount`; set `key` to "1"; `*out` =
+// whether `key` exists (without waiting: the caller polls, so a signal can end it).
+char* pd_store_add(pd_group* group, const char* key, int64_t amount, int64_t* out);
+char* pd_store_set(pd_group* group, const char* key);
+char* pd_store_check(pd_group* group, const char* key, bool* out);
 // Starts an in-place sum all-reduce / broadcast; finish it with pd_work_wait.
 char* pd_allreduce(pd_group* group, pd_tensor tensor, pd_work** out);
 char* pd_broadcast(pd_group* group, pd_tensor tensor, int32_t root, pd_work** out);

@@ -1,6 +1,6 @@
 //! The trainer's [`DataParallel`] on a c10d process group.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use ptrain_core::{
     config::Config,
@@ -137,5 +137,13 @@ impl DataParallel for C10dDataParallel {
 
     fn collective_secs(&self) -> f64 {
         self.group.busy_secs()
+    }
+
+    fn end_arrive(&self, timeout: Duration, cancelled: &dyn Fn() -> bool) -> Result<(), String> {
+        crate::end::arrive(&self.group, timeout, cancelled)
+    }
+
+    fn end_release(&self, timeout: Duration, cancelled: &dyn Fn() -> bool) -> Result<(), String> {
+        crate::end::release(&self.group, timeout, cancelled)
     }
 }

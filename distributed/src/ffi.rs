@@ -36,6 +36,9 @@ extern "C" {
         out: *mut *mut PdGroup,
     ) -> *mut c_char;
     pub fn pd_group_free(group: *mut PdGroup);
+    pub fn pd_store_add(group: *mut PdGroup, key: *const c_char, amount: i64, out: *mut i64) -> *mut c_char;
+    pub fn pd_store_set(group: *mut PdGroup, key: *const c_char) -> *mut c_char;
+    pub fn pd_store_check(group: *mut PdGroup, key: *const c_char, out: *mut bool) -> *mut c_char;
     pub fn pd_allreduce(group: *mut PdGroup, tensor: Raw, out: *mut *mut PdWork) -> *mut c_char;
     pub fn pd_broadcast(group: *mut PdGroup, tensor: Raw, root: i32, out: *mut *mut PdWork) -> *mut c_char;
     pub fn pd_reduce_scatter(group: *mut PdGroup, out: Raw, rows: *const Raw, n: i64, work: *mut *mut PdWork) -> *mut c_char;

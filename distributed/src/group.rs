@@ -220,6 +220,31 @@ impl Group {
         Ok(Work(work))
     }
 
+    /// Adds `amount` to the rendezvous store's counter `key`, returning the new value.
+    pub fn store_add(&self, key: &str, amount: i64) -> Result<i64, String> {
+        let key = CString::new(key).map_err(|_| "store key contains a NUL byte".to_string())?;
+        let mut out = 0;
+        // SAFETY: live group; `key` outlives the call; `out` is written once.
+        check(unsafe { ffi::pd_store_add(self.raw, key.as_ptr(), amount, &mut out) })?;
+        Ok(out)
+    }
+
+    /// Sets the rendezvous store's `key` (to "1").
+    pub fn store_set(&self, key: &str) -> Result<(), String> {
+        let key = CString::new(key).map_err(|_| "store key contains a NUL byte".to_string())?;
+        // SAFETY: live group; `key` outlives the call.
+        check(unsafe { ffi::pd_store_set(self.raw, key.as_ptr()) })
+    }
+
+    /// Whether the rendezvous store holds `key` (at once, without waiting).
+    pub fn store_check(&self, key: &str) -> Result<bool, String> {
+        let key = CString::new(key).map_err(|_| "store key contains a NUL byte".to_string())?;
+        let mut out = false;
+        // SAFETY: live group; `key` outlives the call; `out` is written once.
+        check(unsafe { ffi::pd_store_check(self.raw, key.as_ptr(), &mut out) })?;
+        Ok(out)
+    }
+
     /// Runs `f`, counting its wall time as time spent communicating.
     pub fn timed<T>(&self, f: impl FnOnce() -> T) -> T {
         let started = Instant::now();

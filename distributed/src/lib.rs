@@ -14,6 +14,7 @@
 
 mod buckets;
 mod data_parallel;
+mod end;
 pub mod env;
 mod ffi;
 mod flat;

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{ptrain, repo};
+use super::{bin, ptrain, repo};
 
 /// Variables that would place a process in some outer job.
 pub const PLACEMENT_VARS: &[&str] = &[
@@ -75,6 +75,20 @@ pub fn torchrun() -> PathBuf {
     let torchrun = venv_bin.join("torchrun");
     assert!(torchrun.exists(), "no torchrun at {}: run scripts/bootstrap.sh", torchrun.display());
     torchrun
+}
+
+/// `torchrun --no-python --nproc-per-node NPROC` on 127.0.0.1 and a port no other
+/// test holds, outside any job, starting the built binary; its arguments follow.
+pub fn torchrun_ptrain(nproc: u32) -> Command {
+    let mut cmd = Command::new(torchrun());
+    for var in PLACEMENT_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.env_remove("PTRAIN_PLUGIN_PATH").env("PTRAIN_LOG", "warn").current_dir(repo());
+    cmd.args(["--no-python", "--nproc-per-node", &nproc.to_string(), "--master-addr", "127.0.0.1", "--master-port"])
+        .arg(free_port().to_string())
+        .arg(bin());
+    cmd
 }
 
 pub fn signal(pid: u32, sig: &str) {

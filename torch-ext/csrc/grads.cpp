@@ -4,6 +4,7 @@
 #include "ptx.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/csrc/autograd/variable.h>
 
 static at::Tensor& tensor(ptx_tensor t) { return *static_cast<at::Tensor*>(t); }
@@ -44,5 +45,25 @@ extern "C" char* ptx_storage(ptx_tensor t, bool grad, uint64_t* address, uint64_
     *address = reinterpret_cast<uint64_t>(storage.data());
     *nbytes = storage.nbytes();
   }
+  PTX_CATCH
+}
+
+// lists[i] = params[i].grad after a backward that started from no gradients; a
+// parameter that backward did not reach gets a zero gradient, so the update treats
+// it as it would have with gradients held (and zeroed) between steps.
+extern "C" char* ptx_bind_grads(ptx_tensor* params, ptx_tensor* lists, int64_t n) {
+  PTX_TRY
+  for (int64_t i = 0; i < n; i++) {
+    auto& p = tensor(params[i]);
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    tensor(lists[i]) = p.grad();
+  }
+  PTX_CATCH
+}
+
+// lists[i] = an undefined tensor: the list no longer keeps any gradient alive.
+extern "C" char* ptx_unbind_grads(ptx_tensor* lists, int64_t n) {
+  PTX_TRY
+  for (int64_t i = 0; i < n; i++) tensor(lists[i]).reset();
   PTX_CATCH
 }

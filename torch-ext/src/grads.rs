@@ -1,4 +1,4 @@
-//! `.grad` tensors as views of one flat buffer, releasing them, and the storage a
+//! `.grad` tensors as views of one flat buffer, releasing and rebinding them, and the storage a
 //! tensor keeps alive (for memory figures measured from what is held).
 
 use std::{collections::BTreeMap, ffi::c_char};
@@ -12,6 +12,8 @@ extern "C" {
     fn ptx_attach_flat_grads(params: *const Raw, n: i64, flat: Raw) -> *mut c_char;
     fn ptx_detach_grads(params: *const Raw, n: i64) -> *mut c_char;
     fn ptx_storage(t: Raw, grad: bool, address: *mut u64, nbytes: *mut u64) -> *mut c_char;
+    fn ptx_bind_grads(params: *const Raw, lists: *const Raw, n: i64) -> *mut c_char;
+    fn ptx_unbind_grads(lists: *const Raw, n: i64) -> *mut c_char;
 }
 
 /// Makes each parameter's `.grad` a view of `flat`, in order from offset 0, so
@@ -27,6 +29,25 @@ pub fn detach(params: &TensorList) -> Result<(), TorchError> {
     // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
     // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe { ptx_detach_grads(params.ptr(), params.len() as i64) })
+}
+
+/// Points `grads[i]` at `params[i]`'s `.grad` as backward left it (a parameter
+/// backward did not reach gets a zero gradient), in place: the list's handles stay
+/// the same, so nothing is allocated and the raw array stays valid.
+pub fn bind(params: &TensorList, grads: &mut TensorList) -> Result<(), TorchError> {
+    if params.len() != grads.len() {
+        return Err(TorchError(format!("{} parameters but {} gradient handles", params.len(), grads.len())));
+    }
+    // SAFETY: both arrays hold `len` live handles (checked above); the shim assigns through
+    // the gradient handles, which `grads` owns and we borrow mutably; it catches C++ exceptions.
+    check(unsafe { ptx_bind_grads(params.ptr(), grads.ptr(), params.len() as i64) })
+}
+
+/// Makes every handle of `grads` undefined, so the list keeps no gradient alive.
+pub fn unbind(grads: &mut TensorList) -> Result<(), TorchError> {
+    // SAFETY: the array holds `len` live handles, which `grads` owns and we borrow mutably;
+    // the shim resets them in place and catches C++ exceptions.
+    check(unsafe { ptx_unbind_grads(grads.ptr(), grads.len() as i64) })
 }
 
 fn storage(t: &Tensor, grad: bool) -> Result<(u64, u64), TorchError> {

@@ -18,6 +18,7 @@ mod list;
 mod memory_history;
 mod optim;
 mod pin;
+mod precomputed;
 pub mod profiler;
 pub mod sharding;
 pub mod trace;
@@ -29,6 +30,7 @@ pub use error::TorchError;
 pub use list::TensorList;
 pub use optim::{fused_adamw, fused_sgd, AdamW, Sgd};
 pub use pin::{is_pinned, pin_memory};
+pub use precomputed::precomputed;
 
 #[cfg(test)]
 mod tests;

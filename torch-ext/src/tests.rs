@@ -167,3 +167,30 @@ fn a_span_ends_only_on_the_thread_that_began_it() {
     std::thread::spawn(move || drop(span)).join().unwrap();
     trace::Span::begin("here").unwrap().end().unwrap();
 }
+
+#[test]
+fn precomputed_gradients_reach_the_leaves_scaled_and_without_a_copy() {
+    let hidden = Tensor::ones([3, 2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let weight = Tensor::ones([4, 2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let grad_weight = Tensor::arange(8, (Kind::Float, Device::Cpu)).view([4, 2]);
+    let grad_hidden = Tensor::full([3, 2], 2.0, (Kind::Float, Device::Cpu));
+    let at = grad_weight.data_ptr();
+    let value = Tensor::from(5.0f32);
+    let out = crate::precomputed(&hidden, &weight, &value, grad_hidden, Some(grad_weight)).unwrap();
+    assert_eq!(out.double_value(&[]), 5.0);
+    // A scaled loss (as 1 / tokens scales it): the gradients are scaled with it.
+    (&out * 0.5).backward();
+    assert_eq!(Vec::<f32>::try_from(weight.grad().flatten(0, -1)).unwrap(), (0..8).map(|i| i as f32 * 0.5).collect::<Vec<_>>());
+    assert_eq!(Vec::<f32>::try_from(hidden.grad().flatten(0, -1)).unwrap(), vec![1.0; 6]);
+    assert_eq!(weight.grad().data_ptr(), at, "the weight's gradient is the precomputed buffer itself, not a copy");
+}
+
+#[test]
+fn a_frozen_weight_gets_no_precomputed_gradient() {
+    let hidden = Tensor::ones([3, 2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let weight = Tensor::ones([4, 2], (Kind::Float, Device::Cpu));
+    let out = crate::precomputed(&hidden, &weight, &Tensor::from(1.0f32), Tensor::ones([3, 2], (Kind::Float, Device::Cpu)), None).unwrap();
+    out.backward();
+    assert!(!weight.grad().defined());
+    assert_eq!(hidden.grad().sum(Kind::Float).double_value(&[]), 6.0);
+}

@@ -55,6 +55,17 @@ impl Config {
         Ok(())
     }
 
+    /// `dist.offload_optimizer` moves parameter sharding's optimizer.
+    pub(super) fn validate_offload(&self) -> Result<(), Error> {
+        if self.dist.offload_optimizer && self.dist.shard != super::ShardMode::Parameters {
+            return Err(bad(
+                "dist.offload_optimizer",
+                format!("applies to dist.shard = \"parameters\" (this run's is {:?})", self.dist.shard.name()),
+            ));
+        }
+        Ok(())
+    }
+
     /// `train.activation_checkpointing` recomputes the blocks of a transformer.
     pub(super) fn validate_activation_checkpointing(&self) -> Result<(), Error> {
         if self.train.activation_checkpointing != ActivationCheckpointing::None && !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {

@@ -11,6 +11,11 @@ pub struct DistConfig {
     /// GPU, ranks drift apart for as long as the host runs ahead of the device, or
     /// rank 0 waits for a checkpoint write (PyTorch's NCCL default is 10 minutes).
     pub nccl_timeout_s: u64,
+    /// How long the ranks wait for each other at the end of the run (through the
+    /// rendezvous store): rank 0 gets there only after its final save and its
+    /// plugins' drain, which may take longer than a collective's `timeout_s`.
+    #[serde(default = "end_timeout_s")]
+    pub end_timeout_s: u64,
     pub bucket_mb: f64,
     /// What each rank keeps only a slice of (ZeRO stage 1, 2 or 3).
     #[serde(default)]
@@ -20,6 +25,15 @@ pub struct DistConfig {
     /// keeps them from forward to backward (less communication, more memory).
     #[serde(default = "reshard_after_forward")]
     pub reshard_after_forward: bool,
+    /// `shard = "parameters"`: keep the optimizer state (and a float32 copy of this
+    /// rank's chunks) in host memory and run the update there (ZeRO-Offload), for a
+    /// device that holds the chunks but not AdamW's moments.
+    #[serde(default)]
+    pub offload_optimizer: bool,
+}
+
+fn end_timeout_s() -> u64 {
+    1800
 }
 
 fn reshard_after_forward() -> bool {

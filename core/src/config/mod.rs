@@ -263,6 +263,7 @@ impl Config {
         self.validate_loss_chunk()?;
         self.validate_activation_checkpointing()?;
         self.validate_lora()?;
+        self.validate_offload()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });

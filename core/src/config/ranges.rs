@@ -161,6 +161,7 @@ pub const RULES: &[(&str, Range)] = &[
     ("dpo.beta", positive()),
     ("dist.timeout_s", int(1)),
     ("dist.nccl_timeout_s", int(1)),
+    ("dist.end_timeout_s", int(1)),
     ("dist.bucket_mb", positive().or_zero("one tensor per all-reduce")),
     ("debug.nonfinite_loss_at[]", int(1)),
     ("debug.grad_spike_at[]", int(1)),

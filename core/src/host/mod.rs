@@ -40,7 +40,7 @@ pub use queue::{BoundedQueue, QueueItem};
 pub use run_data::{RunData, RunEndData};
 pub use services::{HostServices, StopRequest};
 
-pub use watchdog::{Running, Stall};
+pub use watchdog::{Calls, Running, Stall};
 
 use self::{
     watchdog::{Watchdog, Watched},
@@ -268,7 +268,13 @@ impl PluginHost {
     /// Each plugin's calls that ran longer than its `hook_warn_s` (those still running
     /// included): the longest, and how many.
     pub fn stalls(&self) -> BTreeMap<String, Stall> {
-        self.instances.iter().filter_map(|i| Some((i.info.name.clone(), i.watched.stall()?))).collect()
+        self.calls().stalls()
+    }
+
+    /// The plugins' calls, for other threads (a signal during a hung hook).
+    pub fn calls(&self) -> Calls {
+        let here = self.instances.iter().filter(|i| !matches!(i.runner, Runner::Absent));
+        Calls::new(here.map(|i| (i.watched.clone(), matches!(i.runner, Runner::Inline(_)))).collect())
     }
 
     /// Whether a critical plugin failed or was abandoned at the end: the run fails

@@ -149,6 +149,29 @@ impl Watched {
     }
 }
 
+/// Every plugin's calls, as another thread (the signal handler's) reads them.
+#[derive(Clone, Default)]
+pub struct Calls {
+    /// Each plugin here, and whether it runs inline (on the training thread).
+    plugins: Vec<(Arc<Watched>, bool)>,
+}
+
+impl Calls {
+    pub(super) fn new(plugins: Vec<(Arc<Watched>, bool)>) -> Calls {
+        Calls { plugins }
+    }
+
+    /// The inline plugin's call holding the training thread now, if any.
+    pub fn holding_training(&self) -> Option<Running> {
+        self.plugins.iter().filter(|(_, inline)| *inline).find_map(|(w, _)| w.running())
+    }
+
+    /// Each plugin's stalls (see [`Watched::stall`]).
+    pub fn stalls(&self) -> std::collections::BTreeMap<String, Stall> {
+        self.plugins.iter().filter_map(|(w, _)| Some((w.name.clone(), w.stall()?))).collect()
+    }
+}
+
 struct Shared {
     plugins: Vec<Arc<Watched>>,
     stop: AtomicBool,

@@ -99,13 +99,8 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<
         }
         Ok((grad_h, grad_w, loss))
     })?;
-    // Dot products: no [V, D] temporary in the forward pass.
-    let flat = |t: &Tensor| t.f_reshape([-1]);
-    let mut surrogate = flat(&h)?.f_dot(&flat(&grad_h)?)?.f_to_kind(Kind::Float)?;
-    if let Some(grad_w) = grad_w {
-        surrogate = surrogate.f_add(&flat(weight)?.f_dot(&flat(&grad_w.f_to_kind(weight.kind())?)?)?.f_to_kind(Kind::Float)?)?;
-    }
-    Ok(surrogate.f_sub(&surrogate.f_detach()?)?.f_add(&loss)?)
+    let grad_w = grad_w.map(|g| g.f_to_kind(weight.kind())).transpose()?;
+    ptrain_torch_ext::precomputed(&h, weight, &loss, grad_h, grad_w).map_err(|e| Error::Other(format!("chunked loss: {e}")))
 }
 
 /// Each position's log-probability of its target under the logits

@@ -12,15 +12,17 @@
 use std::sync::{Arc, Mutex};
 
 use ptrain_torch_ext::{self as ext, grads, TensorList};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::{
     gather::{Part, Shared, Unit, Units},
     layout::FlatLayout,
-    names_and_sizes, state_kinds, torch_err, update, Group, Optimizer, SavedState, ShardSpec,
+    names_and_sizes,
+    offload::Offload,
+    state_kinds, torch_err, update, Group, Optimizer, SavedState, ShardSpec,
 };
 use crate::{
-    checkpoint::ShardLayout,
+    checkpoint::{Checkpoint, ParamEntry, ParamLayout, ShardLayout, UnitLayout},
     config::{OptimConfig, ShardMode},
     dist::{DataParallel, ShardCollectives},
     error::{Error, Result},
@@ -31,6 +33,8 @@ use crate::{
 pub struct ParamSharding {
     pub collectives: Arc<dyn ShardCollectives>,
     pub reshard_after_forward: bool,
+    /// `dist.offload_optimizer`: the optimizer state and the update in host memory.
+    pub offload: bool,
     /// The model's variables that are not trained (LoRA's base), sharded and
     /// gathered like the rest, without gradient or optimizer state.
     pub frozen: Vec<(String, Tensor)>,
@@ -43,6 +47,11 @@ fn unit_of(name: &str) -> usize {
 
 pub struct FullySharded {
     config: OptimConfig,
+    spec: ShardSpec,
+    /// Every trainable unit's chunk size and parameters, as checkpoints record it.
+    layout: ParamLayout,
+    /// This rank's chunks of every trainable unit, back to back (`held` views it).
+    master: Tensor,
     units: Shared,
     groups: Vec<Group>,
     step: Tensor,
@@ -55,6 +64,8 @@ pub struct FullySharded {
     grads: Tensor,
     state: Vec<(&'static str, Tensor)>,
     stats: Tensor,
+    /// The host side of `dist.offload_optimizer` (the groups view its buffers).
+    offload: Option<Offload>,
     /// Gradient bytes at a step's high point: the chunks, unit 0's whole gradient
     /// (it lives through backward) and the largest block's.
     peak_gradient_bytes: u64,
@@ -89,12 +100,20 @@ impl FullySharded {
             |members: &[&(String, Tensor)]| FlatLayout::new(&members.iter().map(|(_, t)| t.numel() as u64).collect::<Vec<_>>(), spec.world);
         let train_layouts: Vec<FlatLayout> = (0..count).map(|u| layout_of(trained.get(u).map_or(&[][..], Vec::as_slice))).collect();
         let total: i64 = train_layouts.iter().map(|l| l.chunk as i64).sum();
-        let zeros = || Tensor::f_zeros([total], (Kind::Float, device)).map_err(torch);
-        let (master, grads) = (zeros()?, zeros()?);
-        let state: Vec<(&'static str, Tensor)> = state_kinds(config).iter().map(|&k| Ok((k, zeros()?))).collect::<Result<_>>()?;
-        let step = Tensor::f_zeros([], (Kind::Float, device)).map_err(torch)?;
+        // The optimizer's state, and the buffers its update runs on, in host memory with offload.
+        let offload = if with.offload { Some(Offload::new(total)?) } else { None };
+        let state_device = if with.offload { Device::Cpu } else { device };
+        let zeros = |device| Tensor::f_zeros([total], (Kind::Float, device)).map_err(torch);
+        let (master, grads) = (zeros(device)?, zeros(device)?);
+        let state: Vec<(&'static str, Tensor)> = state_kinds(config).iter().map(|&k| Ok((k, zeros(state_device)?))).collect::<Result<_>>()?;
+        let step = Tensor::f_zeros([], (Kind::Float, state_device)).map_err(torch)?;
+        let (updated, updated_grads) = match &offload {
+            Some(o) => (o.master.shallow_clone(), o.grads.shallow_clone()),
+            None => (master.shallow_clone(), grads.shallow_clone()),
+        };
         // (weight decay, name, offset in the chunks, length) of each owned trainable piece.
         let mut pieces = Vec::new();
+        let mut saved_units = Vec::new();
         let (mut units, mut at) = (Vec::with_capacity(count), 0i64);
         for (u, layout) in train_layouts.into_iter().enumerate() {
             let (mut parts, mut grad_shard) = (Vec::new(), None);
@@ -106,6 +125,9 @@ impl FullySharded {
                     pieces.push((p.dim() >= 2, name.clone(), at + (piece.flat_offset - owned.start) as i64, piece.len as i64));
                 }
                 let chunk = layout.chunk as i64;
+                let entries =
+                    train.iter().zip(&layout.params).map(|((name, p), &(offset, _))| ParamEntry { name: name.clone(), shape: p.size(), offset });
+                saved_units.push(UnitLayout { chunk: layout.chunk, params: entries.collect() });
                 parts.push(part(&train, layout, master.narrow(0, at, chunk), spec.rank)?);
                 grad_shard = Some(grads.narrow(0, at, chunk));
                 at += chunk;
@@ -139,8 +161,8 @@ impl FullySharded {
             groups.push(Group {
                 weight_decay: if decay { config.weight_decay } else { 0.0 },
                 names: mine.iter().map(|p| p.1.clone()).collect(),
-                params: list(&master),
-                grads: list(&grads),
+                params: list(&updated),
+                grads: list(&updated_grads),
                 exp_avgs: of_kind("exp_avg"),
                 exp_avg_sqs: of_kind("exp_avg_sq"),
                 momentum: of_kind("momentum"),
@@ -154,8 +176,14 @@ impl FullySharded {
         let held: Vec<Tensor> = units.iter().filter(|u| u.grad_shard.is_some()).map(|u| u.parts[0].shard.shallow_clone()).collect();
         let mut units = Units::new(units, with.collectives, spec.rank, with.reshard_after_forward)?;
         units.release_all()?;
+        if let Some(o) = &offload {
+            o.pull(&master)?;
+        }
         Ok(FullySharded {
             config: config.clone(),
+            spec,
+            layout: ParamLayout { units: saved_units },
+            master,
             units: Shared(Arc::new(Mutex::new(units))),
             groups,
             step,
@@ -164,6 +192,7 @@ impl FullySharded {
             grads,
             state,
             stats: Tensor::f_zeros([2], (Kind::Float, device)).map_err(torch)?,
+            offload,
             peak_gradient_bytes,
         })
     }
@@ -238,7 +267,10 @@ impl Optimizer for FullySharded {
     /// The update on the chunks; every gathered unit goes (the next gather brings
     /// the new values).
     fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
-        update(&self.config, &self.groups, &mut self.step, lr, found_inf)?;
+        match &self.offload {
+            None => update(&self.config, &self.groups, &mut self.step, lr, found_inf)?,
+            Some(o) => o.step(&self.config, &self.groups, &mut self.step, lr, found_inf, [&self.grads, &self.master])?,
+        }
         self.units.lock().release_all()
     }
 
@@ -252,8 +284,24 @@ impl Optimizer for FullySharded {
         out
     }
 
+    /// Checkpoints of other shard modes hold whole weights, which a rank of this run
+    /// never holds: they go through [`Optimizer::restore_chunks`] instead.
     fn load_state(&mut self, _saved: &dyn SavedState) -> Result<()> {
-        Err(Error::Other("resuming a run with dist.shard = \"parameters\" is not supported yet".into()))
+        Err(Error::Other("parameter sharding restores through restore_chunks".into()))
+    }
+
+    fn sharded_params(&self) -> Vec<(String, Tensor)> {
+        vec![(crate::checkpoint::params::PARAMS.to_string(), self.master.shallow_clone())]
+    }
+
+    fn restore_chunks(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let mut buffers = vec![(crate::checkpoint::params::PARAMS, self.master.shallow_clone())];
+        buffers.extend(self.state.iter().map(|(k, t)| (*k, t.shallow_clone())));
+        let step = super::chunks::restore(checkpoint, &self.layout, self.spec.rank, &buffers)?;
+        if let Some(o) = &self.offload {
+            o.pull(&self.master)?;
+        }
+        super::load_step(&mut self.step, &step)
     }
 
     fn param_sizes(&self) -> &[(String, u64)] {
@@ -280,8 +328,17 @@ impl Optimizer for FullySharded {
         ShardMode::Parameters
     }
 
+    /// The parts tile `[0, world x chunks)`: rank r's part holds `[r x chunks, (r + 1) x chunks)`.
     fn checkpoint_layout(&self) -> Option<ShardLayout> {
-        None
+        let chunks = self.master.numel() as u64;
+        Some(ShardLayout {
+            mode: ShardMode::Parameters.name().into(),
+            world_size: self.spec.world,
+            numel: chunks * self.spec.world as u64,
+            ranges: (0..self.spec.world as u64).map(|r| [r * chunks, (r + 1) * chunks]).collect(),
+            save_id: format!("{:016x}", self.spec.save_id),
+            params: Some(self.layout.clone()),
+        })
     }
 
     fn block_wrap(&self) -> Option<(Arc<dyn BlockWrap>, usize)> {

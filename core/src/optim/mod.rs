@@ -13,10 +13,12 @@
 //! Checkpoints restore into either through [`SavedState`], which re-cuts the
 //! slices when the layout changed.
 
+mod chunks;
 mod fully_sharded;
 mod gather;
 pub mod layout;
 mod lr_schedule;
+mod offload;
 mod replicated;
 mod saved;
 pub mod shard;
@@ -35,7 +37,7 @@ pub use shard::Sharded;
 pub use shard_spec::ShardSpec;
 
 use crate::{
-    checkpoint::ShardLayout,
+    checkpoint::{Checkpoint, ShardLayout},
     config::{OptimConfig, OptimName, ShardMode},
     dist::DataParallel,
     error::{Error, Result},
@@ -47,7 +49,13 @@ use crate::{
 pub trait Optimizer: Send {
     /// Before a step's first backward.
     fn zero_grad(&mut self) -> Result<()>;
-    /// Averages the gradients this optimizer uses over the ranks, and makes
+    /// Frees the gradients now if this optimizer releases them between steps
+    /// (before an evaluation, which has no use for them); otherwise nothing.
+    fn release_grads(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// After the step's last backward, before anything reads the gradients:
+    /// averages the gradients this optimizer uses over the ranks, and makes
     /// `found_inf` (a float device scalar) 1 on every rank if it was on any.
     fn reduce_gradients(&mut self, dp: &mut dyn DataParallel, found_inf: &Tensor) -> Result<()>;
     /// Global gradient norm (a device scalar), clipping to `grad_clip` when set.
@@ -87,18 +95,48 @@ pub trait Optimizer: Send {
     fn block_wrap(&self) -> Option<(Arc<dyn BlockWrap>, usize)> {
         None
     }
+    /// With `parameters`: what a checkpoint part holds besides [`Optimizer::state`]
+    /// (this rank's parameter chunks; no rank holds whole weights to save).
+    fn sharded_params(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    /// With `parameters`: this rank's chunks of the weights and of the state, read from
+    /// the parts of a parameter-sharded checkpoint of any world size.
+    fn restore_chunks(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
+        Err(Error::Other("only parameter sharding restores chunks".into()))
+    }
+}
+
+/// How the replicated optimizer holds `.grad` between steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradMemory {
+    /// Zeroed in place and kept for the whole run: data parallelism's all-reduce
+    /// buckets are bound to these tensors.
+    Kept,
+    /// Released before each step's first backward (PyTorch's `zero_grad(set_to_none=True)`):
+    /// backward's own gradient tensors are taken as they come, so the forward pass and
+    /// the start of backward run without a model-sized gradient beside the
+    /// activations, and backward adds nothing into zeros. One rank only.
+    Released,
 }
 
 /// The optimizer for these parameters (sorted by name): sharded when the ranks
-/// agreed on a [`ShardSpec`] (`parameters` needs `with`, the group's collectives).
-pub fn build(config: &OptimConfig, params: &[(String, Tensor)], shard: Option<ShardSpec>, with: Option<ParamSharding>) -> Result<Box<dyn Optimizer>> {
+/// agreed on a [`ShardSpec`] (`parameters` needs `with`, the group's collectives);
+/// replicated otherwise, holding its gradients as `grads` says.
+pub fn build(
+    config: &OptimConfig,
+    params: &[(String, Tensor)],
+    shard: Option<ShardSpec>,
+    with: Option<ParamSharding>,
+    grads: GradMemory,
+) -> Result<Box<dyn Optimizer>> {
     Ok(match (shard, with) {
         (Some(spec), Some(with)) if spec.mode == ShardMode::Parameters => Box::new(FullySharded::new(config, params, spec, with)?),
         (Some(spec), None) if spec.mode == ShardMode::Parameters => {
             return Err(Error::Other("dist.shard = \"parameters\" needs a process group's collectives".into()))
         }
         (Some(spec), _) => Box::new(Sharded::new(config, params, spec)?),
-        (None, _) => Box::new(Replicated::new(config, params)?),
+        (None, _) => Box::new(Replicated::new(config, params, grads)?),
     })
 }
 

@@ -1,12 +1,13 @@
 //! The optimizer every rank holds in full (and the only one of a single rank):
 //! per-parameter state, the gradients all-reduced in place before the update.
+//! Gradients are kept and zeroed between steps, or released ([`GradMemory`]).
 
 use std::collections::HashMap;
 
 use ptrain_torch_ext::{self as ext, TensorList};
 use tch::{Kind, Tensor};
 
-use super::{live, load_step, names_and_sizes, state_kinds, torch_err, update, Group, Optimizer, SavedState};
+use super::{live, load_step, names_and_sizes, state_kinds, torch_err, update, GradMemory, Group, Optimizer, SavedState};
 use crate::{
     checkpoint::ShardLayout,
     config::{OptimConfig, OptimName, ShardMode},
@@ -17,9 +18,15 @@ use crate::{
 pub struct Replicated {
     config: OptimConfig,
     groups: Vec<Group>,
-    /// Every parameter's gradient, in a fixed order, for the whole run (backward
-    /// accumulates into these tensors in place).
+    /// Every parameter's gradient, in a fixed order: for the whole run (backward
+    /// accumulates into these tensors in place), or bound to backward's own
+    /// gradients after each step's backward ([`GradMemory::Released`]).
     all_grads: TensorList,
+    /// The parameters in `all_grads`' order.
+    all_params: TensorList,
+    grad_memory: GradMemory,
+    /// With `Released`: whether the gradient lists hold this step's gradients.
+    bound: bool,
     /// Optimizer steps taken (float, on the device, as torch keeps `state_steps`).
     step: Tensor,
     /// Every parameter's name and element count, in the trainer's order.
@@ -29,13 +36,16 @@ pub struct Replicated {
 }
 
 impl Replicated {
-    /// `params` must be sorted by name; every parameter gets a defined (zero)
-    /// gradient here so gradient handles can be kept for the whole run.
-    pub fn new(config: &OptimConfig, params: &[(String, Tensor)]) -> Result<Replicated> {
+    /// `params` must be sorted by name. With [`GradMemory::Kept`] every parameter
+    /// gets a defined (zero) gradient here so gradient handles can be kept for the
+    /// whole run.
+    pub fn new(config: &OptimConfig, params: &[(String, Tensor)], grad_memory: GradMemory) -> Result<Replicated> {
         let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
-        // Defines every `.grad` (zeros); backward then accumulates into them in place.
-        let touch = params.iter().map(|(_, p)| p.sum(Kind::Float) * 0.0).fold(Tensor::zeros([], (Kind::Float, device)), |a, b| a + b);
-        touch.backward();
+        if grad_memory == GradMemory::Kept {
+            // Defines every `.grad` (zeros); backward then accumulates into them in place.
+            let touch = params.iter().map(|(_, p)| p.sum(Kind::Float) * 0.0).fold(Tensor::zeros([], (Kind::Float, device)), |a, b| a + b);
+            touch.backward();
+        }
         let step = Tensor::zeros([], (Kind::Float, device));
         let mut groups = Vec::new();
         for decay in [true, false] {
@@ -57,16 +67,52 @@ impl Replicated {
             });
         }
         let all_grads = TensorList::new(groups.iter().flat_map(|g| g.grads.tensors().iter().map(Tensor::shallow_clone)).collect());
-        Ok(Replicated { config: config.clone(), groups, all_grads, step, params: names_and_sizes(params), live: live(params) })
+        let all_params = TensorList::new(groups.iter().flat_map(|g| g.params.tensors().iter().map(Tensor::shallow_clone)).collect());
+        let (names, live) = (names_and_sizes(params), live(params));
+        Ok(Replicated { config: config.clone(), groups, all_grads, all_params, grad_memory, bound: false, step, params: names, live })
+    }
+
+    /// With `Released`, after backward: the gradient lists take this step's
+    /// gradients (in place: the kernels' handle arrays stay valid).
+    fn bind_grads(&mut self) -> Result<()> {
+        if self.grad_memory == GradMemory::Released && !self.bound {
+            for g in &mut self.groups {
+                ext::grads::bind(&g.params, &mut g.grads).map_err(torch_err)?;
+            }
+            ext::grads::bind(&self.all_params, &mut self.all_grads).map_err(torch_err)?;
+            self.bound = true;
+        }
+        Ok(())
     }
 }
 
 impl Optimizer for Replicated {
     fn zero_grad(&mut self) -> Result<()> {
-        ext::zero_all(&self.all_grads).map_err(torch_err)
+        match self.grad_memory {
+            GradMemory::Kept => ext::zero_all(&self.all_grads).map_err(torch_err),
+            GradMemory::Released => self.release_grads(),
+        }
+    }
+
+    fn release_grads(&mut self) -> Result<()> {
+        if self.grad_memory == GradMemory::Released {
+            // `grad = None` on every parameter, and no list keeps the old gradient alive.
+            ext::grads::detach(&self.all_params).map_err(torch_err)?;
+            for g in &mut self.groups {
+                ext::grads::unbind(&mut g.grads).map_err(torch_err)?;
+            }
+            ext::grads::unbind(&mut self.all_grads).map_err(torch_err)?;
+            self.bound = false;
+        }
+        Ok(())
     }
 
     fn reduce_gradients(&mut self, dp: &mut dyn DataParallel, found_inf: &Tensor) -> Result<()> {
+        self.bind_grads()?;
+        if self.grad_memory == GradMemory::Released && dp.world_size() > 1 {
+            // The all-reduce buckets are bound to the gradients of the first step.
+            return Err(Error::Other("released gradients with more than one rank (the all-reduce needs GradMemory::Kept)".into()));
+        }
         dp.all_reduce_grads(self.all_grads.tensors(), found_inf).map_err(Error::Dist)
     }
 
@@ -75,6 +121,7 @@ impl Optimizer for Replicated {
     }
 
     fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+        self.bind_grads()?;
         update(&self.config, &self.groups, &mut self.step, lr, found_inf)
     }
 

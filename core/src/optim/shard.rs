@@ -275,6 +275,7 @@ impl Optimizer for Sharded {
             numel: self.layout.numel,
             ranges: self.layout.ranges().into_iter().map(|r| [r.start, r.end]).collect(),
             save_id: format!("{:016x}", self.spec.save_id),
+            params: None,
         })
     }
 }

@@ -3,7 +3,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{Optimizer, Replicated, ShardSpec, Sharded};
+use super::{GradMemory, Optimizer, Replicated, ShardSpec, Sharded};
 use crate::{
     config::{Config, ShardMode},
     dist::{DataParallel, SingleRank},
@@ -38,7 +38,8 @@ fn a_sharded_optimizer_of_one_rank_trains_as_the_replicated_one() {
     let mut config = Config::default().optim;
     config.grad_clip = 1.0;
     let replicated_params = params();
-    let (expected, expected_norms) = train(&mut Replicated::new(&config, &replicated_params).expect("replicated"), &replicated_params);
+    let (expected, expected_norms) =
+        train(&mut Replicated::new(&config, &replicated_params, GradMemory::Kept).expect("replicated"), &replicated_params);
     assert!(expected_norms[0] > 1.0, "the test clips: {expected_norms:?}");
     for mode in [ShardMode::Optimizer, ShardMode::Gradients] {
         let sharded_params = params();
@@ -54,4 +55,26 @@ fn a_sharded_optimizer_of_one_rank_trains_as_the_replicated_one() {
         assert_eq!(sharded.shard_mode(), mode);
         assert!(sharded.checkpoint_layout().is_some(), "{mode:?}: state.json records the cut");
     }
+}
+
+#[test]
+fn released_gradients_train_exactly_as_kept_ones_and_hold_no_memory_between_steps() {
+    let mut config = Config::default().optim;
+    config.grad_clip = 1.0;
+    let run = |grads| {
+        let mut params = params();
+        // A matrix backward never reaches: weight decay still moves it, through the
+        // zero gradient a released optimizer gives it as a kept one would have.
+        params.push(("c".into(), Tensor::ones([2, 2], (Kind::Float, Device::Cpu)).set_requires_grad(true)));
+        let mut optimizer = Replicated::new(&config, &params, grads).expect("replicated");
+        let trained = train(&mut optimizer, &params);
+        optimizer.zero_grad().expect("zero_grad");
+        (trained, optimizer.gradient_bytes().expect("bytes"))
+    };
+    let (kept, kept_bytes) = run(GradMemory::Kept);
+    let (released, released_bytes) = run(GradMemory::Released);
+    assert_eq!(released, kept, "the same updates, bit for bit");
+    assert!(kept.0[10] < 1.0, "weight decay moved the unreached matrix: {:?}", kept.0);
+    assert!(kept_bytes > 0, "kept gradients are held between steps");
+    assert_eq!(released_bytes, 0, "released gradients are not");
 }

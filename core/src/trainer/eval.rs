@@ -226,7 +226,7 @@ mod tests {
         let vs = tch::nn::VarStore::new(Device::Cpu);
         let dataset: std::sync::Arc<dyn Dataset> = std::sync::Arc::new(Uneven);
         let model = crate::model::build(&config, &vs, dataset.as_ref()).unwrap();
-        let mut learner = Learner::new(vs, model, dataset, &config, None, 1).unwrap();
+        let mut learner = Learner::new(vs, model, dataset, &config, None, crate::optim::GradMemory::Released, 1).unwrap();
         let point = Evaluator::new(&config, learner.dataset.val_len(), 0, 1, Device::Cpu)
             .unwrap()
             .run(&mut learner, &CausalLmPerToken { chunk: 0 }, &SingleRank, 1)

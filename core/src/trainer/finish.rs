@@ -1,6 +1,7 @@
 //! The end of a run, however it ended: an emergency checkpoint when it stopped
-//! early, the last metrics, the plugins' end, the summary, and a final barrier so
-//! no rank leaves before rank 0 has written.
+//! early, the last metrics, the plugins' end, the summary, and the ranks' agreement
+//! (through the rendezvous store, within `dist.end_timeout_s`): rank 0 writes the
+//! summary once every rank has finished its end, and no rank leaves before it has.
 //!
 //! A failed run (an error or a panic in training) ends here too, with less: no
 //! checkpoint (the state may be half-updated; the newest one on disk stays the
@@ -88,10 +89,12 @@ impl Run {
         let scalars = scalars.into_iter().filter_map(|(name, v)| Some((name.to_string(), v?))).collect();
         let end = RunEndData { step: last_step, exit_code, wall_s, scalars };
         let shutdown = Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s);
-        let plugin_summaries = match &self.stop.signals {
-            Some(signals) => self.host.run_end(end, shutdown, &signals.draining()),
-            None => self.host.run_end(end, shutdown, &|| false),
+        // From here on a signal ends the waits (the plugins' drain, the other ranks).
+        let signalled: Box<dyn Fn() -> bool + '_> = match &self.stop.signals {
+            Some(signals) => Box::new(signals.draining()),
+            None => Box::new(|| false),
         };
+        let plugin_summaries = self.host.run_end(end, shutdown, &*signalled);
         // Decided after the plugins' end, which may fail too; the plugins saw how training
         // went. A plugin given up on at the end counts as failed.
         let plugin_failed = !self.host.failures().is_empty() || !self.host.abandoned().is_empty();
@@ -169,11 +172,32 @@ impl Run {
             plugins: plugin_summaries,
             parts: Vec::new(),
         };
+        let mut summary = summary;
+        let mut exit_code = exit_code;
+        // Every rank has finished its end (saves waited for, plugins ended) before rank
+        // 0 writes the record: a rank that never got there fails the run, named in it.
+        let end_timeout = Duration::from_secs(env.config.dist.end_timeout_s);
+        let agreed = collective && env.world > 1 && {
+            match self.dist.end_arrive(end_timeout, &*signalled) {
+                Ok(()) => true,
+                Err(e) => {
+                    let message = format!("the end-of-run agreement failed after step {last_step}: {e}");
+                    tracing::error!("{message}");
+                    // A signal's run stays interrupted (exit 130/143); any other fails.
+                    if summary.status != "interrupted" {
+                        summary.status = "failed".into();
+                    }
+                    exit_code = if exit_code == 0 { 1 } else { exit_code };
+                    summary.exit_code = exit_code;
+                    summary.error.get_or_insert(RunError { kind: "error".into(), message, location: None, step: last_step });
+                    false
+                }
+            }
+        };
         if env.config.debug.dump_params && collective {
             self.dump_params()?;
         }
         let mut summary = summary.with_parts(&env.run_dir.join("summary.json"), env.unix_start);
-        let mut exit_code = exit_code;
         // A summary that cannot be written (a full or read-only disk) loses the run's
         // record: the CLI then prints its essentials, and the run does not exit 0.
         let summary_error = match env.rank {
@@ -188,10 +212,10 @@ impl Run {
             summary.exit_code = 1;
         }
         // No rank leaves before rank 0 has written (one rank alone has no one to wait for).
-        if collective && env.world > 1 {
-            if let Err(e) = self.end_barrier() {
-                // The summary is written: the run's record stands; this rank fails.
-                tracing::error!("{e}");
+        if agreed {
+            if let Err(e) = self.dist.end_release(end_timeout, &*signalled) {
+                // Rank 0's record is written (or its failure reported); this rank fails.
+                tracing::error!("at the end of the run: {e}");
                 exit_code = if exit_code == 0 { 1 } else { exit_code };
             }
         }
@@ -243,22 +267,6 @@ impl Run {
         let losses = panic::catching(|| self.mean_losses(false)).ok().and_then(|r| r.ok()).unwrap_or((None, None));
         let memory = panic::catching(|| MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, false));
         (losses.0, losses.1, memory.ok().and_then(|r| r.ok()).unwrap_or_default())
-    }
-
-    /// A barrier: launchers tear the job down when any rank exits non-zero (an
-    /// interrupted one exits 130), so no rank leaves before rank 0 has written its
-    /// checkpoint and summary. Each rank counts itself and the host reads the
-    /// count: NCCL's wait only orders streams, the read blocks until the all-reduce
-    /// is done on every rank.
-    fn end_barrier(&self) -> Result<()> {
-        let world = self.env.world;
-        let mut done = Tensor::f_ones([1], (Kind::Float, self.env.device))?;
-        self.dist.all_reduce_sum(&mut done).map_err(Error::Dist)?;
-        let ranks = done.f_double_value(&[0])?;
-        if ranks != f64::from(world) {
-            return Err(Error::Dist(format!("the end-of-run barrier counted {ranks} ranks, not {world}")));
-        }
-        Ok(())
     }
 
     /// The first and last training loss, averaged over the ranks (this rank's

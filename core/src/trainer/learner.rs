@@ -11,7 +11,7 @@ use crate::{
     error::{Error, Result},
     model::{Model, ModelInput, ModelOutput, Returns},
     objective::Forward,
-    optim::{self, LrSchedule, Optimizer, ParamSharding, ShardSpec},
+    optim::{self, GradMemory, LrSchedule, Optimizer, ParamSharding, ShardSpec},
 };
 
 pub(super) struct Learner {
@@ -42,6 +42,7 @@ impl Learner {
         dataset: Arc<dyn Dataset>,
         config: &Config,
         shard: Option<(ShardSpec, Option<ParamSharding>)>,
+        grads: GradMemory,
         total_steps: u64,
     ) -> Result<Learner> {
         let mut params: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
@@ -55,7 +56,7 @@ impl Learner {
             with.frozen = vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
             with.frozen.sort_by(|a, b| a.0.cmp(&b.0));
         }
-        let optimizer = optim::build(&config.optim, &params, spec, with)?;
+        let optimizer = optim::build(&config.optim, &params, spec, with, grads)?;
         if let Some((wrap, named)) = optimizer.block_wrap() {
             let depth = model.wrap_blocks(wrap)?;
             if depth != Some(named) {
@@ -85,7 +86,7 @@ impl Learner {
         let dataset = crate::data::from_config(config).unwrap();
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let model = crate::model::build(config, &vs, dataset.as_ref()).unwrap();
-        Learner::new(vs, model, dataset, config, None, config.train.steps).unwrap()
+        Learner::new(vs, model, dataset, config, None, GradMemory::Released, config.train.steps).unwrap()
     }
 }
 
@@ -174,7 +175,7 @@ mod tests {
         let mut vs = nn::VarStore::new(tch::Device::Cpu);
         let model = crate::model::build(&config, &vs, dataset.as_ref()).unwrap();
         vs.freeze();
-        let err = Learner::new(vs, model, dataset, &config, None, 1).err().expect("refused");
+        let err = Learner::new(vs, model, dataset, &config, None, GradMemory::Released, 1).err().expect("refused");
         assert!(err.to_string().contains("no trainable parameters"), "{err}");
     }
 }

@@ -44,6 +44,7 @@ mod debug;
 mod eval;
 mod failure;
 mod finish;
+mod forced;
 mod hooks;
 mod learner;
 mod memory;

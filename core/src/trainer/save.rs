@@ -14,7 +14,7 @@ use super::{
     state::{EvalRecord, TrainState},
     tally::Tally,
 };
-use crate::error::Result;
+use crate::{config::ShardMode, error::Result};
 
 /// The training state at `step`, as `state.json` keeps it.
 pub(super) fn train_state(step: u64, env: &RunEnv, tally: &Tally, nonfinite: &NonFinite, learner: &Learner) -> TrainState {
@@ -41,9 +41,12 @@ pub(super) fn payload(
     config_toml: &str,
     plugin_states: RVec<NamedBlob>,
 ) -> Result<CheckpointPayload> {
-    let weights = if lead { &learner.params[..] } else { &[] };
+    // With `parameters` no rank holds whole weights: each part carries its chunks.
+    let whole = lead && learner.optimizer.shard_mode() != ShardMode::Parameters;
+    let weights = if whole { &learner.params[..] } else { &[] };
     let model = weights.iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
-    let optimizer = learner.optimizer.state().iter().map(|(n, t)| payload::to_blob(n, t)).collect::<Result<Vec<_>>>()?;
+    let held = learner.optimizer.state().into_iter().chain(learner.optimizer.sharded_params());
+    let optimizer = held.map(|(n, t)| payload::to_blob(&n, &t)).collect::<Result<Vec<_>>>()?;
     Ok(CheckpointPayload {
         step: state.step,
         reason,

@@ -17,6 +17,7 @@ use super::{
     clock::{stamp, stamp_at, unix_now},
     debug::{Faults, PanicAt, TensorDump},
     eval::Evaluator,
+    forced::ForcedRecord,
     learner::Learner,
     metrics::MetricsProcessor,
     nonfinite::NonFinite,
@@ -36,7 +37,7 @@ use crate::{
     error::{Error, Result},
     host::{HostServices, PluginHost, RunData},
     model, objective,
-    optim::ShardSpec,
+    optim::{GradMemory, ShardSpec},
     schedule::{Cadence, CoreTask, Gate, Owner, RunSchedule, SlotSpec, StepWindows},
 };
 
@@ -172,10 +173,13 @@ impl Run {
         let objective = objective::build(&config, model.as_mut(), &vs, dataset.as_ref())?;
         let (model_kind, task, layers) = (model.kind().to_string(), model.task(), model.layers(dataset.seq_len()));
         if shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters) {
-            super::sharding::refuse_unsupported(&config, checkpoint.is_some(), false, false)?;
+            super::sharding::refuse_unsupported(&config, false)?;
         }
         let shard = shard.map(|spec| (spec, super::sharding::param_sharding(&config, dist.as_ref())));
-        let mut learner = Learner::new(vs, model, dataset.clone(), &config, shard, total_steps)?;
+        // One rank releases its gradients between steps; data parallelism keeps them
+        // for the all-reduce buckets bound to them.
+        let grads = if world == 1 { GradMemory::Released } else { GradMemory::Kept };
+        let mut learner = Learner::new(vs, model, dataset.clone(), &config, shard, grads, total_steps)?;
         if let Some(ckpt) = &checkpoint {
             state::check_lora_base(ckpt, lora_base.as_deref())?;
         }
@@ -202,7 +206,7 @@ impl Run {
         let (mut host, mut slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services.clone(), rank)?;
         if learner.optimizer.shard_mode() == ShardMode::Parameters {
             let reads_params = slots.iter().any(|s| s.needs.intersects(Needs::PARAMS.union(Needs::GRADS).union(Needs::HISTOGRAMS)));
-            super::sharding::refuse_unsupported(&config, false, host.has_checkpointer(), reads_params)?;
+            super::sharding::refuse_unsupported(&config, reads_params)?;
         }
         // Only now, with every usage error ruled out, does the run leave traces.
         if rank == 0 {
@@ -213,7 +217,14 @@ impl Run {
         }
         slots.extend(core_slots(&config, device));
         let schedule = RunSchedule::new(slots, start_step + 1, total_steps, config.train.eval_every, gate, world > 1);
-        let signals = if handle_signals { Some(Signals::install(services.clone())?) } else { None };
+        let signals = if handle_signals {
+            // What a second signal during a hung inline hook writes (see `forced`).
+            let summary = (rank == 0).then(|| run_dir.join("summary.json"));
+            let record = ForcedRecord { calls: host.calls(), path: summary, start_step, total_steps, world_size: world, started };
+            Some(Signals::install(services.clone(), record)?)
+        } else {
+            None
+        };
 
         let b = config.data.batch_size as u64;
         let accum = config.optim.accum_steps;

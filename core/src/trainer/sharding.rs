@@ -13,15 +13,14 @@ use crate::{
 pub(super) fn param_sharding(config: &Config, dist: &dyn DataParallel) -> Option<ParamSharding> {
     (config.dist.shard == ShardMode::Parameters).then_some(())?;
     let collectives = dist.shard_collectives()?;
-    Some(ParamSharding { collectives, reshard_after_forward: config.dist.reshard_after_forward, frozen: Vec::new() })
+    let (reshard_after_forward, offload) = (config.dist.reshard_after_forward, config.dist.offload_optimizer);
+    Some(ParamSharding { collectives, reshard_after_forward, offload, frozen: Vec::new() })
 }
 
 /// Refuses (as a usage error, before training) what parameter sharding cannot do yet.
-pub(super) fn refuse_unsupported(config: &Config, resuming: bool, checkpointer: bool, reads_params: bool) -> Result<()> {
+pub(super) fn refuse_unsupported(config: &Config, reads_params: bool) -> Result<()> {
     let refused = [
         ("run.plugins", reads_params, "plugins that read parameters, gradients or histograms"),
-        ("run.resume", resuming, "resuming a checkpoint"),
-        ("run.plugins", checkpointer, "checkpoint plugins (saving)"),
         ("debug.dump_params", config.debug.dump_params, "debug.dump_params"),
         ("debug.dump_tensors_at", !config.debug.dump_tensors_at.is_empty(), "debug.dump_tensors_at"),
     ];

@@ -3,6 +3,11 @@
 //! Checkpoints are atomic, so even that leaves the previous one intact. Once the
 //! run is only draining its plugins (every checkpoint on disk), any signal ends
 //! the drain instead, so the abandoned plugins are still reported.
+//!
+//! While an inline plugin's hook holds the training thread, the step cannot finish
+//! until it returns: the first signal's message says which plugin and hook the run
+//! waits on, and the second writes the summary of the forced exit
+//! ([`ForcedRecord`]) before exiting.
 
 use std::sync::{
     atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering},
@@ -11,6 +16,7 @@ use std::sync::{
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 
+use super::forced::ForcedRecord;
 use crate::{
     error::{Error, Result},
     host::HostServices,
@@ -27,7 +33,7 @@ pub struct Signals {
 }
 
 impl Signals {
-    pub fn install(services: Arc<HostServices>) -> Result<Signals> {
+    pub fn install(services: Arc<HostServices>, record: ForcedRecord) -> Result<Signals> {
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| Error::Other(format!("cannot handle signals: {e}")))?;
         let handle = signals.handle();
         let received = Arc::new(AtomicI32::new(0));
@@ -44,14 +50,26 @@ impl Signals {
                         let _ = flag.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
                         continue;
                     }
+                    let hung = record.calls.holding_training();
                     if flag.swap(sig, Ordering::SeqCst) != 0 {
                         super::eprint_line("second signal: exiting now (the last committed checkpoint is intact)");
-                        // Nothing touches the run directory on this way out: it may be the
-                        // mount a stuck save hangs on. The lock left there names this
-                        // process, dead from now on: the next run takes it over.
+                        // Only a hung hook's record is written, within a bound. Nothing else
+                        // touches the run directory on this way out: it may be the mount a
+                        // stuck save hangs on. The lock left there names this process, dead
+                        // from now on: the next run takes it over.
+                        if let Some(hung) = &hung {
+                            record.write(sig, 128 + sig, hung);
+                        }
                         std::process::exit(128 + sig);
                     }
-                    super::eprint_line(&format!("received signal {sig}: finishing the step, then saving and exiting (again to force)"));
+                    match &hung {
+                        Some(h) => super::eprint_line(&format!(
+                            "received signal {sig}: plugin `{}` has been in its {} hook for {:.0}s at step {}; the step finishes once it \
+                             returns, then saving and exiting (again to exit at once, recording the hung hook)",
+                            h.plugin, h.hook, h.seconds, h.step
+                        )),
+                        None => super::eprint_line(&format!("received signal {sig}: finishing the step, then saving and exiting (again to force)")),
+                    }
                     services.wake();
                 }
             })

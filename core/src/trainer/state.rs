@@ -10,6 +10,7 @@ use tch::Tensor;
 use super::{payload, Resume};
 use crate::{
     checkpoint::{self as ckpt, Checkpoint},
+    config::ShardMode,
     error::{ConfigError, Error, Result},
     optim::{CheckpointState, Optimizer},
 };
@@ -136,12 +137,20 @@ pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimiz
         Error::Checkpoint { .. } => e,
         other => bad(other.to_string()),
     };
-    for (name, live) in params.iter_mut() {
-        let saved = checkpoint.model.get(name).ok_or_else(|| bad(format!("no weights for `{name}`")))?;
-        payload::restore(name, live, saved).map_err(unusable)?;
+    if optimizer.shard_mode() == ShardMode::Parameters {
+        // No rank holds whole weights: each reads its chunks from the parts.
+        optimizer.restore_chunks(checkpoint).map_err(unusable)?;
+    } else {
+        // A parameter-sharded checkpoint's parts hold the weights: a run that holds
+        // them whole re-assembles them.
+        let whole = checkpoint.consolidated().map_err(|e| bad(e.to_string()))?;
+        for (name, live) in params.iter_mut() {
+            let saved = whole.model.get(name).ok_or_else(|| bad(format!("no weights for `{name}`")))?;
+            payload::restore(name, live, saved).map_err(unusable)?;
+        }
+        let sizes = optimizer.param_sizes().to_vec();
+        optimizer.load_state(&CheckpointState::new(&whole, &sizes)).map_err(unusable)?;
     }
-    let sizes = optimizer.param_sizes().to_vec();
-    optimizer.load_state(&CheckpointState::new(checkpoint, &sizes)).map_err(unusable)?;
     serde_json::from_value(checkpoint.state.clone()).map_err(|e| bad(format!("{}: {e}", ckpt::STATE_FILE)))
 }
 

@@ -209,6 +209,11 @@ impl Run {
             }
         }
         if plan.core(CoreTask::Eval) && stop.is_none() && self.evaluator.enabled() {
+            if !plan.needs.contains(Needs::HISTOGRAMS) {
+                // This step's gradients are read by nothing after the update but the
+                // histograms: evaluation runs without them where they are released.
+                self.learner.optimizer.release_grads()?;
+            }
             self.evaluate(step, lr, phases)?;
         }
         if plan.core(CoreTask::EmptyCache) {

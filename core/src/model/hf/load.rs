@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 use safetensors::{tensor::TensorView, Dtype, SafeTensors};
 use tch::{nn, Kind, Tensor};
 
@@ -21,6 +21,18 @@ fn map(path: &Path) -> Result<Mmap> {
     let file = File::open(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })?;
     // SAFETY: read-only mapping of a weight file nobody should be writing.
     unsafe { Mmap::map(&file) }.map_err(|e| Error::Io { path: path.to_owned(), source: e })
+}
+
+/// Drops the pages of `bytes` (a tensor inside `mmap`, just copied into its variable)
+/// from the process's resident memory: without it every weight file would stay
+/// resident beside the model until loading ends, doubling the loading peak.
+fn forget(mmap: &Mmap, bytes: &[u8]) {
+    let offset = bytes.as_ptr() as usize - mmap.as_ptr() as usize;
+    // SAFETY: the mapping is private and read-only, so MADV_DONTNEED loses nothing: a
+    // later read of these pages (none is made) reloads them from the file.
+    if let Err(e) = unsafe { mmap.unchecked_advise_range(UncheckedAdvice::DontNeed, offset, bytes.len()) } {
+        tracing::debug!("madvise(DONTNEED) on a weight file: {e}");
+    }
 }
 
 /// The tch kind of a pretrained weight: floating-point types only.
@@ -95,15 +107,17 @@ pub fn load_weights(vs: &nn::Path, m: &ModelConfig) -> Result<()> {
         let kind = kind(view.dtype())
             .ok_or_else(|| Error::Data { path: path.to_path_buf(), message: format!("tensor `{}` has dtype {:?}", p.hf_name(), view.dtype()) })?;
         let var = variable(vs, &p.name).ok_or_else(|| Error::Other(format!("the model has no parameter `{}`", p.name)))?;
-        plan.push((p, view, kind, var, shape));
+        let mmap = &maps.iter().find(|(file, _)| file == path).expect("a view of a mapped file").1;
+        plan.push((p, view, kind, var, shape, mmap));
     }
     tch::no_grad(|| -> Result<()> {
-        for (p, view, kind, mut var, shape) in plan {
+        for (p, view, kind, mut var, shape, mmap) in plan {
             let mut t = Tensor::f_from_data_size(view.data(), &shape, kind)?.to_kind(var.kind());
             if p.conv1d {
                 t = t.tr();
             }
             var.f_copy_(&t)?;
+            forget(mmap, view.data());
         }
         Ok(())
     })?;
