@@ -27,6 +27,9 @@ pub struct Replicated {
     grad_memory: GradMemory,
     /// With `Released`: whether the gradient lists hold this step's gradients.
     bound: bool,
+    /// With `Released`: the gradient bytes the first step's backward made (what is
+    /// held from a step's backward to the next step; measured once).
+    first_grad_bytes: Option<u64>,
     /// Optimizer steps taken (float, on the device, as torch keeps `state_steps`).
     step: Tensor,
     /// Every parameter's name and element count, in the trainer's order.
@@ -69,7 +72,18 @@ impl Replicated {
         let all_grads = TensorList::new(groups.iter().flat_map(|g| g.grads.tensors().iter().map(Tensor::shallow_clone)).collect());
         let all_params = TensorList::new(groups.iter().flat_map(|g| g.params.tensors().iter().map(Tensor::shallow_clone)).collect());
         let (names, live) = (names_and_sizes(params), live(params));
-        Ok(Replicated { config: config.clone(), groups, all_grads, all_params, grad_memory, bound: false, step, params: names, live })
+        Ok(Replicated {
+            config: config.clone(),
+            groups,
+            all_grads,
+            all_params,
+            grad_memory,
+            bound: false,
+            first_grad_bytes: None,
+            step,
+            params: names,
+            live,
+        })
     }
 
     /// With `Released`, after backward: the gradient lists take this step's
@@ -81,6 +95,9 @@ impl Replicated {
             }
             ext::grads::bind(&self.all_params, &mut self.all_grads).map_err(torch_err)?;
             self.bound = true;
+            if self.first_grad_bytes.is_none() {
+                self.first_grad_bytes = Some(self.gradient_bytes()?);
+            }
         }
         Ok(())
     }
@@ -181,8 +198,9 @@ impl Optimizer for Replicated {
         ext::grads::held_bytes(&[] as &[Tensor], &self.live).map_err(torch_err)
     }
 
+    /// Released gradients: what backward made (after the run they may be gone).
     fn gradient_peak_bytes(&self) -> Option<u64> {
-        None
+        self.first_grad_bytes
     }
 
     fn shard_mode(&self) -> ShardMode {

@@ -72,15 +72,19 @@ mod tests {
         let mut learner = Learner::for_tests(&config);
         let param_bytes: u64 = learner.params.iter().map(|(_, p)| (p.numel() * 4) as u64).sum();
         let before = MemoryFigures::gather(learner.optimizer.as_ref(), &SingleRank, Device::Cpu, true).unwrap();
-        assert_eq!(before.gradient_bytes, [param_bytes], "one float gradient per parameter, held all run");
+        assert_eq!(before.gradient_bytes, [0], "one rank holds no gradient before its first backward");
         assert_eq!(before.parameter_bytes, [param_bytes], "the parameters, whole");
 
         let batch = learner.dataset.batch(Split::Train, BatchKey { step: 1, micro: 0, first_sample: 0, count: 4, stream: 0 }).unwrap();
         learner.forward(&batch, true).unwrap().sum(Kind::Float).backward();
         learner.optimizer.step(1e-3, None).unwrap();
         let after = MemoryFigures::gather(learner.optimizer.as_ref(), &SingleRank, Device::Cpu, true).unwrap();
-        assert_eq!(after.gradient_bytes, [param_bytes], "the same gradients after a step");
-        assert_eq!(after.gradient_peak_bytes, after.gradient_bytes, "replicated: the gradients live all run");
+        assert_eq!(after.gradient_bytes, [param_bytes], "one float gradient per parameter after a step");
+        assert_eq!(after.gradient_peak_bytes, after.gradient_bytes, "what the first backward made");
+        learner.optimizer.zero_grad().unwrap();
+        let released = MemoryFigures::gather(learner.optimizer.as_ref(), &SingleRank, Device::Cpu, true).unwrap();
+        assert_eq!(released.gradient_bytes, [0], "released before the next backward");
+        assert_eq!(released.gradient_peak_bytes, [param_bytes]);
         // AdamW: two moments per parameter, and its step counts.
         assert!(after.optimizer_state_bytes[0] >= 2 * param_bytes, "{:?} for {param_bytes} bytes of parameters", after.optimizer_state_bytes);
     }
