@@ -44,7 +44,8 @@ def trl(d, steps, batch, threads, precompute=False):
     with tempfile.TemporaryDirectory() as out:
         args = DPOConfig(output_dir=out, per_device_train_batch_size=int(batch), max_steps=int(steps) + 1, learning_rate=1e-6,
                          lr_scheduler_type="constant", report_to=[], use_cpu=True, save_strategy="no", logging_steps=1,
-                         precompute_ref_log_probs=precompute, max_length=None, dataloader_num_workers=0, disable_tqdm=True)
+                         precompute_ref_log_probs=precompute, max_length=None, dataloader_num_workers=0, disable_tqdm=True,
+                         bf16=False)  # TRL turns bf16 autocast on by default, on the CPU too: fp32 as ptrain
         t = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
         marks = []
 

@@ -8,6 +8,7 @@
 #
 #   bench/dpo.sh                               # 4 layers x 512, batch 4, 10 steps, 1 thread
 #   bench/dpo.sh --layers 8 --width 896 --steps 20 --threads 4
+#   bench/dpo.sh --prompts 64                 # the 64-token prompts only
 #   bench/dpo.sh --tiny                        # a dry run: 1 layer 64 wide, prompts of 16 and 32, 3 steps
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,6 +24,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --tiny) layers=1 width=64 batch=2 steps=3 prompts="16 32"; shift ;;
+    --prompts) prompts="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

@@ -88,7 +88,8 @@ def trainer(policy, ref, data, loss_type="sigmoid", beta=0.1, precompute=False, 
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     ref_model = None if ref == "-" else AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
     args = DPOConfig(output_dir=out_dir, per_device_train_batch_size=len(rows), beta=float(beta), loss_type=[loss_type], report_to=[],
-                     use_cpu=True, precompute_ref_log_probs=precompute, max_length=None, save_strategy="no", logging_steps=1)
+                     use_cpu=True, precompute_ref_log_probs=precompute, max_length=None, save_strategy="no", logging_steps=1,
+                     bf16=False)
     t = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
     return t, rows
 
