@@ -59,7 +59,8 @@ def trl(d, data, steps, batch, max_len, threads, *flags):
     args = SFTConfig(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=True, max_length=int(max_len), packing=packing,
                      assistant_only_loss=True, per_device_train_batch_size=int(batch), max_steps=int(steps), logging_steps=1,
                      learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-                     save_strategy="no", dataloader_num_workers=0, seed=0)
+                     save_strategy="no", dataloader_num_workers=0, seed=0,
+                     bf16=False)  # TRL turns bf16 autocast on by default, on the CPU too: fp32 as ptrain
     trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset("json", data_files=data, split="train"), processing_class=tok)
 
     trained = [0]

@@ -143,7 +143,7 @@ def sft(d, data, kind, dataset=None, **extra):
     tok = AutoTokenizer.from_pretrained(d)
     model = AutoModelForCausalLM.from_pretrained(d, dtype="float32")
     args = SFTConfig(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=True, max_length=None, shuffle_dataset=False,
-                     assistant_only_loss=(kind == "chat"), dataset_num_proc=None, **extra)
+                     assistant_only_loss=(kind == "chat"), dataset_num_proc=None, bf16=False, **extra)  # fp32, as ptrain
     ds = dataset if dataset is not None else load_dataset("json", data_files=data, split="train")
     return SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok), tok, ds
 
