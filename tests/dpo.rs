@@ -4,7 +4,8 @@
 //! of a batch are TRL's collated rows (prompt tokens never trained), the first
 //! step's loss and six metrics equal DPOTrainer's for conversational, plain and
 //! implicit-prompt pairs and every loss form, the starting model as reference gives
-//! exactly ln 2, and bad rows exit 2 naming file and line. Nothing is downloaded.
+//! exactly ln 2, bad rows exit 2 naming file and line (under `ptrain tokenize` too),
+//! and `ptrain tokenize` caches the pairs a run then reuses. Nothing is downloaded.
 
 mod common;
 
@@ -148,9 +149,97 @@ fn bad_preference_rows_exit_2_naming_the_file_and_row() {
     ] {
         let file = d.join("bad.jsonl");
         std::fs::write(&file, format!("{good}{row}\n")).unwrap();
-        let out = run_expect(ptrain().args(["run", "--quiet", "--run-dir"]).arg(d.join("bad-run")).args(args(&d, "bad.jsonl", &[])), 2);
-        let err = stderr(&out);
-        assert!(err.contains("bad.jsonl") && err.contains("line 3") && err.contains(says), "{row}: {err}");
+        let run = run_expect(ptrain().args(["run", "--quiet", "--run-dir"]).arg(d.join("bad-run")).args(args(&d, "bad.jsonl", &[])), 2);
+        let tokenize = run_expect(ptrain().arg("tokenize").args(args(&d, "bad.jsonl", &[])), 2);
+        for (what, out) in [("run", run), ("tokenize", tokenize)] {
+            let err = stderr(&out);
+            assert!(err.contains("bad.jsonl") && err.contains("line 3") && err.contains(says), "{what}: {row}: {err}");
+        }
+    }
+}
+
+/// `ptrain tokenize --json` with a run's flags: a report per file, then the counts.
+fn tokenize(dir: &Path, data: &str, extra: &[String]) -> Vec<serde_json::Value> {
+    let out = run_expect(ptrain().args(["tokenize", "--json"]).args(args(dir, data, extra)), 0);
+    stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+fn modified(file: &Path) -> std::time::SystemTime {
+    std::fs::metadata(file).unwrap().modified().unwrap()
+}
+
+#[test]
+fn tokenize_caches_the_pairs_a_run_reuses_bit_for_bit_and_a_changed_file_or_setting_encodes_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    std::fs::copy(d.join("conv.jsonl"), d.join("pairs.jsonl")).unwrap();
+    let extra = ["train.steps=1".to_string(), "data.batch_size=8".into(), format!("dpo.reference={}", s(&d.join("reference")))];
+    // A run alone encodes the pairs itself, into a cache of its own.
+    let own_cache = format!("data.tokens_cache={}", s(&d.join("own-cache")));
+    let alone = run(&d, "alone", "pairs.jsonl", &[&extra[..], &[own_cache]].concat());
+
+    let reports = tokenize(&d, "pairs.jsonl", &extra);
+    let (train, counts) = (&reports[0], &reports.last().unwrap()["counts"]);
+    assert_eq!((train["source"].as_str(), train["reused"].as_bool(), train["pairs"].as_u64()), (Some("train"), Some(false), Some(8)), "{train}");
+    assert!(["prompt_tokens", "chosen_tokens", "rejected_tokens"].iter().all(|k| train[k].as_u64().unwrap() > 0), "{train}");
+    assert_eq!((counts["train"].as_u64(), counts["dropped_prompt_too_long"].as_u64()), (Some(8), Some(0)), "{counts}");
+    let cached = PathBuf::from(train["file"].as_str().unwrap());
+    let written = modified(&cached);
+
+    // The run reads the cache (its log says so) and encodes nothing: the same first
+    // loss, bit for bit; the trained tokens counted are TRL's completion tokens.
+    let run_dir = d.join("after");
+    let mut c = ptrain();
+    c.env("PTRAIN_LOG", "info").args(["run", "--quiet", "--plugins", "jsonl", "--run-dir"]).arg(&run_dir);
+    let dump = "debug.dump_tensors_at=[1]".to_string();
+    let log = stderr(&run_expect(c.args(args(&d, "pairs.jsonl", &[&extra[..], &[dump]].concat())), 0));
+    assert!(log.contains(&format!("data: reusing {}", cached.display())) && !log.contains("data: encoded"), "{log}");
+    assert_eq!(modified(&cached), written, "the cache file is not written again");
+    let loss = |r: &Path| summary(r)["first_loss"].as_f64().unwrap().to_bits();
+    assert_eq!(loss(&run_dir), loss(&alone), "tokenize then run = run alone, bit for bit");
+    let trl = dpo_py(&[&"batch", &d.join("policy"), &d.join("pairs.jsonl"), &run_dir.join("tensors-step1.rank0.safetensors")]);
+    assert!(trl["equal"].as_bool().unwrap(), "{trl}");
+    assert_eq!(counts["trained_tokens"], trl["trained"], "the trained tokens tokenize counts are DPOTrainer's completion tokens: {counts}");
+    assert_eq!(tokenize(&d, "pairs.jsonl", &extra)[0]["reused"], true, "tokenize again reuses");
+
+    // Another length and truncation mode cut the cached pairs without encoding them again.
+    let short = ["data.max_seq_len=24".to_string(), "dpo.truncation_mode=keep_end".into()];
+    let short = tokenize(&d, "pairs.jsonl", &[&extra[..], &short].concat());
+    let short_counts = &short.last().unwrap()["counts"];
+    assert_eq!(short[0]["reused"], true, "{short:?}");
+    assert!(short_counts["truncated"].as_u64().unwrap() > 0, "{short_counts}");
+
+    // A setting that changes the encoding, then a changed file: encoded again, elsewhere.
+    let other = tokenize(&d, "pairs.jsonl", &[&extra[..], &["data.ignore_columns=[\"id\"]".to_string()]].concat());
+    assert_eq!(other[0]["reused"], false, "{other:?}");
+    assert_ne!(other[0]["file"], train["file"]);
+    let text = std::fs::read_to_string(d.join("pairs.jsonl")).unwrap();
+    std::fs::write(d.join("pairs.jsonl"), text.lines().skip(1).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let changed = tokenize(&d, "pairs.jsonl", &extra);
+    assert_eq!((changed[0]["reused"].as_bool(), changed[0]["pairs"].as_u64()), (Some(false), Some(7)), "{changed:?}");
+    assert_ne!(changed[0]["file"], train["file"]);
+}
+
+#[test]
+fn tokenize_show_prints_each_pairs_answers_after_the_prompt_with_only_the_completions_marked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 3);
+    let out = run_expect(ptrain().args(["tokenize", "--show", "2"]).args(args(&d, "conv.jsonl", &[])), 0);
+    let text = stdout(&out);
+    assert!(text.starts_with("(trained text is between [[ and ]])"), "{text}");
+    assert_eq!(text.matches("--- ").count(), 2, "{text}");
+    assert!(text.contains(&format!("{} line 1: prompt ", s(&d.join("conv.jsonl")))), "{text}");
+    let first: serde_json::Value = serde_json::from_str(std::fs::read_to_string(d.join("conv.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    for what in ["chosen", "rejected"] {
+        let answer = first[what][0]["content"].as_str().unwrap();
+        let at = lines.iter().position(|l| *l == format!("{what}:")).unwrap_or_else(|| panic!("no {what}:\n{text}"));
+        let shown =
+            lines[at + 1..].iter().take_while(|l| !l.starts_with("rejected:") && !l.starts_with("--- ")).copied().collect::<Vec<_>>().join("\n");
+        // The prompt (its messages, the generation prompt) untrained; the answer and
+        // its end-of-turn token trained.
+        assert!(shown.starts_with("<|im_start|>") && shown.contains(&format!("<|im_start|>assistant\n[[{answer}<|im_end|>")), "{what}:\n{shown}");
+        assert_eq!(shown.matches("[[").count(), 1, "{what}: one trained span:\n{shown}");
     }
 }
 

@@ -9,6 +9,7 @@ use ptrain_core::data::{
         show::{self, Marks},
         InstructData,
     },
+    preference::{self, PreferenceData},
     token_cache::Tokenizing,
 };
 
@@ -19,7 +20,10 @@ use super::run::RunArgs;
 ///
 /// Instruction data (`data.kind = "chat"` or `"prompt_completion"`) is encoded
 /// with its trained-token masks on every core, and each source's rows, tokens and
-/// trained tokens are counted, with the rows cut or left out (and why).
+/// trained tokens are counted, with the rows cut or left out (and why). Preference
+/// pairs (`data.kind = "preference"`) likewise: each file's pairs and their prompt,
+/// chosen and rejected tokens, then the pairs cut or left out and the trained
+/// (completion) tokens.
 ///
 /// What `ptrain run` does first, without training, and with the same flags: a
 /// later run with the same tokenizer and data reuses the cached ids. Useful before
@@ -35,30 +39,32 @@ pub struct TokenizeArgs {
     /// Print the first N rows of instruction data as the model sees them: the
     /// rendered text with the trained spans marked (green on a terminal, else
     /// between `[[` and `]]`), and each row's tokens and trained tokens. Encodes
-    /// only those rows.
+    /// only those rows. For preference pairs, each pair's prompt + chosen and
+    /// prompt + rejected, the completions marked.
     #[arg(long, value_name = "N")]
     show: Option<usize>,
 }
 
 pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
     let config = args.run.config()?;
-    // Preference pairs are encoded when a run starts (not cached yet).
-    if config.data.kind == ptrain_core::config::DataKind::Preference {
-        return Err(config_error("ptrain tokenize reads text and instruction data; preference pairs are encoded when `ptrain run` starts").into());
-    }
+    let pairs = config.data.kind == ptrain_core::config::DataKind::Preference;
     if let Some(n) = args.show {
         if !config.data.kind.is_instruction() {
-            return Err(config_error("--show reads instruction data: data.kind = \"chat\" or \"prompt_completion\"").into());
+            return Err(config_error("--show reads instruction data: data.kind = \"chat\", \"prompt_completion\" or \"preference\"").into());
         }
-        return show(&config, n);
+        return if pairs { show_pairs(&config, n) } else { show(&config, n) };
+    }
+    if pairs {
+        return preference(&config, args.json);
     }
     if config.data.kind.is_instruction() {
         return instruction(&config, args.json);
     }
     if !config.tokenizes() {
-        return Err(
-            config_error("ptrain tokenize needs data.tokenizer and data.kind = \"text\", \"jsonl\", \"chat\" or \"prompt_completion\"").into()
-        );
+        return Err(config_error(
+            "ptrain tokenize needs data.tokenizer and data.kind = \"text\", \"jsonl\", \"chat\", \"prompt_completion\" or \"preference\"",
+        )
+        .into());
     }
     let tokenizing = Tokenizing::new(&config)?;
     let sources = [&config.data.path, &config.data.val_path];
@@ -146,10 +152,7 @@ fn instruction(config: &ptrain_core::Config, json: bool) -> anyhow::Result<ExitC
 /// `--show N`: the first rows, marked, with their counts; rows with nothing
 /// trained named with the reason.
 fn show(config: &ptrain_core::Config, n: usize) -> anyhow::Result<ExitCode> {
-    let marks = if std::io::stdout().is_terminal() { Marks::Colour } else { Marks::Brackets };
-    if marks == Marks::Brackets {
-        outln!("(trained text is between [[ and ]])");
-    }
+    let marks = marks();
     let limit = ptrain_core::data::seq_len(config) as usize + 1;
     for row in show::first_rows(config, n)? {
         let e = &row.shown.encoded;
@@ -167,4 +170,78 @@ fn show(config: &ptrain_core::Config, n: usize) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Preference pairs: every file encoded into the cache; what each holds, then
+/// the pairs cut or left out and the trained tokens.
+fn preference(config: &ptrain_core::Config, json: bool) -> anyhow::Result<ExitCode> {
+    let data = PreferenceData::from_config(config, ptrain_core::data::seq_len(config))?;
+    for (name, file) in data.files() {
+        let m = &file.meta;
+        let rate = file.encoded.map(|s| m.pairs as f64 / s.max(1e-9));
+        if json {
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "source": name, "path": m.source, "files": m.files, "file": file.path, "pairs": m.pairs,
+                    "prompt_tokens": m.prompt_tokens, "chosen_tokens": m.chosen_tokens, "rejected_tokens": m.rejected_tokens,
+                    "reused": file.encoded.is_none(), "seconds": file.encoded, "pairs_per_s": rate,
+                })
+            );
+            continue;
+        }
+        let how = match (file.encoded, rate) {
+            (Some(s), Some(r)) => format!("encoded in {s:.2}s ({r:.0} pairs/s)"),
+            _ => "reused".into(),
+        };
+        outln!(
+            "{name} ({}): {} pairs; prompt {} tokens, chosen {}, rejected {}; {how} -> {}",
+            m.source,
+            m.pairs,
+            m.prompt_tokens,
+            m.chosen_tokens,
+            m.rejected_tokens,
+            file.path.display()
+        );
+    }
+    let c = &data.counts;
+    if json {
+        outln!("{}", serde_json::json!({ "counts": c }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let limit = ptrain_core::data::seq_len(config) as usize + 1;
+    outln!("{}", c.sentence(limit, config.dpo.truncation_mode.name()));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--show N` for pairs: each pair's prompt + chosen and prompt + rejected, the
+/// completions marked, with their counts; what truncation does to them.
+fn show_pairs(config: &ptrain_core::Config, n: usize) -> anyhow::Result<ExitCode> {
+    let marks = marks();
+    let limit = ptrain_core::data::seq_len(config) as usize + 1;
+    let (mode, keep_start) = (config.dpo.truncation_mode.name(), config.dpo.truncation_mode == ptrain_core::config::TruncationMode::KeepStart);
+    for row in preference::show::first_pairs(config, n)? {
+        let ([chosen, rejected], ids) = &row.shown;
+        let p = ids.prompt.len();
+        outln!("--- {} {}: prompt {p} tokens, chosen {}, rejected {}", row.place.file.display(), row.place.at, ids.chosen.len(), ids.rejected.len());
+        for (what, shown) in [("chosen", chosen), ("rejected", rejected)] {
+            outln!("{what}:");
+            outln!("{}", show::marked(shown, marks));
+        }
+        if keep_start && p >= limit {
+            outln!("!!! the prompt alone fills data.max_seq_len + 1 = {limit} tokens: the pair is left out (dpo.truncation_mode = \"{mode}\")");
+        } else if p + ids.chosen.len().max(ids.rejected.len()) > limit {
+            outln!("!!! longer than data.max_seq_len + 1 = {limit} tokens: dpo.truncation_mode = \"{mode}\" cuts it there");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Colour on a terminal, else brackets (said first).
+fn marks() -> Marks {
+    let marks = if std::io::stdout().is_terminal() { Marks::Colour } else { Marks::Brackets };
+    if marks == Marks::Brackets {
+        outln!("(trained text is between [[ and ]])");
+    }
+    marks
 }

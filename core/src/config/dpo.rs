@@ -52,3 +52,13 @@ pub enum TruncationMode {
     /// The last tokens.
     KeepEnd,
 }
+
+impl TruncationMode {
+    /// As a configuration spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TruncationMode::KeepStart => "keep_start",
+            TruncationMode::KeepEnd => "keep_end",
+        }
+    }
+}

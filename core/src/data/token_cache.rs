@@ -70,6 +70,16 @@ pub(crate) fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Writes `bytes` to `file` whole: to a temporary name beside it, then renamed, so
+/// a file under the final name is complete.
+pub(crate) fn write_whole(file: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let tmp = dir.join(format!(".{}.tmp-{}", file.file_name().and_then(|n| n.to_str()).unwrap_or("cache"), std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, file).map_err(io_err(file))
+}
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_owned(), source }
 }

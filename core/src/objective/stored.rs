@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::{
     config::Config,
     data::{preference::PreferenceData, token_cache, Split},
-    error::{Error, Result},
+    error::Result,
 };
 
 const MAGIC: &[u8; 8] = b"PTRREFL1";
@@ -86,17 +86,9 @@ pub fn read(file: &Path, data: &PreferenceData) -> Option<[Vec<[f32; 2]>; 2]> {
 
 /// Stores `logps` (training, held-out) in `file`.
 pub fn write(file: &Path, logps: &[Vec<[f32; 2]>; 2]) -> Result<()> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| Error::Io { path, source }
-    };
-    let dir = file.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
     let mut bytes = MAGIC.to_vec();
     bytes.extend((logps[0].len() as u64).to_le_bytes());
     bytes.extend((logps[1].len() as u64).to_le_bytes());
     bytes.extend(logps.iter().flatten().flatten().flat_map(|v| v.to_le_bytes()));
-    let tmp = dir.join(format!(".{}.tmp-{}", file.file_name().and_then(|n| n.to_str()).unwrap_or("logps"), std::process::id()));
-    std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, file).map_err(io(file))
+    token_cache::write_whole(file, &bytes)
 }

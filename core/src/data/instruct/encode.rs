@@ -90,7 +90,7 @@ impl Encoder {
         Encoder { tokenizer, template, train_on, eos, special, splits }
     }
 
-    fn ids(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+    pub(crate) fn ids(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
         Ok(self.tokenizer.encode_fast(text, add_special_tokens).map_err(|e| format!("the tokenizer failed: {e}"))?.get_ids().to_vec())
     }
 

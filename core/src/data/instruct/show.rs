@@ -1,28 +1,32 @@
-//! `ptrain tokenize --show N`: the first rows as the model sees them, the trained
-//! spans marked, as axolotl's preprocessing debug shows them. How a user checks a
+//! `ptrain tokenize --show N`: the first rows (or preference pairs:
+//! [`crate::data::preference::show`]) as the model sees them, the trained spans
+//! marked, as axolotl's preprocessing debug shows them. How a user checks a
 //! template and `train_on` before spending a GPU day.
 
-use super::{
-    encode::{Encoder, Shown},
-    sources,
-};
+use super::{encode::Shown, source::SourceSpec, sources};
 use crate::{
     config::Config,
-    data::reader::{Place, Rows},
+    data::reader::{Place, Record, Rows},
     error::Result,
 };
 
 /// A row shown: where it is and how it encodes.
-pub struct ShownRow {
+pub struct ShownRow<T = Shown> {
     pub source: String,
     pub place: Place,
-    pub shown: Shown,
+    pub shown: T,
 }
 
 /// The first `n` rows of the first source, encoded as a run encodes them. A bad
 /// row is the error a run would give.
 pub fn first_rows(config: &Config, n: usize) -> Result<Vec<ShownRow>> {
     let (encoder, _) = super::encoder(config)?;
+    first(config, n, |spec, record| spec.shaper.shape(record).and_then(|example| encoder.show(&example)))
+}
+
+/// The first `n` rows of the first source through `show`; a bad row is the error
+/// naming its file and line.
+pub fn first<T>(config: &Config, n: usize, show: impl Fn(&SourceSpec, &Record) -> std::result::Result<T, String>) -> Result<Vec<ShownRow<T>>> {
     let Some(spec) = sources(config).into_iter().next() else { return Ok(Vec::new()) };
     let mut rows = Rows::open(&spec.path, spec.format, &spec.shaper.ignore)?;
     let mut out = Vec::new();
@@ -32,15 +36,11 @@ pub fn first_rows(config: &Config, n: usize) -> Result<Vec<ShownRow>> {
             break;
         }
         for record in batch {
-            let shown = show(&encoder, &spec.shaper, &record)?;
+            let shown = show(&spec, &record).map_err(|m| record.place.error(m))?;
             out.push(ShownRow { source: spec.name.clone(), place: record.place, shown });
         }
     }
     Ok(out)
-}
-
-fn show(encoder: &Encoder, shaper: &super::shape::Shaper, record: &crate::data::reader::Record) -> Result<Shown> {
-    shaper.shape(record).and_then(|example| encoder.show(&example)).map_err(|m| record.place.error(m))
 }
 
 /// How trained text is set apart.

@@ -2,6 +2,8 @@
 //! `data.val_path`) into its cached rows: read a batch at a time on a reader
 //! thread, shaped and encoded on every core (rayon), written in order as they
 //! come. The file is never held whole; a terminal shows the rows going by.
+//! Preference pairs are read, encoded and keyed the same way ([`encode_all`],
+//! [`cache_file`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -17,7 +19,7 @@ use super::{
 };
 use crate::{
     config::DataFormat,
-    data::reader::{self, Rows},
+    data::reader::{self, Place, Record, Rows},
     error::{Error, Result},
 };
 
@@ -49,26 +51,38 @@ impl SourceSpec {
     }
 }
 
-/// The encoded rows of `spec`, encoding them first unless cached. `key_parts` are
-/// the settings besides the files and the reading that change the result.
-pub fn prepare(spec: &SourceSpec, encoder: &Encoder, key_parts: &[&str], dir: &Path) -> Result<RowStore> {
+/// The shards of `spec` and the cache file their encoding goes to (with extension
+/// `ext`): a key over `key_parts` (the settings besides the files and the reading
+/// that change the result), the reading's settings and the files' contents.
+pub fn cache_file(spec: &SourceSpec, key_parts: &[&str], dir: &Path, ext: &str) -> Result<(Vec<reader::Shard>, PathBuf)> {
     let shards = reader::locate(&spec.path, spec.format)?;
     let files: Vec<PathBuf> = shards.iter().map(|s| s.path.clone()).collect();
     let own = spec.key();
     let parts: Vec<&str> = key_parts.iter().copied().chain([own.as_str()]).collect();
-    let file = cache::cache_file(dir, &spec.stem(), &parts, &files)?;
+    let file = cache::cache_file(dir, &spec.stem(), &parts, &files)?.with_extension(ext);
+    Ok((shards, file))
+}
+
+/// The encoded rows of `spec`, encoding them first unless cached.
+pub fn prepare(spec: &SourceSpec, encoder: &Encoder, key_parts: &[&str], dir: &Path) -> Result<RowStore> {
+    let (shards, file) = cache_file(spec, key_parts, dir, "rows")?;
     if let Some(store) = RowStore::open(&file) {
         tracing::info!("data: reusing {} for {} ({} rows)", file.display(), spec.path, store.len());
         return Ok(store);
     }
     let meta = Meta {
         source: spec.path.clone(),
-        files: files.iter().map(|f| f.display().to_string()).collect(),
+        files: shards.iter().map(|s| s.path.display().to_string()).collect(),
         tokenizers_version: crate::data::tokenize::TOKENIZERS_VERSION.into(),
         ..Meta::default()
     };
     let mut writer = Writer::create(&file, meta)?;
-    let read = encode_all(spec, Rows::shards(shards, &spec.shaper.ignore), encoder, &mut writer)?;
+    let read = encode_all(
+        &spec.name,
+        Rows::shards(shards, &spec.shaper.ignore),
+        |record| spec.shaper.shape(record).and_then(|example| encoder.encode(&example)),
+        |row, place| writer.push(&row, place),
+    )?;
     if read == 0 {
         return Err(Error::Data { path: PathBuf::from(&spec.path), message: "the file holds no rows".into() });
     }
@@ -85,10 +99,16 @@ pub fn prepare(spec: &SourceSpec, encoder: &Encoder, key_parts: &[&str], dir: &P
     Ok(store)
 }
 
-/// Every row of `spec` through `writer`, in order; returns the rows read. The
-/// first bad row is the error, naming its file and line (or row).
-fn encode_all(spec: &SourceSpec, mut rows: Rows, encoder: &Encoder, writer: &mut Writer) -> Result<u64> {
-    let bar = progress(&spec.name);
+/// Every row of `rows` through `encode` (on every core) then `push` (in order);
+/// returns the rows read. The first bad row is the error, naming its file and line
+/// (or row). `name` labels the progress shown on a terminal.
+pub fn encode_all<T: Send>(
+    name: &str,
+    mut rows: Rows,
+    encode: impl Fn(&Record) -> std::result::Result<T, String> + Sync,
+    mut push: impl FnMut(T, &Place) -> Result<()>,
+) -> Result<u64> {
+    let bar = progress(name);
     let (tx, rx) = mpsc::sync_channel(2);
     std::thread::scope(|scope| {
         // Reading (decompressing, parsing) overlaps encoding.
@@ -105,12 +125,9 @@ fn encode_all(spec: &SourceSpec, mut rows: Rows, encoder: &Encoder, writer: &mut
             if batch.is_empty() {
                 break;
             }
-            let encoded: Vec<Result<_>> = batch
-                .par_iter()
-                .map(|record| spec.shaper.shape(record).and_then(|example| encoder.encode(&example)).map_err(|m| record.place.error(m)))
-                .collect();
+            let encoded: Vec<Result<T>> = batch.par_iter().map(|record| encode(record).map_err(|m| record.place.error(m))).collect();
             for (record, row) in batch.iter().zip(encoded) {
-                writer.push(&row?, &record.place)?;
+                push(row?, &record.place)?;
             }
             read += batch.len() as u64;
             bar.set_position(read);

@@ -10,7 +10,7 @@
 //! BOS or EOS is doubled (TRL #1930, axolotl #1616).
 
 use super::rows::Pair;
-use crate::data::instruct::encode::Encoder;
+use crate::data::instruct::encode::{Encoded, Encoder, Shown};
 
 /// A pair's ids: the shared prompt, then each completion.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -20,43 +20,66 @@ pub struct EncodedPair {
     pub rejected: Vec<u32>,
 }
 
-fn ids(encoder: &Encoder, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-    Ok(encoder.tokenizer.encode_fast(text, add_special_tokens).map_err(|e| format!("the tokenizer failed: {e}"))?.get_ids().to_vec())
-}
-
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// The pair's ids; an error when a completion adds no token after the prompt.
-pub fn encode(encoder: &Encoder, pair: &Pair) -> Result<EncodedPair, String> {
-    let (prompt, whole_chosen, whole_rejected) = match pair {
+/// The texts a pair is tokenized from (the prompt, prompt + chosen, prompt +
+/// rejected) and whether the tokenizer adds its special tokens to them.
+fn texts(encoder: &Encoder, pair: &Pair) -> Result<([String; 3], bool), String> {
+    match pair {
         Pair::Text { prompt, chosen, rejected } => {
             let eos = |c: &str| if encoder.eos.is_empty() || c.ends_with(&encoder.eos) { c.to_string() } else { format!("{c}{}", encoder.eos) };
-            (
-                ids(encoder, prompt, true)?,
-                ids(encoder, &format!("{prompt}{}", eos(chosen)), true)?,
-                ids(encoder, &format!("{prompt}{}", eos(rejected)), true)?,
-            )
+            Ok(([prompt.clone(), format!("{prompt}{}", eos(chosen)), format!("{prompt}{}", eos(rejected))], true))
         }
         Pair::Conversation { chat, chosen, rejected } => {
             let template = encoder
                 .template
                 .as_ref()
                 .ok_or("conversational pairs need a chat template (tokenizer_config.json `chat_template` or chat_template.jinja)")?;
-            let render = |completion: &[minijinja::Value], generation_prompt: bool| -> Result<Vec<u32>, String> {
+            let render = |completion: &[minijinja::Value], generation_prompt: bool| -> Result<String, String> {
                 let mut all = chat.clone();
                 all.messages.extend(completion.iter().cloned());
-                ids(encoder, &template.render(all.conversation(), generation_prompt)?.text, false)
+                Ok(template.render(all.conversation(), generation_prompt)?.text)
             };
-            (render(&[], true)?, render(chosen, false)?, render(rejected, false)?)
+            Ok(([render(&[], true)?, render(chosen, false)?, render(rejected, false)?], false))
         }
-    };
-    let at = common_prefix(&prompt, &whole_chosen).min(common_prefix(&prompt, &whole_rejected));
+    }
+}
+
+/// The pair's ids from the prompt's and each whole's; an error when a completion
+/// adds no token after the prompt.
+fn split(prompt: &[u32], whole_chosen: &[u32], whole_rejected: &[u32]) -> Result<EncodedPair, String> {
+    let at = common_prefix(prompt, whole_chosen).min(common_prefix(prompt, whole_rejected));
     let out = EncodedPair { prompt: prompt[..at].to_vec(), chosen: whole_chosen[at..].to_vec(), rejected: whole_rejected[at..].to_vec() };
     match (out.chosen.is_empty(), out.rejected.is_empty()) {
         (true, _) => Err("the chosen completion adds no token after the prompt".into()),
         (_, true) => Err("the rejected completion adds no token after the prompt".into()),
         _ => Ok(out),
     }
+}
+
+/// The pair's ids; an error when a completion adds no token after the prompt.
+pub fn encode(encoder: &Encoder, pair: &Pair) -> Result<EncodedPair, String> {
+    let ([prompt, chosen, rejected], special) = texts(encoder, pair)?;
+    split(&encoder.ids(&prompt, special)?, &encoder.ids(&chosen, special)?, &encoder.ids(&rejected, special)?)
+}
+
+/// For `ptrain tokenize --show`: prompt + chosen and prompt + rejected as the model
+/// sees them, their completion tokens trained, and the pair's ids.
+pub fn show(encoder: &Encoder, pair: &Pair) -> Result<([Shown; 2], EncodedPair), String> {
+    let ([prompt, chosen, rejected], special) = texts(encoder, pair)?;
+    let whole = |text: String| -> Result<(String, tokenizers::Encoding), String> {
+        let encoding = encoder.tokenizer.encode(text.as_str(), special).map_err(|e| format!("the tokenizer failed: {e}"))?;
+        Ok((text, encoding))
+    };
+    let (chosen, rejected) = (whole(chosen)?, whole(rejected)?);
+    let encoded = split(&encoder.ids(&prompt, special)?, chosen.1.get_ids(), rejected.1.get_ids())?;
+    let at = encoded.prompt.len();
+    let shown = |(text, encoding): (String, tokenizers::Encoding)| {
+        let ids = encoding.get_ids().to_vec();
+        let trained = (0..ids.len()).map(|i| i >= at).collect();
+        Shown { text, offsets: encoding.get_offsets().to_vec(), encoded: Encoded { ids, trained, untrained: None } }
+    };
+    Ok(([shown(chosen), shown(rejected)], encoded))
 }

@@ -1,35 +1,32 @@
 //! Preference pairs (`data.kind = "preference"`) for DPO: rows read from the files
 //! people have ([`crate::data::reader`]), shaped as TRL reads them ([`rows`]),
-//! tokenized as TRL 1.16's `DPOTrainer` tokenizes them ([`encode`]) on every core,
-//! and collated as its `DataCollatorForPreference` does: a micro-batch of `B`
-//! pairs is `2B` rows, the chosen ones (prompt + chosen) then the rejected ones
+//! tokenized as TRL 1.16's `DPOTrainer` tokenizes them ([`encode`]) on every core
+//! into the token cache ([`cache`], read back by [`load`]), and collated as its
+//! `DataCollatorForPreference` does: a micro-batch of `B` pairs is `2B` rows, the chosen ones (prompt + chosen) then the rejected ones
 //! (prompt + rejected), each cut to `data.max_seq_len + 1` tokens by
 //! `dpo.truncation_mode`, right-padded; the targets are the completion tokens.
 //! With `data.packing`, a pair is one sequence holding its prompt once ([`pack`]).
 //! See docs/preference.md.
 
+mod cache;
 pub mod encode;
+mod load;
 mod pack;
 pub mod rows;
+pub mod show;
 
-use std::{
-    path::{Path, PathBuf},
-    sync::OnceLock,
-};
+use std::{path::Path, sync::OnceLock};
 
-use rayon::prelude::*;
 use tch::Tensor;
 
 use self::encode::EncodedPair;
-pub use self::pack::{CHOSEN, REJECTED};
-use super::{instruct, reader::Rows, Batch, BatchKey, Dataset, Split, IGNORE_INDEX};
-use crate::{
-    config::{Config, TruncationMode},
-    error::{Error, Result},
+pub use self::{
+    cache::{PairFile, PairMeta},
+    load::PairCounts,
+    pack::{CHOSEN, REJECTED},
 };
-
-/// Rows read and encoded at a time (each batch is spread over the cores).
-const BATCH_ROWS: usize = 2048;
+use super::{instruct, Batch, BatchKey, Dataset, Split, IGNORE_INDEX};
+use crate::error::{Error, Result};
 
 pub struct PreferenceData {
     /// Positions of a sequence: a row keeps at most `seq_len + 1` tokens.
@@ -45,104 +42,20 @@ pub struct PreferenceData {
     /// log-probabilities (chosen, rejected), set once before training.
     reference: [OnceLock<Vec<[f32; 2]>>; 2],
     order: instruct::pack::EpochOrder,
-    /// Pairs read, and left out because truncation leaves a completion no token.
-    pub read: u64,
-    pub dropped: u64,
+    /// What the pairs hold, and which were left out.
+    pub counts: PairCounts,
+    /// Each source's name and cache file.
+    files: Vec<(String, PairFile)>,
 }
 
 fn bad(path: &Path, message: String) -> Error {
     Error::Data { path: path.to_owned(), message }
 }
 
-/// Every pair of `path`, encoded; the first bad row is the error, naming its file
-/// and line (or row).
-fn read_pairs(config: &Config, path: &str, encoder: &instruct::encode::Encoder) -> Result<Vec<EncodedPair>> {
-    let data = &config.data;
-    let mut rows = Rows::open(path, data.format, &data.ignore_columns)?;
-    let mut pairs = Vec::new();
-    loop {
-        let batch = rows.next_batch(BATCH_ROWS)?;
-        if batch.is_empty() {
-            break;
-        }
-        let encoded: Vec<Result<EncodedPair>> = batch
-            .par_iter()
-            .map(|record| {
-                rows::shape(record, &data.columns, &data.ignore_columns)
-                    .and_then(|pair| encode::encode(encoder, &pair))
-                    .map_err(|m| record.place.error(m))
-            })
-            .collect();
-        for pair in encoded {
-            pairs.push(pair?);
-        }
-    }
-    if pairs.is_empty() {
-        return Err(bad(Path::new(path), "the file holds no rows".into()));
-    }
-    Ok(pairs)
-}
-
 impl PreferenceData {
-    pub fn from_config(config: &Config, seq_len: i64) -> Result<PreferenceData> {
-        let data = &config.data;
-        let (encoder, _) = instruct::encoder(config)?;
-        let limit = seq_len as usize + 1;
-        let keep_end = config.dpo.truncation_mode == TruncationMode::KeepEnd;
-        let mut read = 0;
-        let mut dropped = 0;
-        let mut fit = |path: &str| -> Result<Vec<EncodedPair>> {
-            let pairs = read_pairs(config, path, &encoder)?;
-            read += pairs.len() as u64;
-            let vocab = config.model.vocab_size;
-            if let Some(id) = pairs.iter().flat_map(|p| p.prompt.iter().chain(&p.chosen).chain(&p.rejected)).find(|&&id| id as i64 >= vocab) {
-                return Err(bad(
-                    Path::new(path),
-                    format!("token id {id} is beyond the model's vocabulary (model.vocab_size = {vocab}): the tokenizer does not match the model"),
-                ));
-            }
-            // As TRL: with keep_start, a pair whose prompt alone fills the sequence
-            // would train on no completion token.
-            let n = pairs.len() as u64;
-            let kept: Vec<EncodedPair> = pairs.into_iter().filter(|p| keep_end || p.prompt.len() < limit).collect();
-            dropped += n - kept.len() as u64;
-            Ok(kept)
-        };
-        let mut train = fit(&data.path)?;
-        let val = match data.val_path.as_str() {
-            "" => {
-                let n = match (data.val_fraction, train.len()) {
-                    (f, n) if f <= 0.0 || n < 2 => 0,
-                    (f, n) => ((n as f64 * f).ceil() as usize).clamp(1, n - 1),
-                };
-                train.split_off(train.len() - n)
-            }
-            val_path => fit(val_path)?,
-        };
-        let path = PathBuf::from(&data.path);
-        if train.is_empty() {
-            return Err(bad(&path, format!("no pair is left to train on (every prompt is at least data.max_seq_len + 1 = {limit} tokens long)")));
-        }
-        if val.is_empty() {
-            return Err(bad(&path, "no pair is left for validation (set data.val_path, or more rows)".into()));
-        }
-        tracing::info!(
-            "data: {read} preference pairs; {dropped} left out as their prompt fills {limit} tokens; {} training, {} held out",
-            train.len(),
-            val.len()
-        );
-        Ok(PreferenceData {
-            seq_len: seq_len as usize,
-            keep_end,
-            packing: data.packing,
-            cross_talk: config.debug.packing_cross_talk,
-            order: instruct::pack::EpochOrder::new(config.run.seed, train.len()),
-            train,
-            val,
-            reference: Default::default(),
-            read,
-            dropped,
-        })
+    /// Each source (its name) and the cache file holding its encoded pairs.
+    pub fn files(&self) -> &[(String, PairFile)] {
+        &self.files
     }
 
     /// A completion's row: prompt + completion cut to `seq_len + 1` tokens, and which

@@ -11,8 +11,8 @@ fn data(seq_len: usize, keep_end: bool, pairs: Vec<EncodedPair>) -> PreferenceDa
         val: Vec::new(),
         reference: Default::default(),
         order,
-        read: 0,
-        dropped: 0,
+        counts: Default::default(),
+        files: Vec::new(),
     }
 }
 
@@ -60,4 +60,23 @@ fn a_packed_pair_holds_its_prompt_once_and_each_answer_continues_it() {
     assert_eq!(rows(&s.positions), [vec![0, 1, 2, 3, 2]], "both answers continue from the prompt's end");
     assert_eq!(rows(&s.ids), [vec![1, 1, 2, 2, 3]]);
     assert_eq!(rows(s.prefix.as_ref().unwrap()), [vec![1, 1, 1, 1, 1]], "each sees the prompt's row");
+}
+
+#[test]
+fn the_trained_tokens_counted_are_the_targets_a_batch_trains() {
+    let pairs = vec![pair(&[1, 2, 3], &[4, 5, 6, 7], &[8]), pair(&[], &[4, 5], &[6, 7, 8]), pair(&[1; 6], &[2, 3], &[4])];
+    for keep_end in [false, true] {
+        for seq_len in [3, 4, 16] {
+            let d = data(seq_len, keep_end, pairs.clone());
+            for (i, p) in pairs.iter().enumerate() {
+                if !keep_end && p.prompt.len() > seq_len {
+                    continue;
+                }
+                let targets = d.collate(Split::Train, &[i]).unwrap().targets;
+                let trained = Vec::<i64>::try_from(targets.flatten(0, -1)).unwrap().iter().filter(|&&t| t != X).count();
+                let counted = [&p.chosen, &p.rejected].map(|c| load::trained(p.prompt.len(), c.len(), seq_len + 1, keep_end));
+                assert_eq!(counted.iter().sum::<usize>(), trained, "pair {i}, seq_len {seq_len}, keep_end {keep_end}");
+            }
+        }
+    }
 }
