@@ -205,7 +205,7 @@ fn a_resumed_lora_run_repeats_the_uninterrupted_one_and_refuses_another_base() {
     let mut cmd = ptrain();
     cmd.args(["run", "--quiet", "--plugins", "checkpoint", "--steps", "6", "--resume"]).arg(&part).arg("--run-dir").arg(dir.path().join("r2"));
     let out = run_expect(cmd.args(&on_other), 2);
-    assert!(stderr(&out).contains("other base weights"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not the base these adapters were trained on"), "{}", stderr(&out));
     // Nor does a run without [lora] resume from adapters.
     let mut cmd = ptrain();
     cmd.args(["run", "--quiet", "--steps", "6", "--resume"]).arg(&part).arg("--run-dir").arg(dir.path().join("r3"));

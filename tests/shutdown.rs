@@ -60,6 +60,16 @@ fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
     rx
 }
 
+/// `cmd` started with its log at info and its stdout dropped: the child, its
+/// stderr lines as they come, and a way to send it a signal (`"-INT"`).
+fn spawn_logged(cmd: &mut Command) -> (Child, mpsc::Receiver<String>, impl Fn(&str)) {
+    let mut child = cmd.env("PTRAIN_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let lines = stderr_lines(&mut child);
+    let pid = child.id().to_string();
+    let kill = move |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    (child, lines, kill)
+}
+
 fn abandoned_after_timeout(sets: &[&str]) -> (serde_json::Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let mut child = sink_run(dir.path(), sets).spawn().unwrap();
@@ -244,19 +254,13 @@ fn a_second_signal_exits_at_once_and_the_last_committed_checkpoint_stays_valid()
     let dir = tempfile::tempdir().unwrap();
     // The save of step 3 never ends (debug.pause_save_at_step): after a first
     // SIGINT the run cannot finish its step and save, so only a second one ends it.
-    let mut child = ptrain()
-        .args(tiny_gpt(100_000))
-        .args(["--plugins", "checkpoint", "--set", "plugins.checkpoint.every=1", "--set", "debug.pause_save_at_step=3", "--run-dir"])
-        .arg(dir.path())
-        .env("PTRAIN_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = stderr_lines(&mut child);
+    let (mut child, lines, kill) = spawn_logged(
+        ptrain()
+            .args(tiny_gpt(100_000))
+            .args(["--plugins", "checkpoint", "--set", "plugins.checkpoint.every=1", "--set", "debug.pause_save_at_step=3", "--run-dir"])
+            .arg(dir.path()),
+    );
     wait_for_json(&mut child, &dir.path().join("save-paused.rank0.json"));
-    let pid = child.id().to_string();
-    let kill = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
     kill("-INT");
     let first = lines.iter().find(|l| l.contains("received signal 2")).expect("the first signal is acknowledged");
     assert!(first.contains("again to force"), "{first}");
@@ -336,22 +340,16 @@ fn a_save_stuck_in_io_is_given_up_at_its_timeout_and_a_first_signal_ends_the_run
 #[test]
 fn ctrl_c_during_a_hung_inline_hook_names_it_and_the_second_records_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = ptrain()
-        .args(tiny_gpt(6))
-        .args(["--plugins", &fixture("inline-faults")])
-        .args(["--set", "plugins.inline-faults.sleep_at=3", "--set", "plugins.inline-faults.sleep_ms=120000"])
-        .args(["--set", "plugins.inline-faults.hook_warn_s=0.5", "--run-dir"])
-        .arg(dir.path())
-        .env("PTRAIN_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = stderr_lines(&mut child);
+    let (mut child, lines, kill) = spawn_logged(
+        ptrain()
+            .args(tiny_gpt(6))
+            .args(["--plugins", &fixture("inline-faults")])
+            .args(["--set", "plugins.inline-faults.sleep_at=3", "--set", "plugins.inline-faults.sleep_ms=120000"])
+            .args(["--set", "plugins.inline-faults.hook_warn_s=0.5", "--run-dir"])
+            .arg(dir.path()),
+    );
     // The watchdog's warning: the hook is running.
     lines.iter().find(|l| l.contains("plugin `inline-faults` has been in step_end")).expect("the hook hangs");
-    let pid = child.id().to_string();
-    let kill = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
     kill("-INT");
     let first = lines.iter().find(|l| l.contains("received signal 2")).expect("the first signal is acknowledged");
     assert!(first.contains("plugin `inline-faults`") && first.contains("step_end hook") && first.contains("at step 3"), "{first}");

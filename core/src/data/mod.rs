@@ -9,6 +9,7 @@
 
 pub mod chat_template;
 mod classify;
+mod grid;
 pub mod instruct;
 pub mod loader;
 pub mod preference;

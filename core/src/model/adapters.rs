@@ -1,7 +1,8 @@
 //! LoRA adapters outside a run: a `peft` adapter directory read back (the form
 //! `ptrain export --format peft` and `PeftModel.save_pretrained` write), and a LoRA
 //! checkpoint's base found somewhere else than where it was trained (`--base DIR`),
-//! accepted only when its weights hash to what the checkpoint recorded.
+//! accepted only when its weights hash to what the checkpoint recorded, the check a
+//! resumed run makes too ([`same_base`]).
 
 use std::path::{Path, PathBuf};
 
@@ -82,22 +83,28 @@ pub fn load_peft_weights(vs: &nn::VarStore, dir: &Path) -> Result<()> {
 }
 
 /// Refuses base weights other than those a LoRA checkpoint's adapters were trained
-/// on: `vs`'s base hashed as the run hashed it, against `state.json`'s
-/// `lora_base_sha256`.
+/// on: `vs`'s base hashed as the run hashed it ([`same_base`]).
 pub fn check_base(vs: &nn::VarStore, checkpoint: &Path, base: &Path) -> Result<()> {
     let state_path = checkpoint.join(ptrain_checkpoint::STATE_FILE);
-    let bad = |message: String| Error::Checkpoint { path: checkpoint.to_owned(), message };
     let text = std::fs::read_to_string(&state_path).map_err(|e| Error::Io { path: state_path.clone(), source: e })?;
-    let state: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    let Some(recorded) = state.get("lora_base_sha256").and_then(Value::as_str) else {
-        return Err(bad("it records no LoRA base (not a LoRA run): --base is for LoRA checkpoints".into()));
-    };
-    let live = super::lora::base_hash(vs)?;
-    if live != recorded {
-        return Err(bad(format!(
-            "the base model {}: its weights (sha256 {live}) are not the base these adapters were trained on (sha256 {recorded})",
+    let state: Value = serde_json::from_str(&text).map_err(|e| Error::Checkpoint { path: checkpoint.to_owned(), message: e.to_string() })?;
+    same_base(checkpoint, &state, base, Some(&super::lora::base_hash(vs)?))
+}
+
+/// A LoRA checkpoint's adapters fit only the base they were trained on: `live`
+/// (the base model `base`'s weights hashed, `None` without LoRA) against the
+/// checkpoint `state`'s `lora_base_sha256` (none for a full fine-tuning one).
+pub fn same_base(checkpoint: &Path, state: &Value, base: &Path, live: Option<&str>) -> Result<()> {
+    let bad = |message: String| Error::Checkpoint { path: checkpoint.to_owned(), message };
+    match (state.get("lora_base_sha256").and_then(Value::as_str), live) {
+        (None, None) => Ok(()),
+        (Some(recorded), Some(live)) if recorded == live => Ok(()),
+        (Some(recorded), Some(live)) => Err(bad(format!(
+            "the base model {}: its weights (sha256 {live}) are not the base these adapters were trained on (sha256 {recorded}); \
+             give the base model they were trained on",
             base.display()
-        )));
+        ))),
+        (Some(_), None) => Err(bad("it holds LoRA adapters only: resume with its [lora] table and base model".into())),
+        (None, Some(_)) => Err(bad("it records no LoRA base (a full fine-tuning checkpoint): [lora] and --base are for LoRA checkpoints".into())),
     }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //! `llama`, `mlp` and `torchscript` are built from the configuration. The language
 //! models are one [`Decoder`] each, driving their family's blocks.
 
-mod adapters;
+pub(crate) mod adapters;
 mod attention;
 mod checkpointing;
 pub mod decoder;

@@ -181,7 +181,9 @@ impl Run {
         let grads = if world == 1 { GradMemory::Released } else { GradMemory::Kept };
         let mut learner = Learner::new(vs, model, dataset.clone(), &config, shard, grads, total_steps)?;
         if let Some(ckpt) = &checkpoint {
-            state::check_lora_base(ckpt, lora_base.as_deref())?;
+            // Resuming on another model.init_from (other weights of the same shapes),
+            // or a LoRA run without [lora], or the other way round, is refused.
+            model::adapters::same_base(&ckpt.path, &ckpt.state, std::path::Path::new(&config.model.init_from), lora_base.as_deref())?;
         }
         let restored = match &checkpoint {
             Some(ckpt) => state::restore(ckpt, &mut learner.params, learner.optimizer.as_mut())?,

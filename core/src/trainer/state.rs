@@ -154,24 +154,6 @@ pub fn restore(checkpoint: &Checkpoint, params: &mut [(String, Tensor)], optimiz
     serde_json::from_value(checkpoint.state.clone()).map_err(|e| bad(format!("{}: {e}", ckpt::STATE_FILE)))
 }
 
-/// A LoRA checkpoint's adapters fit only the base they were trained on: resuming
-/// on another `model.init_from` (other weights of the same shapes) is refused, as is
-/// resuming a LoRA run without `[lora]` or the other way round.
-pub fn check_lora_base(checkpoint: &Checkpoint, live: Option<&str>) -> Result<()> {
-    let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
-    let saved = checkpoint.state.get("lora_base_sha256").and_then(serde_json::Value::as_str);
-    match (saved, live) {
-        (None, None) => Ok(()),
-        (Some(a), Some(b)) if a == b => Ok(()),
-        (Some(a), Some(b)) => Err(bad(format!(
-            "its LoRA adapters were trained on other base weights (sha256 {a}) than model.init_from's (sha256 {b}): resume with the \
-             base model it was trained on"
-        ))),
-        (Some(_), None) => Err(bad("it holds LoRA adapters only: resume with its [lora] table and base model".into())),
-        (None, Some(_)) => Err(bad("it is a full fine-tuning checkpoint: resume it without [lora]".into())),
-    }
-}
-
 /// A resumed run trains on with the checkpoint's global batch (`data.batch_size x
 /// optim.accum_steps x ranks`): another one changes what a step is (its samples,
 /// its gradient's noise, where the data stream stands), so it is refused naming

@@ -17,8 +17,6 @@ pub mod source;
 
 use std::path::{Path, PathBuf};
 
-use tch::Tensor;
-
 pub use self::{
     cache::Meta,
     mix::{RowCounts, SourceCounts},
@@ -30,7 +28,7 @@ use self::{
     shape::Shaper,
     source::SourceSpec,
 };
-use super::{chat_template, token_cache, tokenize, Batch, BatchKey, Dataset, Segments, Split, IGNORE_INDEX};
+use super::{chat_template, grid::Grid, token_cache, tokenize, Batch, BatchKey, Dataset, Split};
 use crate::{
     config::{Config, DataKind, TrainOn},
     error::{Error, Result},
@@ -226,15 +224,12 @@ impl InstructData {
         self.sources.iter().map(|s| (s.name.as_str(), &s.store.meta, s.store.path.as_path(), s.store.encoded)).collect()
     }
 
-    /// The samples `key` names, collated: inputs, targets ([`IGNORE_INDEX`] where not
+    /// The samples `key` names, collated: inputs, targets ([`super::IGNORE_INDEX`] where not
     /// trained or padding), and for packed sequences each token's position and row.
     fn collate(&self, samples: &Samples, picks: &[usize]) -> Result<Batch> {
         let b = picks.len();
         let t = picks.iter().map(|&s| samples.positions(s)).max().unwrap_or(1).max(1);
-        let mut inputs = vec![0i64; b * t];
-        let mut targets = vec![IGNORE_INDEX; b * t];
-        let mut positions = vec![0i64; b * t];
-        let mut rows = vec![0i64; b * t];
+        let mut g = Grid::new(b, t);
         let mut sources = vec![0i64; b * t];
         let mut trained = 0i64;
         for (i, &sample) in picks.iter().enumerate() {
@@ -242,29 +237,24 @@ impl InstructData {
             for (k, entry) in samples.get(sample).iter().enumerate() {
                 let row = self.sources[entry.source as usize].store.row(entry.row as usize);
                 for p in 0..entry.positions() {
-                    inputs[at] = row.id(p) as i64;
+                    g.inputs[at] = row.id(p) as i64;
                     if row.trained(p + 1) {
-                        targets[at] = row.id(p + 1) as i64;
+                        g.targets[at] = row.id(p + 1) as i64;
                         trained += 1;
                     }
-                    positions[at] = p as i64;
-                    rows[at] = if self.cross_talk { 1 } else { k as i64 + 1 };
+                    g.positions[at] = p as i64;
+                    g.rows[at] = if self.cross_talk { 1 } else { k as i64 + 1 };
                     sources[at] = entry.source as i64;
                     at += 1;
                 }
             }
-            // Padding continues the positions, in a segment of its own.
-            for (p, q) in (at..(i + 1) * t).enumerate() {
-                positions[q] = p as i64;
-            }
+            g.pad(i, at);
         }
-        let shape = [b as i64, t as i64];
-        let tensor = |v: &[i64]| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_view(shape)?) };
         Ok(Batch {
-            inputs: tensor(&inputs)?,
-            targets: tensor(&targets)?,
-            dataset_ids: if self.named { Some(tensor(&sources)?) } else { None },
-            segments: if self.packing { Some(Segments { positions: tensor(&positions)?, ids: tensor(&rows)?, prefix: None }) } else { None },
+            inputs: g.tensor(&g.inputs)?,
+            targets: g.tensor(&g.targets)?,
+            dataset_ids: if self.named { Some(g.tensor(&sources)?) } else { None },
+            segments: if self.packing { Some(g.segments(None)?) } else { None },
             trained_tokens: Some(trained),
             reference: None,
             samples: b as i64,

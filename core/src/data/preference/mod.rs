@@ -25,7 +25,7 @@ pub use self::{
     load::PairCounts,
     pack::{CHOSEN, REJECTED},
 };
-use super::{instruct, Batch, BatchKey, Dataset, Split, IGNORE_INDEX};
+use super::{grid::Grid, instruct, Batch, BatchKey, Dataset, Split};
 use crate::error::{Error, Result};
 
 pub struct PreferenceData {
@@ -137,20 +137,18 @@ impl PreferenceData {
             })
             .collect();
         let t = rows.iter().map(|(ids, _)| ids.len().saturating_sub(1)).max().unwrap_or(1).max(1);
-        let mut inputs = vec![0i64; 2 * b * t];
-        let mut targets = vec![IGNORE_INDEX; 2 * b * t];
+        let mut g = Grid::new(2 * b, t);
         for (r, (ids, mask)) in rows.iter().enumerate() {
             for p in 0..ids.len().saturating_sub(1) {
-                inputs[r * t + p] = ids[p] as i64;
+                g.inputs[r * t + p] = ids[p] as i64;
                 if mask[p + 1] {
-                    targets[r * t + p] = ids[p + 1] as i64;
+                    g.targets[r * t + p] = ids[p + 1] as i64;
                 }
             }
         }
-        let shape = [2 * b as i64, t as i64];
         Ok(Batch {
-            inputs: Tensor::f_from_slice(&inputs)?.f_view(shape)?,
-            targets: Tensor::f_from_slice(&targets)?.f_view(shape)?,
+            inputs: g.tensor(&g.inputs)?,
+            targets: g.tensor(&g.targets)?,
             dataset_ids: None,
             segments: None,
             trained_tokens: None,

@@ -4,14 +4,12 @@
 //! output predicts the answer's first token, so both answers are scored from the
 //! same context as in their own sequences; their positions continue from the end of
 //! the prompt's row, and each attends to the prompt's row and to itself, never to
-//! the other answer ([`Segments::prefix`]). The log-probabilities equal those of
+//! the other answer ([`crate::data::Segments::prefix`]). The log-probabilities equal those of
 //! the two separate rows; the prompt is run once instead of twice.
-
-use tch::Tensor;
 
 use super::PreferenceData;
 use crate::{
-    data::{Batch, Segments, Split, IGNORE_INDEX},
+    data::{grid::Grid, Batch, Split},
     error::Result,
 };
 
@@ -43,16 +41,13 @@ impl PreferenceData {
         // Every token of the shared part is an input; an answer's last token is only a target.
         let len = |(shared, c, r): &(&[u32], Vec<u32>, Vec<u32>)| shared.len() + c.len().saturating_sub(1) + r.len().saturating_sub(1);
         let t = layouts.iter().map(len).max().unwrap_or(1).max(1);
-        let mut inputs = vec![0i64; b * t];
-        let mut targets = vec![IGNORE_INDEX; b * t];
-        let mut positions = vec![0i64; b * t];
-        let mut rows = vec![0i64; b * t];
+        let mut g = Grid::new(b, t);
         let mut prefix = vec![0i64; b * t];
         let cross_talk = self.cross_talk;
         for (i, (shared, chosen, rejected)) in layouts.iter().enumerate() {
             let mut at = i * t;
             for (p, &id) in shared.iter().enumerate() {
-                (inputs[at], positions[at], rows[at], prefix[at]) = (id as i64, p as i64, PROMPT, PROMPT);
+                (g.inputs[at], g.positions[at], g.rows[at], prefix[at]) = (id as i64, p as i64, PROMPT, PROMPT);
                 at += 1;
             }
             // debug.packing_cross_talk: the rejected answer sees the chosen one (in
@@ -60,24 +55,20 @@ impl PreferenceData {
             let rejected_sees = if cross_talk { CHOSEN } else { PROMPT };
             for (answer, row, sees) in [(chosen, CHOSEN, PROMPT), (rejected, REJECTED, rejected_sees)] {
                 for k in 0..answer.len().saturating_sub(1) {
-                    inputs[at] = answer[k] as i64;
+                    g.inputs[at] = answer[k] as i64;
                     // Every answer token but the prompt's is the completion's.
-                    targets[at] = answer[k + 1] as i64;
-                    (positions[at], rows[at], prefix[at]) = ((shared.len() + k) as i64, row, sees);
+                    g.targets[at] = answer[k + 1] as i64;
+                    (g.positions[at], g.rows[at], prefix[at]) = ((shared.len() + k) as i64, row, sees);
                     at += 1;
                 }
             }
-            for (p, q) in (at..(i + 1) * t).enumerate() {
-                positions[q] = p as i64;
-            }
+            g.pad(i, at);
         }
-        let shape = [b as i64, t as i64];
-        let tensor = |v: &[i64]| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_view(shape)?) };
         Ok(Batch {
-            inputs: tensor(&inputs)?,
-            targets: tensor(&targets)?,
+            inputs: g.tensor(&g.inputs)?,
+            targets: g.tensor(&g.targets)?,
             dataset_ids: None,
-            segments: Some(Segments { positions: tensor(&positions)?, ids: tensor(&rows)?, prefix: Some(tensor(&prefix)?) }),
+            segments: Some(g.segments(Some(&prefix))?),
             trained_tokens: None,
             reference: self.reference_of(split, picks)?,
             samples: b as i64,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::data::IGNORE_INDEX;
 
 fn data(seq_len: usize, keep_end: bool, pairs: Vec<EncodedPair>) -> PreferenceData {
     let order = instruct::pack::EpochOrder::new(1, pairs.len());
