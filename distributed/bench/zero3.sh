@@ -5,9 +5,10 @@
 #   gpt100m:    a GPT of 14 layers, width 768, 12 heads, context 256, bytes (about 99M parameters), batch 2 per rank
 #   qwen2-0.5b: the Qwen2-0.5B shape (24 layers, width 896, 14 heads, 2 KV heads, intermediate 4864, vocabulary
 #               151,936, tied head, q/k/v biases: 494M parameters), 1 x 128 positions per rank
-#   [MODES="none parameters ..."] distributed/bench/zero3.sh [rounds=1] [steps=4] [models="gpt100m qwen2-0.5b"] [layers=full]
+#   [MODES="none parameters ..."] [PTRAIN_BIN=path] distributed/bench/zero3.sh [rounds=1] [steps=4] [models="gpt100m qwen2-0.5b"] [layers=full]
 # `layers` overrides both models' depth (a check at small size: `distributed/bench/zero3.sh 1 2 "gpt100m qwen2-0.5b" 2`).
-# Prints per model and mode: median ms/step, rank 0's ms/step in collectives, each rank's peak RSS and the bytes
+# Prints per model and mode: median ms/step, rank 0's ms/step in collectives, each rank's peak RSS (and its peak
+# once the model was loaded, before the optimizer's buffers: `rank_load_peak_memory_bytes`) and the bytes
 # it holds between steps (parameters, gradient, optimizer state), all from summary.json, and the bytes one step
 # sends per rank by the formula (ring algorithms, W = 2: all-reduce 2(W-1)/W x 4N, all-gather and reduce-scatter
 # (W-1)/W x 4N each; on Gloo a reduce-scatter is an all-reduce).
@@ -19,7 +20,8 @@ rounds=${1:-1}
 steps=${2:-4}
 models=${3:-gpt100m qwen2-0.5b}
 layers=${4:-}
-bin=target/release/ptrain
+# PTRAIN_BIN: another build's binary (another checkout's target/release/ptrain), to compare.
+bin=${PTRAIN_BIN:-target/release/ptrain}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 common=(run --device cpu --quiet --steps "$steps" --set run.threads=1 --set train.eval_every=0 --set train.eval_batches=1
@@ -68,7 +70,7 @@ for model in models:
         gloo = formula + (ring if mode.startswith("parameters") or mode == "gradients" else 0)
         print(f"{model:10} {mode:15} {r['parameters']:>10} params: {statistics.median(ms):9.1f} ms/step "
               f"(collectives {statistics.median(coll):8.1f}); per rank MiB: peak RSS "
-              f"{'/'.join(map(mib, r['rank_peak_memory_bytes']))}, parameters {'/'.join(map(mib, r['parameter_bytes']))}, "
+              f"{'/'.join(map(mib, r['rank_peak_memory_bytes']))} (loaded: {'/'.join(map(mib, r.get('rank_load_peak_memory_bytes', [])))}), parameters {'/'.join(map(mib, r['parameter_bytes']))}, "
               f"gradient {'/'.join(map(mib, r['gradient_bytes']))}, optimizer {'/'.join(map(mib, r['optimizer_state_bytes']))}; "
               f"sent per step and rank by the formula {mib(formula)} MiB ({mib(gloo)} on Gloo)")
 PY

@@ -135,6 +135,13 @@ fn recompute<B: Block>(block: &B, inputs: &[Tensor]) -> Result<Tensor> {
     block.forward(&inputs[0], &mut BlockInput { train: true, rotary, attend: rest.first().map_or(Attend::Causal, Attend::Masked) })
 }
 
+/// `block`, once `after_block` was told block `index` was built (a family's builder
+/// hands each block through it as it makes them).
+pub(super) fn built<B>(block: B, index: i64, after_block: &mut dyn FnMut(usize)) -> B {
+    after_block(index as usize);
+    block
+}
+
 /// A decoder-only language model of family `F`.
 pub struct Decoder<F: Family> {
     family: F,

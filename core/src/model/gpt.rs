@@ -5,7 +5,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::{
-    decoder::{Block, BlockInput, Decoder, Family, Positions},
+    decoder::{built, Block, BlockInput, Decoder, Family, Positions},
     lora::{self, Targets},
     Layer, LayerKind,
 };
@@ -103,11 +103,16 @@ pub struct Gpt {
 impl Gpt {
     /// The model, with LoRA adapters on the linear layers `targets` names.
     pub fn decoder(vs: &nn::Path, c: &ModelConfig, targets: Targets) -> Decoder<Gpt> {
+        Gpt::decoder_with(vs, c, targets, &mut |_| {})
+    }
+
+    /// As [`Gpt::decoder`], calling `after_block(i)` once block `i`'s variables exist.
+    pub fn decoder_with(vs: &nn::Path, c: &ModelConfig, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Decoder<Gpt> {
         let t = vs / "transformer";
         let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
         let wte = nn::embedding(&t / "wte", c.vocab_size, c.n_embd, emb);
         let wpe = nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb);
-        let blocks = (0..c.n_layer).map(|i| GptBlock::new(&t / "h" / i, c, targets)).collect();
+        let blocks = (0..c.n_layer).map(|i| built(GptBlock::new(&t / "h" / i, c, targets), i, after_block)).collect();
         let ln_f = layer_norm(&t / "ln_f", c.n_embd, c.gpt.layer_norm_eps);
         Decoder::new(Gpt { wte, wpe, ln_f, config: c.clone(), lora_draws: targets.draws() }, blocks)
     }

@@ -7,7 +7,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::{
-    decoder::{Block, BlockInput, Decoder, Family, Positions},
+    decoder::{built, Block, BlockInput, Decoder, Family, Positions},
     lora::{self, Targets},
     rope::{self, Rope},
     Layer, LayerKind,
@@ -153,6 +153,11 @@ pub struct Llama {
 impl Llama {
     /// The model, with LoRA adapters on the linear layers `targets` names.
     pub fn decoder(vs: &nn::Path, m: &ModelConfig, targets: Targets) -> Decoder<Llama> {
+        Llama::decoder_with(vs, m, targets, &mut |_| {})
+    }
+
+    /// As [`Llama::decoder`], calling `after_block(i)` once block `i`'s variables exist.
+    pub fn decoder_with(vs: &nn::Path, m: &ModelConfig, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Decoder<Llama> {
         let a: &LlamaArgs = &m.llama;
         let dims = Dims { heads: m.n_head, kv_heads: a.kv_heads(m.n_head), head_dim: a.head_width(m.n_embd, m.n_head), dropout: m.dropout };
         let model = vs / "model";
@@ -161,7 +166,7 @@ impl Llama {
         let lm_head =
             (!a.tie_embeddings).then(|| (vs / "lm_head").var("weight", &[m.vocab_size, m.n_embd], nn::Init::Randn { mean: 0.0, stdev: INIT_STD }));
         let embed_tokens = nn::embedding(&model / "embed_tokens", m.vocab_size, m.n_embd, emb);
-        let layers = (0..m.n_layer).map(|i| LlamaBlock::new(&model / "layers" / i, m, dims, targets)).collect();
+        let layers = (0..m.n_layer).map(|i| built(LlamaBlock::new(&model / "layers" / i, m, dims, targets), i, after_block)).collect();
         let norm = RmsNorm::new(&model / "norm", m.n_embd, a.rms_norm_eps);
         let rope = Rope::new(a, dims.head_dim, m.block_size, vs.device());
         Decoder::new(Llama { embed_tokens, norm, lm_head, rope, config: m.clone(), lora_draws: targets.draws() }, layers)

@@ -149,8 +149,8 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
     let m = &config.model;
     let targets = lora::Targets { lora: config.lora(), kind: m.kind };
     Ok(match m.kind {
-        ModelKind::Gpt => planned(Gpt::decoder(vs, m, targets), vs, config)?,
-        ModelKind::Llama => planned(Llama::decoder(vs, m, targets), vs, config)?,
+        ModelKind::Gpt => planned(Gpt::decoder(vs, m, targets), vs, config, true)?,
+        ModelKind::Llama => planned(Llama::decoder(vs, m, targets), vs, config, true)?,
         ModelKind::Mlp => {
             let input_dim = if m.mlp.input_dim > 0 { m.mlp.input_dim } else { dataset.input_dim() };
             let classes = if m.mlp.num_classes > 0 { m.mlp.num_classes } else { dataset.num_classes() };
@@ -173,11 +173,24 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
     })
 }
 
-/// A decoder with its blocks planned by `train` (activation checkpointing) and
-/// `model.init_from`'s weights loaded.
-fn planned<F: decoder::Family>(mut model: Decoder<F>, vs: &nn::Path, config: &Config) -> Result<Box<dyn Model>> {
+/// The configured `gpt` or `llama` (no LoRA), calling `after_block(i)` as soon as
+/// block `i`'s variables exist, `model.init_from`'s weights left to the caller:
+/// parameter sharding cuts each block before the next one takes memory, and reads
+/// only its own slices of the weights.
+pub fn decoder_in_blocks(config: &Config, vs: &nn::Path, after_block: &mut dyn FnMut(usize)) -> Result<Box<dyn Model>> {
+    let m = &config.model;
+    match m.kind {
+        ModelKind::Gpt => planned(Gpt::decoder_with(vs, m, lora::Targets::NONE, after_block), vs, config, false),
+        ModelKind::Llama => planned(Llama::decoder_with(vs, m, lora::Targets::NONE, after_block), vs, config, false),
+        kind => Err(Error::Other(format!("model.kind {kind:?} is not built block by block"))),
+    }
+}
+
+/// A decoder with its blocks planned by `train` (activation checkpointing) and, with
+/// `load`, `model.init_from`'s weights loaded.
+fn planned<F: decoder::Family>(mut model: Decoder<F>, vs: &nn::Path, config: &Config, load: bool) -> Result<Box<dyn Model>> {
     model.plan(decoder::BlockPlan::from_train(&config.train, model.depth())?)?;
-    if !config.model.init_from.is_empty() {
+    if load && !config.model.init_from.is_empty() {
         hf::load_weights(vs, &config.model)?;
     }
     Ok(Box::new(model))

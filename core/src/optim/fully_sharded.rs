@@ -15,8 +15,8 @@ use ptrain_torch_ext::{self as ext, grads, TensorList};
 use tch::{Device, Kind, Tensor};
 
 use super::{
-    gather::{Part, Shared, Unit, Units},
-    layout::FlatLayout,
+    cut::{CutModel, CutUnit},
+    gather::{Shared, Unit, Units},
     names_and_sizes,
     offload::Offload,
     state_kinds, torch_err, update, Group, Optimizer, SavedState, ShardSpec,
@@ -35,14 +35,8 @@ pub struct ParamSharding {
     pub reshard_after_forward: bool,
     /// `dist.offload_optimizer`: the optimizer state and the update in host memory.
     pub offload: bool,
-    /// The model's variables that are not trained (LoRA's base), sharded and
-    /// gathered like the rest, without gradient or optimizer state.
-    pub frozen: Vec<(String, Tensor)>,
-}
-
-/// The unit of a parameter: its block's (1 + the first number in its name), or 0.
-fn unit_of(name: &str) -> usize {
-    name.split('.').find_map(|part| part.parse::<usize>().ok()).map_or(0, |block| block + 1)
+    /// The model cut into units ([`cut`](super::cut)): set before the optimizer is built.
+    pub cut: Option<CutModel>,
 }
 
 pub struct FullySharded {
@@ -76,35 +70,19 @@ fn torch(e: tch::TchError) -> Error {
 }
 
 impl FullySharded {
-    /// Cuts `params` (trainable, sorted by name) and `with.frozen` into units, all of
-    /// them whole on every rank, and keeps this rank's chunk of each; rank 0's values
-    /// win. The units' memory is released before this returns.
-    pub fn new(config: &OptimConfig, params: &[(String, Tensor)], spec: ShardSpec, with: ParamSharding) -> Result<FullySharded> {
-        let frozen = &with.frozen[..];
-        let Some((_, first)) = params.first() else { return Err(Error::Other("the model has no trainable parameters".into())) };
-        let device = first.device();
-        let wrong = params.iter().find(|(_, p)| p.kind() != Kind::Float).or_else(|| params.iter().chain(frozen).find(|(_, p)| p.device() != device));
-        if let Some((name, p)) = wrong {
-            return Err(Error::Other(format!(
-                "dist.shard = \"parameters\" needs every trainable parameter in float32 and every variable on one device; `{name}` is {:?} on {:?}",
-                p.kind(),
-                p.device()
-            )));
-        }
-        for (_, p) in params.iter().chain(frozen) {
-            with.collectives.broadcast(p, 0).map_err(Error::Dist)?;
-        }
-        let (trained, kept) = (by_unit(params), by_unit(frozen));
-        let count = trained.len().max(kept.len());
-        let layout_of =
-            |members: &[&(String, Tensor)]| FlatLayout::new(&members.iter().map(|(_, t)| t.numel() as u64).collect::<Vec<_>>(), spec.world);
-        let train_layouts: Vec<FlatLayout> = (0..count).map(|u| layout_of(trained.get(u).map_or(&[][..], Vec::as_slice))).collect();
-        let total: i64 = train_layouts.iter().map(|l| l.chunk as i64).sum();
+    /// Over the model `with.cut` holds (`params`: its trainable parameters, sorted by
+    /// name): the gradient chunks, the optimizer state and the gathers of its units.
+    pub fn new(config: &OptimConfig, params: &[(String, Tensor)], spec: ShardSpec, mut with: ParamSharding) -> Result<FullySharded> {
+        let Some(CutModel { master, units: cut, .. }) = with.cut.take() else {
+            return Err(Error::Other("parameter sharding: the model was not cut into units".into()));
+        };
+        let device = master.device();
+        let total = master.numel() as i64;
         // The optimizer's state, and the buffers its update runs on, in host memory with offload.
         let offload = if with.offload { Some(Offload::new(total)?) } else { None };
         let state_device = if with.offload { Device::Cpu } else { device };
         let zeros = |device| Tensor::f_zeros([total], (Kind::Float, device)).map_err(torch);
-        let (master, grads) = (zeros(device)?, zeros(device)?);
+        let grads = zeros(device)?;
         let state: Vec<(&'static str, Tensor)> = state_kinds(config).iter().map(|&k| Ok((k, zeros(state_device)?))).collect::<Result<_>>()?;
         let step = Tensor::f_zeros([], (Kind::Float, state_device)).map_err(torch)?;
         let (updated, updated_grads) = match &offload {
@@ -114,41 +92,35 @@ impl FullySharded {
         // (weight decay, name, offset in the chunks, length) of each owned trainable piece.
         let mut pieces = Vec::new();
         let mut saved_units = Vec::new();
-        let (mut units, mut at) = (Vec::with_capacity(count), 0i64);
-        for (u, layout) in train_layouts.into_iter().enumerate() {
+        let (mut units, mut at) = (Vec::with_capacity(cut.len()), 0i64);
+        for (u, CutUnit { trained, frozen }) in cut.into_iter().enumerate() {
             let (mut parts, mut grad_shard) = (Vec::new(), None);
-            let train = trained.get(u).cloned().unwrap_or_default();
-            if !train.is_empty() {
+            if let Some((members, part)) = trained {
+                let layout = &part.layout;
                 let owned = layout.range(spec.rank);
                 for piece in layout.pieces(owned.clone()) {
-                    let (name, p) = train[piece.param];
-                    pieces.push((p.dim() >= 2, name.clone(), at + (piece.flat_offset - owned.start) as i64, piece.len as i64));
+                    let (name, shape) = &members[piece.param];
+                    pieces.push((shape.len() >= 2, name.clone(), at + (piece.flat_offset - owned.start) as i64, piece.len as i64));
                 }
                 let chunk = layout.chunk as i64;
-                let entries =
-                    train.iter().zip(&layout.params).map(|((name, p), &(offset, _))| ParamEntry { name: name.clone(), shape: p.size(), offset });
+                let entries = members.iter().zip(&layout.params).map(|((name, shape), &(offset, _))| ParamEntry {
+                    name: name.clone(),
+                    shape: shape.clone(),
+                    offset,
+                });
                 saved_units.push(UnitLayout { chunk: layout.chunk, params: entries.collect() });
-                parts.push(part(&train, layout, master.narrow(0, at, chunk), spec.rank)?);
                 grad_shard = Some(grads.narrow(0, at, chunk));
+                parts.push(part);
                 at += chunk;
             }
-            let others = kept.get(u).cloned().unwrap_or_default();
-            let mut kinds: Vec<Kind> = Vec::new();
-            for (_, t) in &others {
-                if !kinds.contains(&t.kind()) {
-                    kinds.push(t.kind());
-                }
-            }
-            for kind in kinds {
-                let members: Vec<&(String, Tensor)> = others.iter().copied().filter(|(_, t)| t.kind() == kind).collect();
-                let layout = layout_of(&members);
-                let shard = Tensor::f_zeros([layout.chunk as i64], (kind, device)).map_err(torch)?;
-                parts.push(part(&members, layout, shard, spec.rank)?);
-            }
+            parts.extend(frozen);
             if parts.is_empty() {
                 return Err(Error::Other(format!("dist.shard = \"parameters\": block {} has no parameters", u as i64 - 1)));
             }
             units.push(Unit::new(parts, grad_shard));
+        }
+        if at != total {
+            return Err(Error::Other(format!("parameter sharding: the units' chunks hold {at} elements, the master chunks {total}")));
         }
         let mut groups = Vec::new();
         for decay in [true, false] {
@@ -196,38 +168,6 @@ impl FullySharded {
             peak_gradient_bytes,
         })
     }
-}
-
-/// The variables of each unit, in the order given (unit 0 first).
-fn by_unit(vars: &[(String, Tensor)]) -> Vec<Vec<&(String, Tensor)>> {
-    let mut units: Vec<Vec<&(String, Tensor)>> = Vec::new();
-    for var in vars {
-        let u = unit_of(&var.0);
-        if units.len() <= u {
-            units.resize(u + 1, Vec::new());
-        }
-        units[u].push(var);
-    }
-    units
-}
-
-/// Moves `members` into one flat buffer laid out as `layout` (every handle to them,
-/// model, var store and trainer, views it from here on), and copies this rank's
-/// chunk into `shard`.
-fn part(members: &[&(String, Tensor)], layout: FlatLayout, shard: Tensor, rank: u32) -> Result<Part> {
-    let (kind, device) = (members[0].1.kind(), members[0].1.device());
-    let full = Tensor::f_zeros([layout.padded() as i64], (kind, device)).map_err(torch)?;
-    tch::no_grad(|| {
-        for ((_, p), &(offset, n)) in members.iter().zip(&layout.params) {
-            let view = full.narrow(0, offset as i64, n as i64).view(p.size().as_slice());
-            view.shallow_clone().copy_(p);
-            p.shallow_clone().set_data(&view);
-        }
-    });
-    let chunk = layout.chunk as i64;
-    tch::no_grad(|| shard.shallow_clone().f_copy_(&full.narrow(0, rank as i64 * chunk, chunk))).map_err(torch)?;
-    let params = TensorList::new(members.iter().map(|(_, p)| p.shallow_clone()).collect());
-    Ok(Part { params, layout, full, shard })
 }
 
 impl Optimizer for FullySharded {
@@ -344,18 +284,5 @@ impl Optimizer for FullySharded {
     fn block_wrap(&self) -> Option<(Arc<dyn BlockWrap>, usize)> {
         let blocks = self.units.lock().units.len() - 1;
         Some((Arc::new(self.units.clone()), blocks))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unit_of;
-
-    #[test]
-    fn a_parameter_belongs_to_the_block_its_name_numbers() {
-        assert_eq!(unit_of("transformer.h.3.ln_1.weight"), 4);
-        assert_eq!(unit_of("model.layers.0.mlp.up_proj.weight"), 1);
-        assert_eq!(unit_of("transformer.wte.weight"), 0);
-        assert_eq!(unit_of("lm_head.weight"), 0);
     }
 }

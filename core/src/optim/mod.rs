@@ -14,6 +14,7 @@
 //! slices when the layout changed.
 
 mod chunks;
+mod cut;
 mod fully_sharded;
 mod gather;
 pub mod layout;
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use ptrain_torch_ext::{self as ext, TensorList};
 use tch::Tensor;
 
+pub use cut::{cut_whole, CutModel, OwnedPiece, StreamingCut};
 pub use fully_sharded::{FullySharded, ParamSharding};
 pub use lr_schedule::LrSchedule;
 pub use replicated::Replicated;

@@ -157,6 +157,7 @@ impl Run {
             gradient_peak_bytes: memory.gradient_peak_bytes,
             parameter_bytes: memory.parameter_bytes,
             rank_peak_memory_bytes: memory.peak_memory_bytes,
+            rank_load_peak_memory_bytes: memory.load_peak_memory_bytes,
             model: env.run_data.model_kind.clone(),
             parameters: env.all_params,
             trainable_parameters: env.run_data.n_params,
@@ -252,7 +253,8 @@ impl Run {
             let mut tokens = [self.tally.tokens_local as f64];
             self.dist.sum_host(&mut tokens).map_err(Error::Dist)?;
             self.tally.agree_tokens(tokens[0] as u64);
-            let memory = MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, true)?;
+            let memory =
+                MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, self.learner.load_peak_memory, true)?;
             (first, last, memory)
         } else {
             self.figures_after_failure()
@@ -265,7 +267,9 @@ impl Run {
     /// failed may fail again, so each read is caught.
     fn figures_after_failure(&self) -> (Option<f64>, Option<f64>, MemoryFigures) {
         let losses = panic::catching(|| self.mean_losses(false)).ok().and_then(|r| r.ok()).unwrap_or((None, None));
-        let memory = panic::catching(|| MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, false));
+        let memory = panic::catching(|| {
+            MemoryFigures::gather(self.learner.optimizer.as_ref(), self.dist.as_ref(), self.env.device, self.learner.load_peak_memory, false)
+        });
         (losses.0, losses.1, memory.ok().and_then(|r| r.ok()).unwrap_or_default())
     }
 

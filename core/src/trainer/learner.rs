@@ -30,6 +30,9 @@ pub(super) struct Learner {
     /// Reseed torch's generator from (seed, step) each step (the model draws random
     /// numbers), so a resumed run draws what the uninterrupted one drew.
     pub reseed: bool,
+    /// This rank's peak memory once the model was loaded (built, `model.init_from`
+    /// read, cut into shards with parameter sharding), before the optimizer's buffers.
+    pub load_peak_memory: u64,
 }
 
 impl Learner {
@@ -51,11 +54,16 @@ impl Learner {
             return Err(Error::Other("the model has no trainable parameters".into()));
         }
         let (spec, mut with) = shard.map_or((None, None), |(spec, with)| (Some(spec), with));
-        if let Some(with) = &mut with {
-            // Parameter sharding cuts the frozen variables too (LoRA's base).
-            with.frozen = vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
-            with.frozen.sort_by(|a, b| a.0.cmp(&b.0));
+        if let (Some(spec), Some(with)) = (&spec, &mut with) {
+            if with.cut.is_none() {
+                // Parameter sharding cuts the frozen variables too (LoRA's base).
+                let mut frozen: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
+                frozen.sort_by(|a, b| a.0.cmp(&b.0));
+                with.cut = Some(optim::cut_whole(&params, &frozen, spec.rank, spec.world, with.collectives.as_ref())?);
+            }
         }
+        // The model is in place (cut, with parameter sharding): the optimizer's buffers come next.
+        let load_peak_memory = crate::device::peak_memory(vs.device());
         let optimizer = optim::build(&config.optim, &params, spec, with, grads)?;
         if let Some((wrap, named)) = optimizer.block_wrap() {
             let depth = model.wrap_blocks(wrap)?;
@@ -70,6 +78,7 @@ impl Learner {
             lr_schedule: LrSchedule::new(&config.optim, total_steps),
             // Whether the model draws random numbers is the model's to say.
             reseed: model.uses_randomness(),
+            load_peak_memory,
             // bf16 autocasts the forward pass on the CPU as on CUDA (libtorch supports both).
             autocast: (config.train.precision == crate::config::Precision::Bf16).then_some(vs.device().is_cuda()),
             _vs: vs,

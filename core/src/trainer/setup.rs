@@ -37,7 +37,7 @@ use crate::{
     error::{Error, Result},
     host::{HostServices, PluginHost, RunData},
     model, objective,
-    optim::{GradMemory, ShardSpec},
+    optim::{GradMemory, ParamSharding, ShardSpec},
     schedule::{Cadence, CoreTask, Gate, Owner, RunSchedule, SlotSpec, StepWindows},
 };
 
@@ -136,16 +136,25 @@ impl Run {
             _ => {}
         }
         let vs = nn::VarStore::new(device);
+        let mut cut = None;
         let mut model = match model_factory {
             Some(factory) => factory(&vs.root(), dataset.as_ref())?,
-            // The checkpoint has every weight: model.init_from's may be gone. A LoRA
-            // checkpoint has only the adapters: the base comes from model.init_from.
-            None if checkpoint.is_some() && config.lora().is_none() => {
-                let mut without = config.clone();
-                without.model.init_from.clear();
-                model::build(&without, &vs, dataset.as_ref())?
+            None => {
+                // The checkpoint has every weight: model.init_from's may be gone. A LoRA
+                // checkpoint has only the adapters: the base comes from model.init_from.
+                let mut built = config.clone();
+                if checkpoint.is_some() && config.lora().is_none() {
+                    built.model.init_from.clear();
+                }
+                match shard.as_ref().filter(|s| super::sharding::cuts_while_built(&config, s)) {
+                    Some(spec) => {
+                        let (model, whole) = super::sharding::build_cut(&built, &vs, spec)?;
+                        cut = Some(whole);
+                        model
+                    }
+                    None => model::build(&built, &vs, dataset.as_ref())?,
+                }
             }
-            None => model::build(&config, &vs, dataset.as_ref())?,
         };
         let lora_base = match config.lora() {
             Some(_) => {
@@ -175,7 +184,7 @@ impl Run {
         if shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters) {
             super::sharding::refuse_unsupported(&config, false)?;
         }
-        let shard = shard.map(|spec| (spec, super::sharding::param_sharding(&config, dist.as_ref())));
+        let shard = shard.map(|spec| (spec, super::sharding::param_sharding(&config, dist.as_ref()).map(|with| ParamSharding { cut, ..with })));
         // One rank releases its gradients between steps; data parallelism keeps them
         // for the all-reduce buckets bound to them.
         let grads = if world == 1 { GradMemory::Released } else { GradMemory::Kept };

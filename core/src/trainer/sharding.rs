@@ -1,20 +1,46 @@
-//! What `dist.shard = "parameters"` needs from set-up: the process group's
-//! collectives for the optimizer's gathers, and a clear refusal of what it does not
-//! support yet (every path that reads whole parameters between steps).
+//! What `dist.shard = "parameters"` needs from set-up: the model cut into shards as
+//! it is built, the process group's collectives for the optimizer's gathers, and a
+//! clear refusal of what it does not support yet (every path that reads whole
+//! parameters between steps).
+
+use tch::nn;
 
 use crate::{
-    config::{Config, ShardMode},
+    config::{Config, ModelKind, ShardMode},
     dist::DataParallel,
     error::{ConfigError, Error, Result},
-    optim::ParamSharding,
+    model::{self, Model},
+    optim::{CutModel, ParamSharding, ShardSpec, StreamingCut},
 };
+
+/// Whether the configured model is cut while it is built ([`build_cut`]): a `gpt` or
+/// `llama` from the configuration, without LoRA (whose base hash reads the whole
+/// base), under `parameters`. Others are built whole and cut after.
+pub(super) fn cuts_while_built(config: &Config, spec: &ShardSpec) -> bool {
+    spec.mode == ShardMode::Parameters && config.lora().is_none() && matches!(config.model.kind, ModelKind::Gpt | ModelKind::Llama)
+}
+
+/// The configured `gpt` or `llama` in `vs`, each unit cut into this rank's shard as
+/// soon as its variables exist (a block's whole tensors go before the next block is
+/// made: the same random draws as the whole model's, in the same order), and
+/// `model.init_from`'s values read straight into the shards, this rank's slices only.
+pub(super) fn build_cut(config: &Config, vs: &nn::VarStore, spec: &ShardSpec) -> Result<(Box<dyn Model>, CutModel)> {
+    let params: Vec<(String, Vec<i64>)> = model::hf::names::params(&config.model).into_iter().map(|p| (p.name, p.shape)).collect();
+    let mut cutting = StreamingCut::new(&params, spec.rank, spec.world, vs.device())?;
+    let model = model::decoder_in_blocks(config, &vs.root(), &mut |block| cutting.block_built(vs, block))?;
+    let cut = cutting.finish(vs)?;
+    if !config.model.init_from.is_empty() {
+        model::hf::load_pieces(&config.model, &cut.owned_pieces())?;
+    }
+    Ok((model, cut))
+}
 
 /// The collectives and settings of parameter sharding, when the run shards parameters.
 pub(super) fn param_sharding(config: &Config, dist: &dyn DataParallel) -> Option<ParamSharding> {
     (config.dist.shard == ShardMode::Parameters).then_some(())?;
     let collectives = dist.shard_collectives()?;
     let (reshard_after_forward, offload) = (config.dist.reshard_after_forward, config.dist.offload_optimizer);
-    Some(ParamSharding { collectives, reshard_after_forward, offload, frozen: Vec::new() })
+    Some(ParamSharding { collectives, reshard_after_forward, offload, cut: None })
 }
 
 /// Refuses (as a usage error, before training) what parameter sharding cannot do yet.

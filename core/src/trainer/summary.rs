@@ -94,6 +94,9 @@ pub struct Summary {
     /// and peak memory (CUDA's peak allocated, or the peak RSS).
     pub parameter_bytes: Vec<u64>,
     pub rank_peak_memory_bytes: Vec<u64>,
+    /// Per rank: the peak memory once the model was loaded (built, `model.init_from`
+    /// read, cut into shards with `parameters`), before the optimizer's buffers.
+    pub rank_load_peak_memory_bytes: Vec<u64>,
     pub model: String,
     /// Every parameter of the model, and those trained (with LoRA, the adapters'
     /// only: the base is frozen and has no gradient nor optimizer state).

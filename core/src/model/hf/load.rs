@@ -62,6 +62,64 @@ fn shape_of(view: &TensorView<'_>) -> Vec<i64> {
 /// known buffers and the tied head is refused, so a file that is not what
 /// `config.json` says never trains silently.
 pub fn load_weights(vs: &nn::Path, m: &ModelConfig) -> Result<()> {
+    let vars = names::params(m)
+        .into_iter()
+        .map(|p| variable(vs, &p.name).map(|v| (p.name.clone(), v)).ok_or_else(|| Error::Other(format!("the model has no parameter `{}`", p.name))))
+        .collect::<Result<BTreeMap<String, Tensor>>>()?;
+    each_weight(m, |p, weight| {
+        let mut var = vars[&p.name].shallow_clone();
+        var.f_copy_(&weight.whole()?.f_to_kind(var.kind())?)?;
+        Ok(())
+    })
+}
+
+/// Loads into each of `pieces` (the parameter slices a rank holds under parameter
+/// sharding) its elements of `m.init_from`'s weights, with the checks of
+/// [`load_weights`]: only those bytes of the files are read.
+pub fn load_pieces(m: &ModelConfig, pieces: &[crate::optim::OwnedPiece]) -> Result<()> {
+    let mut by_name: BTreeMap<&str, Vec<&crate::optim::OwnedPiece>> = BTreeMap::new();
+    for piece in pieces {
+        by_name.entry(piece.name.as_str()).or_default().push(piece);
+    }
+    each_weight(m, |p, weight| {
+        for piece in by_name.get(p.name.as_str()).into_iter().flatten() {
+            let values = weight.slice(piece.offset as i64, piece.dest.numel() as i64)?;
+            piece.dest.shallow_clone().f_copy_(&values.f_to_kind(piece.dest.kind())?)?;
+        }
+        Ok(())
+    })
+}
+
+/// One parameter's tensor in a weight file, in ptrain's layout.
+struct Weight<'a> {
+    view: &'a TensorView<'a>,
+    kind: Kind,
+    shape: Vec<i64>,
+    conv1d: bool,
+}
+
+impl Weight<'_> {
+    fn whole(&self) -> Result<Tensor> {
+        let t = Tensor::f_from_data_size(self.view.data(), &self.shape, self.kind)?;
+        Ok(if self.conv1d { t.f_tr()?.f_contiguous()? } else { t })
+    }
+
+    /// Elements `[offset, offset + len)` of the flattened parameter: read from the
+    /// file alone, unless GPT-2 stores it transposed (then the whole is read).
+    fn slice(&self, offset: i64, len: i64) -> Result<Tensor> {
+        if self.conv1d {
+            return Ok(self.whole()?.f_reshape([-1])?.f_narrow(0, offset, len)?);
+        }
+        let elem = self.kind.elt_size_in_bytes();
+        let bytes = &self.view.data()[offset as usize * elem..(offset + len) as usize * elem];
+        Ok(Tensor::f_from_data_size(bytes, &[len], self.kind)?)
+    }
+}
+
+/// Opens and checks `m.init_from` (see [`load_weights`]), then hands `each` every
+/// parameter with its weight, without gradient tracking; each weight's pages are
+/// dropped from memory once it was used.
+fn each_weight(m: &ModelConfig, mut each: impl FnMut(&names::Param, &Weight<'_>) -> Result<()>) -> Result<()> {
     let hf = HfDir::open(&m.init_from)?;
     if let Some(mismatch) = hf.arch.mismatch(m) {
         return Err(Error::Data {
@@ -106,18 +164,13 @@ pub fn load_weights(vs: &nn::Path, m: &ModelConfig) -> Result<()> {
         }
         let kind = kind(view.dtype())
             .ok_or_else(|| Error::Data { path: path.to_path_buf(), message: format!("tensor `{}` has dtype {:?}", p.hf_name(), view.dtype()) })?;
-        let var = variable(vs, &p.name).ok_or_else(|| Error::Other(format!("the model has no parameter `{}`", p.name)))?;
         let mmap = &maps.iter().find(|(file, _)| file == path).expect("a view of a mapped file").1;
-        plan.push((p, view, kind, var, shape, mmap));
+        plan.push((p, Weight { view, kind, shape, conv1d: p.conv1d }, mmap));
     }
     tch::no_grad(|| -> Result<()> {
-        for (p, view, kind, mut var, shape, mmap) in plan {
-            let mut t = Tensor::f_from_data_size(view.data(), &shape, kind)?.to_kind(var.kind());
-            if p.conv1d {
-                t = t.tr();
-            }
-            var.f_copy_(&t)?;
-            forget(mmap, view.data());
+        for (p, weight, mmap) in &plan {
+            each(p, weight)?;
+            forget(mmap, weight.view.data());
         }
         Ok(())
     })?;

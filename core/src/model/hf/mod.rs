@@ -19,7 +19,7 @@ pub use arch::HfArch;
 pub use config::Gpt2Arch;
 pub use export::{export, recorded_config, resolve_checkpoint, Exported, GENERATION_CONFIG};
 pub use llama_config::LlamaArch;
-pub use load::load_weights;
+pub use load::{load_pieces, load_weights};
 pub use peft::{export_peft, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 
 use crate::{
