@@ -49,6 +49,7 @@ fn main() {
             "csrc/checkpoint.cpp",
             "csrc/precomputed.cpp",
             "csrc/sharding.cpp",
+            "csrc/swiglu.cpp",
         ]);
     if let Some(cuda_include) = &cuda_include {
         build.define("PTX_CUDA", None).include(cuda_include);

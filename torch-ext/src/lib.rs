@@ -21,6 +21,7 @@ mod pin;
 mod precomputed;
 pub mod profiler;
 pub mod sharding;
+mod swiglu;
 pub mod trace;
 
 pub use autocast::{autocast_bf16, autocast_dtype};
@@ -31,6 +32,7 @@ pub use list::TensorList;
 pub use optim::{fused_adamw, fused_sgd, AdamW, Sgd};
 pub use pin::{is_pinned, pin_memory};
 pub use precomputed::precomputed;
+pub use swiglu::swiglu;
 
 #[cfg(test)]
 mod tests;

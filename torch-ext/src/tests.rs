@@ -194,3 +194,24 @@ fn a_frozen_weight_gets_no_precomputed_gradient() {
     assert!(!weight.grad().defined());
     assert_eq!(hidden.grad().sum(Kind::Float).double_value(&[]), 6.0);
 }
+
+#[test]
+fn swiglu_gives_autograds_output_and_gradients_bit_for_bit() {
+    for (gate_kind, up_kind) in [(Kind::Float, Kind::Float), (Kind::BFloat16, Kind::BFloat16), (Kind::BFloat16, Kind::Float)] {
+        tch::manual_seed(0);
+        let leaf = |kind| Tensor::randn([5, 37], (Kind::Float, Device::Cpu)).to_kind(kind).set_requires_grad(true);
+        let (gate, up) = (leaf(gate_kind), leaf(up_kind));
+        let weights = Tensor::randn([5, 37], (Kind::Float, Device::Cpu));
+        let run = |fused: bool| {
+            let out = if fused { swiglu(&gate, &up).unwrap() } else { gate.silu() * &up };
+            let grads = Tensor::run_backward(&[(&out * &weights).sum(Kind::Float)], &[&gate, &up], false, false);
+            (out, grads)
+        };
+        let ((fused, fused_grads), (plain, plain_grads)) = (run(true), run(false));
+        let what = format!("gate {gate_kind:?}, up {up_kind:?}");
+        assert_eq!(fused.kind(), plain.kind(), "{what}");
+        assert!(fused.equal(&plain), "{what}: the output");
+        assert!(fused_grads[0].equal(&plain_grads[0]), "{what}: the gate's gradient");
+        assert!(fused_grads[1].equal(&plain_grads[1]), "{what}: up's gradient");
+    }
+}

@@ -125,6 +125,16 @@ fn run_block(
     }
 }
 
+/// The rows of `weight` `[V, D]` at `ids`. `tied`: `weight` is also the output head.
+/// Backward then gets the lookup's gradient as a sparse `[ids, D]` tensor, which
+/// autograd adds in place into the head's dense `[V, D]` gradient (that one arrives
+/// first, from the loss); a dense lookup gradient would be a second `[V, D]` buffer
+/// beside it at the end of backward (0.51 GiB at Qwen2-0.5B's vocabulary). An untied
+/// embedding's gradient is its `.grad` alone, which the fused optimizers need dense.
+pub(super) fn lookup(weight: &Tensor, ids: &Tensor, tied: bool) -> Result<Tensor> {
+    Ok(Tensor::f_embedding(weight, ids, -1, false, tied)?)
+}
+
 /// A checkpointed block's training forward over `[x]`, then RoPE's `[cos, sin]` if
 /// any (they come in pairs), then the mask if any, as the checkpoint recomputes it.
 fn recompute<B: Block>(block: &B, inputs: &[Tensor]) -> Result<Tensor> {

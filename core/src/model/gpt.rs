@@ -5,7 +5,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::{
-    decoder::{built, Block, BlockInput, Decoder, Family, Positions},
+    decoder::{self, built, Block, BlockInput, Decoder, Family, Positions},
     lora::{self, Targets},
     Layer, LayerKind,
 };
@@ -16,10 +16,6 @@ use crate::{config::ModelConfig, error::Result};
 
 fn norm(l: &nn::LayerNorm, x: &Tensor, eps: f64) -> Result<Tensor> {
     Ok(x.f_layer_norm(l.normalized_shape.as_slice(), l.ws.as_ref(), l.bs.as_ref(), eps, true)?)
-}
-
-fn embed(e: &nn::Embedding, ids: &Tensor) -> Result<Tensor> {
-    Ok(Tensor::f_embedding(&e.ws, ids, -1, false, false)?)
 }
 
 /// The module's name (`c_attn`, ...) picks whether LoRA adapts it.
@@ -134,7 +130,9 @@ impl Family for Gpt {
             Positions::Given(p) => p.shallow_clone(),
             Positions::From { start, len } => Tensor::f_arange_start(start, start + len, (Kind::Int64, tokens.device()))?,
         };
-        Ok(embed(&self.wte, tokens)?.f_add(&embed(&self.wpe, &pos)?)?.f_dropout(self.config.dropout, train)?)
+        // wte is the head too; wpe is not.
+        let tokens = decoder::lookup(&self.wte.ws, tokens, true)?;
+        Ok(tokens.f_add(&decoder::lookup(&self.wpe.ws, &pos, false)?)?.f_dropout(self.config.dropout, train)?)
     }
 
     fn norm(&self, x: &Tensor) -> Result<Tensor> {

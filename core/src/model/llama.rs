@@ -7,7 +7,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::{
-    decoder::{built, Block, BlockInput, Decoder, Family, Positions},
+    decoder::{self, built, Block, BlockInput, Decoder, Family, Positions},
     lora::{self, Targets},
     rope::{self, Rope},
     Layer, LayerKind,
@@ -47,6 +47,18 @@ impl RmsNorm {
         let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
         Ok(self.weight.f_mul(&normed.f_to_kind(x.kind())?)?)
     }
+}
+
+/// SwiGLU's gating `silu(gate) * up`, keeping only `gate` and `up` for backward
+/// ([`ptrain_torch_ext::swiglu`], as Liger's fused SwiGLU): autograd's two nodes would
+/// also keep `silu(gate)`, one more `[tokens, intermediate]` tensor per block (10 MB
+/// at Qwen2-0.5B's 4,864 and 512 tokens). The gradients are autograd's bit for bit.
+fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    #[cfg(test)]
+    if tests::UNFUSED.get() {
+        return Ok(gate.f_silu()?.f_mul(up)?);
+    }
+    ptrain_torch_ext::swiglu(gate, up).map_err(|e| crate::error::Error::Other(format!("swiglu: {e}")))
 }
 
 /// Shapes shared by every layer.
@@ -129,7 +141,8 @@ impl Block for LlamaBlock {
         let y = y.f_transpose(1, 2)?.f_reshape([b, t, self.dims.heads * self.dims.head_dim])?;
         let x = x.f_add(&self.o_proj.forward(&y, train)?)?;
         let h = self.post_norm.forward(&x)?;
-        let gated = self.gate_proj.forward(&h, train)?.f_silu()?.f_mul(&self.up_proj.forward(&h, train)?)?;
+        let gate = self.gate_proj.forward(&h, train)?;
+        let gated = swiglu(&gate, &self.up_proj.forward(&h, train)?)?;
         Ok(x.f_add(&self.down_proj.forward(&gated, train)?)?)
     }
 
@@ -185,7 +198,7 @@ impl Family for Llama {
     }
 
     fn embed(&self, tokens: &Tensor, _at: Positions, _train: bool) -> Result<Tensor> {
-        Ok(Tensor::f_embedding(&self.embed_tokens.ws, tokens, -1, false, false)?)
+        decoder::lookup(&self.embed_tokens.ws, tokens, self.lm_head.is_none())
     }
 
     /// In the embedding's type, as `transformers` casts them: float32 for float32
@@ -238,3 +251,6 @@ impl Family for Llama {
         layers
     }
 }
+
+#[cfg(test)]
+mod tests;

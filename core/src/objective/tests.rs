@@ -170,3 +170,76 @@ fn the_objective_is_chosen_from_the_task_and_the_data() {
     config.data.kind = DataKind::PromptCompletion;
     assert_eq!(from_config(&config, Task::LanguageModel).name(), "causal_lm_per_token");
 }
+
+/// A language model as the learner hands it to an objective.
+struct Lm(Box<dyn crate::model::Model>);
+
+impl Forward for Lm {
+    fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
+        self.0.forward(crate::model::ModelInput::new(&batch.inputs, train))?.logits()
+    }
+
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+        let input = crate::model::ModelInput::new(&batch.inputs, train).returns(crate::model::Returns::Hidden);
+        match self.0.forward(input)? {
+            crate::model::ModelOutput::Hidden { states, head } => Ok(Some((states, head))),
+            crate::model::ModelOutput::Logits(_) => Ok(None),
+        }
+    }
+}
+
+/// A tied head (`llama.tie_embeddings`, as Qwen2) gets the token lookup's gradient
+/// as a sparse one added into the head's dense gradient: the result equals what the
+/// untied model with the same weights gets as its embedding's and its head's dense
+/// gradients, summed, with the chunked loss and with the whole logits, over two
+/// micro-batches (the first makes `.grad`, the second adds into it in place). Every
+/// other gradient, and the losses, are the same bit for bit.
+#[test]
+fn a_tied_embedding_gets_the_dense_lookups_gradient_added_into_the_heads() {
+    use crate::{
+        config::ModelKind,
+        model::{lora, Llama},
+    };
+    let shape = |tied: bool| {
+        let mut m = Config::default().model;
+        (m.kind, m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size) = (ModelKind::Llama, 2, 2, 16, 16, 40);
+        m.llama.tie_embeddings = tied;
+        m
+    };
+    for chunk in [5, 0] {
+        tch::manual_seed(6);
+        let (tied_vs, untied_vs) = (tch::nn::VarStore::new(Device::Cpu), tch::nn::VarStore::new(Device::Cpu));
+        let mut tied = Lm(Box::new(Llama::decoder(&tied_vs.root(), &shape(true), lora::Targets::NONE)));
+        let mut untied = Lm(Box::new(Llama::decoder(&untied_vs.root(), &shape(false), lora::Targets::NONE)));
+        let (tv, uv) = (tied_vs.variables(), untied_vs.variables());
+        tch::no_grad(|| {
+            for (name, t) in &tv {
+                uv[name].shallow_clone().copy_(t);
+            }
+            uv["lm_head.weight"].shallow_clone().copy_(&tv["model.embed_tokens.weight"]);
+        });
+        let objective = CausalLmMean { chunk };
+        let mut held = None;
+        for micro in 0..2 {
+            // 24 ids of 40: some come more than once, so their rows' gradients add up.
+            let ids = Tensor::randint(40, [2, 13], (Kind::Int64, Device::Cpu));
+            let b = Batch { inputs: ids.narrow(1, 0, 12).contiguous(), ..batch(ids.narrow(1, 1, 12).contiguous(), None) };
+            let (a, u) = (objective.sum(&mut tied, &b, true).unwrap().loss, objective.sum(&mut untied, &b, true).unwrap().loss);
+            assert_eq!(value(&a), value(&u), "chunk {chunk}, micro-batch {micro}: the loss");
+            a.backward();
+            u.backward();
+            let grad = tv["model.embed_tokens.weight"].grad();
+            assert!(!grad.is_sparse(), "the tied weight's gradient is dense");
+            if let Some(first) = held.replace(grad.data_ptr()) {
+                assert_eq!(grad.data_ptr(), first, "the second micro-batch adds into the first's gradient");
+            }
+        }
+        let rel = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]);
+        let dense = uv["model.embed_tokens.weight"].grad() + uv["lm_head.weight"].grad();
+        let off = rel(&tv["model.embed_tokens.weight"].grad(), &dense);
+        assert!(off < 1e-6, "chunk {chunk}: the tied gradient is off the dense lookup's + the head's by {off}");
+        for (name, t) in tv.iter().filter(|(n, _)| !n.contains("embed_tokens")) {
+            assert!(t.grad().equal(&uv[name].grad()), "chunk {chunk}: {name}'s gradient");
+        }
+    }
+}
