@@ -126,10 +126,11 @@ fn run_block(
 }
 
 /// The rows of `weight` `[V, D]` at `ids`. `tied`: `weight` is also the output head,
-/// whose lookup gradient goes to backward as a sparse `[ids, D]` tensor added in place
-/// into the head's dense `[V, D]` gradient, instead of a dense `[V, D]` one zero-filled
-/// and added every step (0.51 GiB at Qwen2-0.5B's vocabulary). The gradients are the
-/// same either way (`objective::tests`). (A 45 MB higher peak RSS once blamed on it in
+/// and the lookup's gradient goes to backward as a sparse `[ids, D]` tensor rather than
+/// a zero-filled dense `[V, D]` one. It saves no `[V, D]` buffer: autograd sums it with
+/// the head's dense gradient out of place (docs/memory.md), and the full fine-tuning peak
+/// at Qwen2-0.5B's shape is the same either way (9,763 vs 9,767 MiB). The gradients are
+/// the same either way (`objective::tests`). (A 45 MB higher peak RSS once blamed on it in
 /// `tests/activation_checkpointing.rs` was glibc's heap layout: with the mmap threshold
 /// fixed both lookups peak alike.)
 pub(super) fn lookup(weight: &Tensor, ids: &Tensor, tied: bool) -> Result<Tensor> {
