@@ -32,7 +32,7 @@ pub use list::TensorList;
 pub use optim::{fused_adamw, fused_sgd, AdamW, Sgd};
 pub use pin::{is_pinned, pin_memory};
 pub use precomputed::precomputed;
-pub use swiglu::swiglu;
+pub use swiglu::{recompute_swiglu_product, swiglu};
 
 #[cfg(test)]
 mod tests;

@@ -215,3 +215,39 @@ fn swiglu_gives_autograds_output_and_gradients_bit_for_bit() {
         assert!(fused_grads[1].equal(&plain_grads[1]), "{what}: up's gradient");
     }
 }
+
+#[test]
+fn a_recomputed_swiglu_product_gives_the_saved_ones_gradients_bit_for_bit() {
+    // A down projection over the product: trained (full fine-tuning, with and without
+    // a bias: MmBackward0 and AddmmBackward0 keep it) or frozen with a LoRA adapter
+    // (its A's MmBackward0 keeps it).
+    for (lora, bias) in [(false, false), (false, true), (true, false), (true, true)] {
+        tch::manual_seed(0);
+        let leaf = |shape: &[i64], grad: bool| (Tensor::randn(shape, (Kind::Float, Device::Cpu)) * 0.5).set_requires_grad(grad);
+        let (gate, up) = (leaf(&[2, 7, 24], true), leaf(&[2, 7, 24], true));
+        let (w, b) = (leaf(&[5, 24], !lora), bias.then(|| leaf(&[5], !lora)));
+        let (lora_a, lora_b) = (leaf(&[3, 24], true), leaf(&[5, 3], true));
+        let weights = Tensor::randn([2, 7, 5], (Kind::Float, Device::Cpu));
+        let mut trained = vec![&gate, &up];
+        match lora {
+            true => trained.extend([&lora_a, &lora_b]),
+            false => trained.extend(std::iter::once(&w).chain(b.as_ref())),
+        }
+        let run = |recompute: bool| {
+            let product = swiglu(&gate, &up).unwrap();
+            let mut out = product.linear(&w, b.as_ref());
+            if lora {
+                out = out + product.linear::<Tensor>(&lora_a, None).linear::<Tensor>(&lora_b, None) * 2.0;
+            }
+            let dropped = if recompute { recompute_swiglu_product(&out, &product, &gate, &up).unwrap() } else { 0 };
+            drop(product);
+            (dropped, Tensor::run_backward(&[(&out * &weights).sum(Kind::Float)], &trained, false, false))
+        };
+        let ((dropped, recomputed), (_, saved)) = (run(true), run(false));
+        let what = format!("LoRA {lora}, bias {bias}");
+        assert_eq!(dropped, 1, "{what}: the saved product is dropped");
+        for (i, (r, s)) in recomputed.iter().zip(&saved).enumerate() {
+            assert!(r.equal(s), "{what}: gradient {i}");
+        }
+    }
+}

@@ -37,6 +37,19 @@ fn trained_positions(hidden: &Tensor, targets: &Tensor) -> Result<(Tensor, Tenso
     Ok((h.f_index_select(0, &trained)?, y.f_index_select(0, &trained)?, Some(trained)))
 }
 
+/// Turns `logits` `[len, V]` into `exp(logits - max)` in place (each row's max) and
+/// returns each row's sum of those `[len, 1]` and its logsumexp `log(sum) + max`
+/// `[len]`: `f_logsumexp`'s arithmetic (bit for bit on finite logits), without its `[len, V]`
+/// temporary `logits - max` (297 MiB at 512 positions of Qwen2's 151,936 ids). The
+/// softmax is then this buffer divided by the sums.
+fn exp_shifted_(logits: &mut Tensor) -> Result<(Tensor, Tensor)> {
+    let max = logits.f_amax([-1], true)?;
+    let _ = logits.f_sub_(&max)?.f_exp_()?;
+    let sums = logits.f_sum_dim_intlist(Some(&[-1i64][..]), true, Kind::Float)?;
+    let lse = sums.f_log()?.f_add(&max)?.f_squeeze_dim(1)?;
+    Ok((sums, lse))
+}
+
 /// The cross-entropy summed over the positions whose target is not
 /// [`IGNORE_INDEX`], of the logits `hidden [.., D] @ weight [V, D]^T`, computed
 /// `chunk` positions at a time; with `scale` (float32, shaped as `targets`, no
@@ -72,13 +85,14 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<
                 valid = valid.f_mul(&scale.f_narrow(0, start, len)?)?;
             }
             let index = yc.f_clamp_min(0)?.f_unsqueeze(1)?;
-            let lse = logits.f_logsumexp([-1], false)?;
             let picked = logits.f_gather(1, &index, false)?.f_squeeze_dim(1)?;
+            let (sums, lse) = exp_shifted_(&mut logits)?;
             loss = loss.f_add(&lse.f_sub(&picked)?.f_mul(&valid)?.f_sum(Kind::Float)?)?;
-            // softmax - onehot on trained positions, in the logits' own buffer.
-            let _ = logits.f_sub_(&lse.f_unsqueeze(1)?)?.f_exp_()?;
-            let _ = logits.f_scatter_add_(1, &index, &Tensor::f_full([len, 1], -1.0, (Kind::Float, h.device()))?)?;
-            let _ = logits.f_mul_(&valid.f_unsqueeze(1)?)?;
+            // (softmax - onehot) * valid, in the logits' own buffer: exp(x - max) * valid / sum,
+            // then -valid at each target.
+            let valid = valid.f_unsqueeze(1)?;
+            let _ = logits.f_mul_(&valid.f_div(&sums)?)?;
+            let _ = logits.f_scatter_add_(1, &index, &valid.f_neg()?)?;
             match &w32 {
                 Some(w32) => {
                     grad_h.f_narrow(0, start, len)?.f_copy_(&logits.f_matmul(w32)?)?;
@@ -116,9 +130,10 @@ pub fn token_logps(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i6
         while start < n {
             let len = chunk.min(n - start);
             let yc = y.f_narrow(0, start, len)?;
-            let logits = h.f_narrow(0, start, len)?.f_matmul(&w)?.f_to_kind(Kind::Float)?;
+            let mut logits = h.f_narrow(0, start, len)?.f_matmul(&w)?.f_to_kind(Kind::Float)?;
             let picked = logits.f_gather(1, &yc.f_clamp_min(0)?.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
-            pieces.push(picked.f_sub(&logits.f_logsumexp([-1], false)?)?.f_mul(&yc.f_ne(IGNORE_INDEX)?)?);
+            let (_, lse) = exp_shifted_(&mut logits)?;
+            pieces.push(picked.f_sub(&lse)?.f_mul(&yc.f_ne(IGNORE_INDEX)?)?);
             start += len;
         }
         let values = match pieces.is_empty() {
