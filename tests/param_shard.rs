@@ -151,6 +151,18 @@ fn assert_losses_follow(run: &Path, reference: &Path, from: u64, to: u64, tolera
     }
 }
 
+/// `steps` steps of the llama of `job` on `world` ranks of `batch` samples (global
+/// batch 12: 1 x 12, 2 x 6 and 3 x 4 see the same samples), checkpointing; `extra`
+/// arguments after. Exits `code`.
+fn resumable(world: u32, batch: u32, steps: u64, shard: &str, run_dir: &Path, extra: &[&str], code: i32) -> std::process::Output {
+    let batch = format!("data.batch_size={batch}");
+    let args = saving(job("llama", steps, shard, &[&batch, "optim.schedule=constant"], run_dir), extra);
+    match world {
+        1 => run_expect(single().args(&args), code),
+        _ => run_expect(launch(world).args(&args), code),
+    }
+}
+
 /// Each rank saves only its chunks (model.safetensors is empty, the manifest names
 /// every parameter); the checkpoint resumes bit for bit on two ranks, and re-cut
 /// onto one rank (unsharded) and three (sharded) as the uninterrupted run goes on.
@@ -158,14 +170,8 @@ fn assert_losses_follow(run: &Path, reference: &Path, from: u64, to: u64, tolera
 fn a_parameter_sharded_checkpoint_resumes_bit_for_bit_and_reshards_onto_one_and_three_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let d = |name: &str| dir.path().join(name);
-    // Global batch 12: 2 ranks x 6, 1 x 12 and 3 x 4 see the same samples.
     let run = |world: u32, batch: u32, shard: &str, name: &str, extra: &[&str]| {
-        let batch = format!("data.batch_size={batch}");
-        let args = saving(job("llama", 4, shard, &[&batch, "optim.schedule=constant"], &d(name)), extra);
-        match world {
-            1 => run_expect(single().args(&args), 0),
-            _ => run_expect(launch(world).args(&args), 0),
-        };
+        resumable(world, batch, 4, shard, &d(name), extra, 0);
     };
     run(2, 6, "parameters", "full", &["--set", "plugins.checkpoint.every=2"]);
     let step2 = d("full").join("checkpoints/step-00000002");
@@ -188,6 +194,41 @@ fn a_parameter_sharded_checkpoint_resumes_bit_for_bit_and_reshards_onto_one_and_
     assert_losses_follow(&d("one"), &d("full"), 3, 4, 1e-6);
     run(3, 4, "parameters", "three", &resume);
     assert_losses_follow(&d("three"), &d("full"), 3, 4, 1e-6);
+}
+
+/// A checkpoint of whole weights resumes under `parameters` on two ranks, each rank
+/// reading only its slices of the weights and of the optimizer state: one of `none`
+/// on one rank (`optimizer.safetensors`, whole per parameter), one of `gradients` on
+/// three (ZeRO-2: the state in one flat slice per rank). Both go on as their
+/// uninterrupted runs; one whose weights are not this model's is refused naming the
+/// tensor, before training.
+#[test]
+fn a_checkpoint_of_whole_weights_resumes_parameter_sharded_on_two_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name);
+    for (world, batch, shard) in [(1, 12, "none"), (3, 4, "gradients")] {
+        let full = d(&format!("{shard}-full"));
+        resumable(world, batch, 6, shard, &full, &["--set", "plugins.checkpoint.every=2"], 0);
+        let step2 = full.join("checkpoints/step-00000002");
+        let resumed = d(&format!("{shard}-resumed"));
+        resumable(2, 6, 6, "parameters", &resumed, &["--resume", step2.to_str().unwrap()], 0);
+        assert_eq!(summary(&resumed)["start_step"], 2, "{shard}");
+        assert_losses_follow(&resumed, &full, 3, 6, 1e-5);
+    }
+
+    // The none checkpoint with one matrix narrower than this model's.
+    let (original, altered) = (d("none-full").join("checkpoints/step-00000002"), d("altered"));
+    let script = "import json, shutil, sys, zlib\nfrom safetensors.torch import load_file, save_file\n\
+                  src, dst = sys.argv[1:]\nshutil.copytree(src, dst)\nt = load_file(f'{dst}/model.safetensors')\n\
+                  name = 'model.layers.1.mlp.up_proj.weight'\nt[name] = t[name][:, 1:].contiguous()\n\
+                  save_file(t, f'{dst}/model.safetensors', metadata={'format': 'pt'})\n\
+                  data = open(f'{dst}/model.safetensors', 'rb').read()\nm = json.load(open(f'{dst}/manifest.json'))\n\
+                  f = next(f for f in m['files'] if f['path'] == 'model.safetensors')\nf['size'], f['crc32'] = len(data), zlib.crc32(data)\n\
+                  json.dump(m, open(f'{dst}/manifest.json', 'w'))\n";
+    assert!(python().args(["-c", script]).arg(&original).arg(&altered).status().unwrap().success());
+    let out = resumable(2, 6, 6, "parameters", &d("refused"), &["--resume", altered.to_str().unwrap()], 2);
+    let err = stderr(&out);
+    assert!(err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("shape"), "{err}");
 }
 
 /// A Qwen2 (tied head) fine-tuned on two ranks with `parameters`: `ptrain export`

@@ -15,6 +15,7 @@
 
 mod chunks;
 mod cut;
+mod from_whole;
 mod fully_sharded;
 mod gather;
 pub mod layout;
@@ -103,7 +104,7 @@ pub trait Optimizer: Send {
         Vec::new()
     }
     /// With `parameters`: this rank's chunks of the weights and of the state, read from
-    /// the parts of a parameter-sharded checkpoint of any world size.
+    /// a checkpoint of any shard mode and world size (only those slices of its files).
     fn restore_chunks(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
         Err(Error::Other("only parameter sharding restores chunks".into()))
     }

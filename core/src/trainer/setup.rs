@@ -109,7 +109,9 @@ impl Run {
             _ => (run_dir, None),
         };
         super::run_dir::guard(&run_dir, resume.as_ref(), overwrite, rank == 0)?;
-        let checkpoint = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?.map(|p| state::read(&p)).transpose()?;
+        let shards_params = shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters);
+        let located = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?;
+        let checkpoint = located.map(|p| state::read(&p, shards_params)).transpose()?;
         if let (Some(ckpt), None) = (&checkpoint, &model_factory) {
             state::check_model(ckpt, &config)?;
         }
