@@ -113,7 +113,7 @@ impl FullySharded {
                 parts.push(part);
                 at += chunk;
             }
-            parts.extend(frozen);
+            parts.extend(frozen.into_iter().map(|(_, part)| part));
             if parts.is_empty() {
                 return Err(Error::Other(format!("dist.shard = \"parameters\": block {} has no parameters", u as i64 - 1)));
             }

@@ -25,19 +25,21 @@ mod replicated;
 mod saved;
 pub mod shard;
 mod shard_spec;
+mod stream_cut;
 
 use std::sync::Arc;
 
 use ptrain_torch_ext::{self as ext, TensorList};
 use tch::Tensor;
 
-pub use cut::{cut_whole, CutModel, OwnedPiece, StreamingCut};
+pub use cut::{cut_whole, CutModel, OwnedPiece};
 pub use fully_sharded::{FullySharded, ParamSharding};
 pub use lr_schedule::LrSchedule;
 pub use replicated::Replicated;
 pub use saved::{CheckpointState, SavedState};
 pub use shard::Sharded;
 pub use shard_spec::ShardSpec;
+pub use stream_cut::{Planned, StreamingCut};
 
 use crate::{
     checkpoint::{Checkpoint, ShardLayout},
