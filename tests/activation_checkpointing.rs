@@ -139,6 +139,11 @@ fn checkpointing_lowers_peak_memory() {
     let peak = |mode: &str| {
         let run_dir = dir.path().join(mode);
         let mut cmd = ptrain();
+        // glibc's heap keeps freed activations below its (adaptive) mmap threshold, so the
+        // peak RSS follows the heap's layout as much as the live tensors (a 45 MB swing
+        // from an unrelated change was seen); a fixed 64 KiB threshold returns them, and
+        // the peak is the live memory's.
+        cmd.env("MALLOC_MMAP_THRESHOLD_", "65536");
         cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "2", "--run-dir"]).arg(&run_dir);
         cmd.args(sets(&[
             "model.n_layer=8",
@@ -155,8 +160,8 @@ fn checkpointing_lowers_peak_memory() {
         summary(&run_dir)["peak_memory_bytes"].as_u64().unwrap() as f64
     };
     let (none, full) = (peak("none"), peak("full"));
-    // 777 MB against 626 MB when measured: half that gap is the bound.
-    assert!(full < none - 75e6, "peak {full} bytes with full checkpointing vs {none} without");
+    // 711 MB against 473 MB when measured: half that gap is the bound.
+    assert!(full < none - 119e6, "peak {full} bytes with full checkpointing vs {none} without");
 }
 
 #[test]

@@ -183,6 +183,8 @@ fn tokenize_caches_the_pairs_a_run_reuses_bit_for_bit_and_a_changed_file_or_sett
     assert_eq!((train["source"].as_str(), train["reused"].as_bool(), train["pairs"].as_u64()), (Some("train"), Some(false), Some(8)), "{train}");
     assert!(["prompt_tokens", "chosen_tokens", "rejected_tokens"].iter().all(|k| train[k].as_u64().unwrap() > 0), "{train}");
     assert_eq!((counts["train"].as_u64(), counts["dropped_prompt_too_long"].as_u64()), (Some(8), Some(0)), "{counts}");
+    // data.val_path names the training file here: its pairs are read once, not counted twice.
+    assert_eq!(counts["pairs"].as_u64(), Some(8), "{counts}");
     let cached = PathBuf::from(train["file"].as_str().unwrap());
     let written = modified(&cached);
 

@@ -67,8 +67,9 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<ExitCode> {
         .into());
     }
     let tokenizing = Tokenizing::new(&config)?;
-    let sources = [&config.data.path, &config.data.val_path];
-    for source in sources.into_iter().filter(|s| !s.is_empty()) {
+    // A validation file that is the training file is encoded (and reported) once.
+    let val = Some(&config.data.val_path).filter(|v| !v.is_empty() && **v != config.data.path);
+    for source in std::iter::once(&config.data.path).chain(val).filter(|s| !s.is_empty()) {
         let t = tokenizing.prepare(std::path::Path::new(source))?;
         let rate = t.tokens as f64 / t.seconds.max(1e-9);
         if args.json {

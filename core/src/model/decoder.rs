@@ -126,18 +126,16 @@ fn run_block(
 }
 
 /// The rows of `weight` `[V, D]` at `ids`. `tied`: `weight` is also the output head,
-/// whose lookup gradient could go to backward as a sparse `[ids, D]` tensor added in
-/// place into the head's dense `[V, D]` gradient (no second `[V, D]` buffer at the end
-/// of backward: 0.51 GiB at Qwen2-0.5B's vocabulary). Off ([`SPARSE_TIED_LOOKUP`]):
-/// on the small GPT of `tests/activation_checkpointing.rs` it raised the checkpointed
-/// run's peak by 45 MB (649 to 694 MB), not yet explained; the gradients are the same
-/// either way (`objective::tests`).
+/// and the lookup's gradient goes to backward as a sparse `[ids, D]` tensor rather than
+/// a zero-filled dense `[V, D]` one. It saves no `[V, D]` buffer: autograd sums it with
+/// the head's dense gradient out of place (docs/memory.md), and the full fine-tuning peak
+/// at Qwen2-0.5B's shape is the same either way (9,763 vs 9,767 MiB). The gradients are
+/// the same either way (`objective::tests`). (A 45 MB higher peak RSS once blamed on it in
+/// `tests/activation_checkpointing.rs` was glibc's heap layout: with the mmap threshold
+/// fixed both lookups peak alike.)
 pub(super) fn lookup(weight: &Tensor, ids: &Tensor, tied: bool) -> Result<Tensor> {
-    Ok(Tensor::f_embedding(weight, ids, -1, false, tied && SPARSE_TIED_LOOKUP)?)
+    Ok(Tensor::f_embedding(weight, ids, -1, false, tied)?)
 }
-
-/// Whether a tied weight's lookup hands backward a sparse gradient (see [`lookup`]).
-pub(crate) const SPARSE_TIED_LOOKUP: bool = false;
 
 /// A checkpointed block's training forward over `[x]`, then RoPE's `[cos, sin]` if
 /// any (they come in pairs), then the mask if any, as the checkpoint recomputes it.

@@ -189,7 +189,7 @@ impl Forward for Lm {
 }
 
 /// A tied head (`llama.tie_embeddings`, as Qwen2) gets the token lookup's gradient
-/// added into the head's (sparse or dense: `decoder::SPARSE_TIED_LOOKUP`): the result equals what the
+/// added into the head's as a sparse tensor (`decoder::lookup`): the result equals what the
 /// untied model with the same weights gets as its embedding's and its head's dense
 /// gradients, summed, with the chunked loss and with the whole logits, over two
 /// micro-batches (the first makes `.grad`, the second adds into it in place). Every

@@ -73,12 +73,16 @@ impl PreferenceData {
                     ),
                 ));
             }
+            // A data.val_path naming the training file: its pairs are counted once.
+            let counted = files.iter().any(|(_, f): &(String, super::cache::PairFile)| f.meta.source == file.meta.source);
             files.push((spec.name.clone(), file));
-            counts.pairs += pairs.len() as u64;
             let n = pairs.len() as u64;
             let kept: Vec<EncodedPair> = pairs.into_iter().filter(|p| keep_end || p.prompt.len() < limit).collect();
-            counts.dropped_prompt_too_long += n - kept.len() as u64;
-            counts.truncated += kept.iter().filter(|p| p.prompt.len() + p.chosen.len().max(p.rejected.len()) > limit).count() as u64;
+            if !counted {
+                counts.pairs += n;
+                counts.dropped_prompt_too_long += n - kept.len() as u64;
+                counts.truncated += kept.iter().filter(|p| p.prompt.len() + p.chosen.len().max(p.rejected.len()) > limit).count() as u64;
+            }
             Ok(kept)
         };
         let specs = instruct::sources(config);
