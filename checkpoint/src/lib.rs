@@ -31,6 +31,7 @@ pub mod params;
 pub mod pause;
 mod read;
 pub mod shard;
+mod slices;
 mod write;
 
 use std::path::{Path, PathBuf};
@@ -38,8 +39,9 @@ use std::path::{Path, PathBuf};
 pub use commit::{commit_best, commit_latest, delete, read_best, read_latest};
 pub use find::{checkpoints_in, find_resumable, list, resolve};
 pub use params::{ParamEntry, ParamLayout, UnitLayout};
-pub use read::{read, read_model, validate, Checkpoint, Tensor};
+pub use read::{read, read_model, read_without_tensors, validate, Checkpoint, Tensor};
 pub use shard::{part_name, write_part, write_sharded, ShardEntry, ShardLayout, ShardSet};
+pub use slices::{TensorEntry, TensorFile};
 pub use write::write;
 
 pub const MODEL_FILE: &str = "model.safetensors";

@@ -2,6 +2,7 @@
 
 use std::{
     collections::BTreeMap,
+    io::Read,
     path::{Path, PathBuf},
 };
 
@@ -22,9 +23,10 @@ pub struct Tensor {
 pub struct Checkpoint {
     pub path: PathBuf,
     pub manifest: Manifest,
+    /// The weights (empty when read by [`read_without_tensors`]).
     pub model: BTreeMap<String, Tensor>,
     /// The optimizer state of an unsharded checkpoint (empty for a sharded one:
-    /// read its parts with [`Checkpoint::read_part`]).
+    /// read its parts with [`Checkpoint::read_part`]; and by [`read_without_tensors`]).
     pub optimizer: BTreeMap<String, Tensor>,
     /// A sharded checkpoint's parts.
     pub shards: Option<ShardSet>,
@@ -59,12 +61,31 @@ pub fn validate(checkpoint: &Path) -> Result<Manifest> {
     }
     for entry in &manifest.files {
         let path = checkpoint.join(&entry.path);
-        let bytes = std::fs::read(&path).map_err(|_| Error::invalid(checkpoint, format!("{} is missing", entry.path)))?;
-        if bytes.len() as u64 != entry.size || crc32fast::hash(&bytes) != entry.crc32 {
+        let file = std::fs::File::open(&path).map_err(|_| Error::invalid(checkpoint, format!("{} is missing", entry.path)))?;
+        let (size, crc) = size_and_crc(file).map_err(Error::io(&path))?;
+        if size != entry.size || crc != entry.crc32 {
             return Err(Error::invalid(checkpoint, format!("{} is corrupt (size or checksum mismatch)", entry.path)));
         }
     }
     Ok(manifest)
+}
+
+/// A file's size and CRC-32, read a block at a time: checking a checkpoint never
+/// holds a whole weight file (a parameter-sharded run reads only its slices of them).
+fn size_and_crc(mut file: std::fs::File) -> std::io::Result<(u64, u32)> {
+    let (mut hasher, mut size) = (crc32fast::Hasher::new(), 0u64);
+    let mut block = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut block) {
+            Ok(0) => return Ok((size, hasher.finalize())),
+            Ok(n) => {
+                hasher.update(&block[..n]);
+                size += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 pub(crate) fn tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
@@ -94,6 +115,18 @@ pub fn read_model(checkpoint: &Path) -> Result<(Manifest, BTreeMap<String, Tenso
 
 /// Validates and reads a checkpoint.
 pub fn read(checkpoint: &Path) -> Result<Checkpoint> {
+    read_with(checkpoint, true)
+}
+
+/// Validates a checkpoint and reads all of it but its tensors: `model` and
+/// `optimizer` are left empty, for a reader that takes slices of their files with
+/// [`TensorFile`](crate::TensorFile) (a parameter-sharded run, which never holds
+/// whole weights).
+pub fn read_without_tensors(checkpoint: &Path) -> Result<Checkpoint> {
+    read_with(checkpoint, false)
+}
+
+fn read_with(checkpoint: &Path, with_tensors: bool) -> Result<Checkpoint> {
     let manifest = validate(checkpoint)?;
     let state_path = checkpoint.join(crate::STATE_FILE);
     let state = serde_json::from_slice(&std::fs::read(&state_path).map_err(Error::io(&state_path))?)
@@ -108,8 +141,8 @@ pub fn read(checkpoint: &Path) -> Result<Checkpoint> {
     }
     Ok(Checkpoint {
         path: checkpoint.to_owned(),
-        model: tensors(&checkpoint.join(crate::MODEL_FILE))?,
-        optimizer: if manifest.shards.is_some() { BTreeMap::new() } else { tensors(&checkpoint.join(crate::OPTIMIZER_FILE))? },
+        model: if with_tensors { tensors(&checkpoint.join(crate::MODEL_FILE))? } else { BTreeMap::new() },
+        optimizer: if with_tensors && manifest.shards.is_none() { tensors(&checkpoint.join(crate::OPTIMIZER_FILE))? } else { BTreeMap::new() },
         shards: manifest.shards.clone(),
         manifest,
         state,

@@ -4,11 +4,12 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
 
   hf.py make-model DIR                       random GPT-2 (2 layers, 2 heads, 64 wide, vocab 512,
                                              128 positions), every parameter perturbed, save_pretrained
-  hf.py make-llama KIND DIR [TOKENIZER_JSON|-] [--bf16-sharded]
+  hf.py make-llama KIND DIR [TOKENIZER_JSON|-] [--bf16-sharded] [--large]
                                              a random llama (untied, llama3 rope scaling), qwen2 (q/k/v
                                              bias, tied, GQA 4:2), qwen3 (q/k norm, head_dim 24 != 64/4)
                                              or mistral, every parameter perturbed, save_pretrained; with a
-                                             tokenizer: its vocabulary, tokenizer.json and eos id beside it
+                                             tokenizer: its vocabulary, tokenizer.json and eos id beside it;
+                                             --large: 12 layers 768 wide (about 100M parameters)
   hf.py make-tokens FILE N                   N random ids < 512 as a nanoGPT uint16 .bin
   hf.py make-text FILE LINES SEED            varied UTF-8 text (blank lines, indents, accents)
   hf.py make-jsonl FILE ROWS SEED            rows {"text": ...}
@@ -103,12 +104,12 @@ def make_llama(kind, d, tokenizer=None, *flags):
         tok = Tokenizer.from_file(tokenizer)
         vocab = tok.get_vocab_size()
         eos = tok.token_to_id("<|endoftext|>")
+    size = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+    if "--large" in flags:
+        size = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12)
     config = cls(
         vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **size,
         max_position_embeddings=128,
         bos_token_id=None,
         eos_token_id=eos,

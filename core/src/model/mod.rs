@@ -173,15 +173,16 @@ pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Res
     })
 }
 
-/// The configured `gpt` or `llama` (no LoRA), calling `after_block(i)` as soon as
-/// block `i`'s variables exist, `model.init_from`'s weights left to the caller:
-/// parameter sharding cuts each block before the next one takes memory, and reads
-/// only its own slices of the weights.
+/// The configured `gpt` or `llama` (with its adapters, not frozen: see [`build`]),
+/// calling `after_block(i)` as soon as block `i`'s variables exist, `model.init_from`'s
+/// weights left to the caller: parameter sharding cuts each block before the next
+/// one takes memory, and reads only its own slices of the weights.
 pub fn decoder_in_blocks(config: &Config, vs: &nn::Path, after_block: &mut dyn FnMut(usize)) -> Result<Box<dyn Model>> {
     let m = &config.model;
+    let targets = lora::Targets { lora: config.lora(), kind: m.kind };
     match m.kind {
-        ModelKind::Gpt => planned(Gpt::decoder_with(vs, m, lora::Targets::NONE, after_block), vs, config, false),
-        ModelKind::Llama => planned(Llama::decoder_with(vs, m, lora::Targets::NONE, after_block), vs, config, false),
+        ModelKind::Gpt => planned(Gpt::decoder_with(vs, m, targets, after_block), vs, config, false),
+        ModelKind::Llama => planned(Llama::decoder_with(vs, m, targets, after_block), vs, config, false),
         kind => Err(Error::Other(format!("model.kind {kind:?} is not built block by block"))),
     }
 }

@@ -1,8 +1,8 @@
 //! Resuming parameter sharding from a parameter-sharded checkpoint of any world
-//! size: the saved parts are read one at a time (only those holding some of this
-//! rank's elements, and one for the step counter), and the overlap of each saved
-//! chunk with this rank's chunk of the same unit is copied. Whole weights never
-//! exist on a rank.
+//! size (others: [`from_whole`](super::from_whole)): the saved parts are read one
+//! at a time (only those holding some of this rank's elements, and one for the step
+//! counter), and the overlap of each saved chunk with this rank's chunk of the same
+//! unit is copied. Whole weights never exist on a rank.
 
 use std::ops::Range;
 
@@ -14,19 +14,19 @@ use crate::{
     error::{Error, Result},
 };
 
-fn intersect(a: &Range<u64>, b: &Range<u64>) -> Range<u64> {
+pub(super) fn intersect(a: &Range<u64>, b: &Range<u64>) -> Range<u64> {
     a.start.max(b.start)..a.end.min(b.end)
 }
 
 /// Fills `buffers` (each this rank's chunks of every unit back to back, float32:
 /// the parameters, then each state kind, by their names in the parts) and returns
-/// the saved step counter.
-pub(super) fn restore(checkpoint: &Checkpoint, mine: &ParamLayout, rank: u32, buffers: &[(&str, Tensor)]) -> Result<Tensor> {
+/// the saved step counter. A checkpoint saved without parameter sharding (whole
+/// weights) is read by [`from_whole`](super::from_whole), in the flat `order` of its
+/// optimizer's parts.
+pub(super) fn restore(checkpoint: &Checkpoint, mine: &ParamLayout, rank: u32, buffers: &[(&str, Tensor)], order: &[(String, u64)]) -> Result<Tensor> {
     let bad = |message: String| Error::Checkpoint { path: checkpoint.path.clone(), message };
     let (Some(set), Some(saved)) = (&checkpoint.shards, checkpoint.param_layout()) else {
-        return Err(bad("it holds whole weights (saved without dist.shard = \"parameters\"), which dist.shard = \"parameters\" does not \
-                        resume yet: resume it with the shard mode it was saved with"
-            .into()));
+        return super::from_whole::restore(checkpoint, mine, rank, buffers, order);
     };
     if saved.units.len() != mine.units.len() {
         return Err(bad(format!("it has {} units of trainable parameters, this model {}", saved.units.len(), mine.units.len())));

@@ -113,7 +113,7 @@ impl FullySharded {
                 parts.push(part);
                 at += chunk;
             }
-            parts.extend(frozen);
+            parts.extend(frozen.into_iter().map(|(_, part)| part));
             if parts.is_empty() {
                 return Err(Error::Other(format!("dist.shard = \"parameters\": block {} has no parameters", u as i64 - 1)));
             }
@@ -224,8 +224,8 @@ impl Optimizer for FullySharded {
         out
     }
 
-    /// Checkpoints of other shard modes hold whole weights, which a rank of this run
-    /// never holds: they go through [`Optimizer::restore_chunks`] instead.
+    /// A rank of this run never holds whole weights or whole state: every checkpoint,
+    /// of any shard mode, goes through [`Optimizer::restore_chunks`] instead.
     fn load_state(&mut self, _saved: &dyn SavedState) -> Result<()> {
         Err(Error::Other("parameter sharding restores through restore_chunks".into()))
     }
@@ -237,7 +237,7 @@ impl Optimizer for FullySharded {
     fn restore_chunks(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         let mut buffers = vec![(crate::checkpoint::params::PARAMS, self.master.shallow_clone())];
         buffers.extend(self.state.iter().map(|(k, t)| (*k, t.shallow_clone())));
-        let step = super::chunks::restore(checkpoint, &self.layout, self.spec.rank, &buffers)?;
+        let step = super::chunks::restore(checkpoint, &self.layout, self.spec.rank, &buffers, &self.sizes)?;
         if let Some(o) = &self.offload {
             o.pull(&self.master)?;
         }

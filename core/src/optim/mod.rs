@@ -15,6 +15,7 @@
 
 mod chunks;
 mod cut;
+mod from_whole;
 mod fully_sharded;
 mod gather;
 pub mod layout;
@@ -24,19 +25,21 @@ mod replicated;
 mod saved;
 pub mod shard;
 mod shard_spec;
+mod stream_cut;
 
 use std::sync::Arc;
 
 use ptrain_torch_ext::{self as ext, TensorList};
 use tch::Tensor;
 
-pub use cut::{cut_whole, CutModel, OwnedPiece, StreamingCut};
+pub use cut::{cut_whole, CutModel, OwnedPiece};
 pub use fully_sharded::{FullySharded, ParamSharding};
 pub use lr_schedule::LrSchedule;
 pub use replicated::Replicated;
 pub use saved::{CheckpointState, SavedState};
 pub use shard::Sharded;
 pub use shard_spec::ShardSpec;
+pub use stream_cut::{Planned, StreamingCut};
 
 use crate::{
     checkpoint::{Checkpoint, ShardLayout},
@@ -103,7 +106,7 @@ pub trait Optimizer: Send {
         Vec::new()
     }
     /// With `parameters`: this rank's chunks of the weights and of the state, read from
-    /// the parts of a parameter-sharded checkpoint of any world size.
+    /// a checkpoint of any shard mode and world size (only those slices of its files).
     fn restore_chunks(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
         Err(Error::Other("only parameter sharding restores chunks".into()))
     }

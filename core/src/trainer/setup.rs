@@ -109,7 +109,9 @@ impl Run {
             _ => (run_dir, None),
         };
         super::run_dir::guard(&run_dir, resume.as_ref(), overwrite, rank == 0)?;
-        let checkpoint = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?.map(|p| state::read(&p)).transpose()?;
+        let shards_params = shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters);
+        let located = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?;
+        let checkpoint = located.map(|p| state::read(&p, shards_params)).transpose()?;
         if let (Some(ckpt), None) = (&checkpoint, &model_factory) {
             state::check_model(ckpt, &config)?;
         }
@@ -136,7 +138,7 @@ impl Run {
             _ => {}
         }
         let vs = nn::VarStore::new(device);
-        let mut cut = None;
+        let (mut cut, mut streamed_base_hash) = (None, None);
         let mut model = match model_factory {
             Some(factory) => factory(&vs.root(), dataset.as_ref())?,
             None => {
@@ -148,23 +150,25 @@ impl Run {
                 }
                 match shard.as_ref().filter(|s| super::sharding::cuts_while_built(&config, s)) {
                     Some(spec) => {
-                        let (model, whole) = super::sharding::build_cut(&built, &vs, spec)?;
-                        cut = Some(whole);
+                        let (model, whole, base_hash) = super::sharding::build_cut(&built, &vs, spec)?;
+                        (cut, streamed_base_hash) = (Some(whole), base_hash);
                         model
                     }
                     None => model::build(&built, &vs, dataset.as_ref())?,
                 }
             }
         };
-        let lora_base = match config.lora() {
-            Some(_) => {
+        let lora_base = match (config.lora(), streamed_base_hash) {
+            // Cut while built: hashed from the weight files, the block matrices already in bf16.
+            (Some(_), Some(hash)) => Some(hash),
+            (Some(_), None) => {
                 let hash = model::lora::base_hash(&vs)?;
                 if config.train.precision == Precision::Bf16 {
                     model::lora::store_base_bf16(model.as_ref())?;
                 }
                 Some(hash)
             }
-            None => None,
+            (None, _) => None,
         };
         let all_params = vs.variables().values().map(|t| t.numel() as u64).sum();
         let total_steps = match config.train.epochs {

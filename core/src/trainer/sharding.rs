@@ -3,36 +3,54 @@
 //! clear refusal of what it does not support yet (every path that reads whole
 //! parameters between steps).
 
-use tch::nn;
+use tch::{nn, Kind};
 
 use crate::{
-    config::{Config, ModelKind, ShardMode},
+    config::{Config, ModelKind, Precision, ShardMode},
     dist::DataParallel,
     error::{ConfigError, Error, Result},
     model::{self, Model},
-    optim::{CutModel, ParamSharding, ShardSpec, StreamingCut},
+    optim::{CutModel, ParamSharding, Planned, ShardSpec, StreamingCut},
 };
 
 /// Whether the configured model is cut while it is built ([`build_cut`]): a `gpt` or
-/// `llama` from the configuration, without LoRA (whose base hash reads the whole
-/// base), under `parameters`. Others are built whole and cut after.
+/// `llama` from the configuration under `parameters`; with LoRA only on a
+/// `model.init_from` base, whose hash (the check that an adapter checkpoint is on its
+/// base) is then taken from the weight files. Others are built whole and cut after.
 pub(super) fn cuts_while_built(config: &Config, spec: &ShardSpec) -> bool {
-    spec.mode == ShardMode::Parameters && config.lora().is_none() && matches!(config.model.kind, ModelKind::Gpt | ModelKind::Llama)
+    spec.mode == ShardMode::Parameters
+        && matches!(config.model.kind, ModelKind::Gpt | ModelKind::Llama)
+        && (config.lora().is_none() || !config.model.init_from.is_empty())
 }
 
 /// The configured `gpt` or `llama` in `vs`, each unit cut into this rank's shard as
 /// soon as its variables exist (a block's whole tensors go before the next block is
 /// made: the same random draws as the whole model's, in the same order), and
 /// `model.init_from`'s values read straight into the shards, this rank's slices only.
-pub(super) fn build_cut(config: &Config, vs: &nn::VarStore, spec: &ShardSpec) -> Result<(Box<dyn Model>, CutModel)> {
+/// With LoRA the base is frozen and sharded like the rest, and its hash is returned,
+/// taken from the weight files as [`model::lora::base_hash`] takes it from a whole base.
+pub(super) fn build_cut(config: &Config, vs: &nn::VarStore, spec: &ShardSpec) -> Result<(Box<dyn Model>, CutModel, Option<String>)> {
     let params: Vec<(String, Vec<i64>)> = model::hf::names::params(&config.model).into_iter().map(|p| (p.name, p.shape)).collect();
-    let mut cutting = StreamingCut::new(&params, spec.rank, spec.world, vs.device())?;
+    let planned = match (config.lora(), config.train.precision) {
+        (None, _) => Planned::Trained,
+        // LoRA stores the frozen block matrices in bf16 under bf16 (`lora::store_base_bf16`).
+        (Some(_), Precision::Bf16) => Planned::Frozen { matrices: Kind::BFloat16 },
+        (Some(_), _) => Planned::Frozen { matrices: Kind::Float },
+    };
+    let mut cutting = StreamingCut::new(&params, spec.rank, spec.world, vs.device(), planned)?;
     let model = model::decoder_in_blocks(config, &vs.root(), &mut |block| cutting.block_built(vs, block))?;
     let cut = cutting.finish(vs)?;
-    if !config.model.init_from.is_empty() {
-        model::hf::load_pieces(&config.model, &cut.owned_pieces())?;
+    let lora = config.lora().is_some();
+    if lora {
+        model::lora::freeze_base(vs);
+        if let Some(t) =
+            model.block_matrices().iter().find(|t| t.requires_grad() || !matches!(planned, Planned::Frozen { matrices } if t.kind() == matrices))
+        {
+            return Err(Error::Other(format!("parameter sharding: a block matrix of the LoRA base is {:?}, expected {planned:?}", t.kind())));
+        }
     }
-    Ok((model, cut))
+    let base_hash = if config.model.init_from.is_empty() { None } else { model::hf::load_pieces(&config.model, &cut.owned_pieces(), lora)? };
+    Ok((model, cut, base_hash))
 }
 
 /// The collectives and settings of parameter sharding, when the run shards parameters.

@@ -119,9 +119,11 @@ pub fn locate(resume: Option<&Resume>, run_dir: &Path, run_dir_given: bool) -> R
     }
 }
 
-/// Reads and validates a checkpoint.
-pub fn read(path: &Path) -> Result<Checkpoint> {
-    ckpt::read(path).map_err(|e| Error::Checkpoint { path: path.to_owned(), message: e.to_string() })
+/// Reads and validates a checkpoint; for a run that shards its parameters, without
+/// its weights and optimizer state (each rank reads its slices of them when restoring).
+pub fn read(path: &Path, shards_params: bool) -> Result<Checkpoint> {
+    let read = if shards_params { ckpt::read_without_tensors } else { ckpt::read };
+    read(path).map_err(|e| Error::Checkpoint { path: path.to_owned(), message: e.to_string() })
 }
 
 /// Copies the checkpoint's weights and optimizer state into the live ones and

@@ -15,6 +15,7 @@ use super::{names, HfDir};
 use crate::{
     config::ModelConfig,
     error::{Error, Result},
+    model::lora::BaseHasher,
 };
 
 fn map(path: &Path) -> Result<Mmap> {
@@ -73,21 +74,52 @@ pub fn load_weights(vs: &nn::Path, m: &ModelConfig) -> Result<()> {
     })
 }
 
-/// Loads into each of `pieces` (the parameter slices a rank holds under parameter
+/// Loads into each of `pieces` (the variable slices a rank holds under parameter
 /// sharding) its elements of `m.init_from`'s weights, with the checks of
-/// [`load_weights`]: only those bytes of the files are read.
-pub fn load_pieces(m: &ModelConfig, pieces: &[crate::optim::OwnedPiece]) -> Result<()> {
+/// [`load_weights`]: only those bytes of the files are read. With `hash_base`
+/// (LoRA, whose frozen base is these weights) every weight is read, a slice at a
+/// time, and hashed as [`lora::base_hash`](crate::model::lora::base_hash) hashes the
+/// loaded model (float32, ptrain's layout, by name): its hash is returned.
+pub fn load_pieces(m: &ModelConfig, pieces: &[crate::optim::OwnedPiece], hash_base: bool) -> Result<Option<String>> {
     let mut by_name: BTreeMap<&str, Vec<&crate::optim::OwnedPiece>> = BTreeMap::new();
     for piece in pieces {
         by_name.entry(piece.name.as_str()).or_default().push(piece);
     }
+    let mut hash = hash_base.then(BaseHasher::default);
     each_weight(m, |p, weight| {
+        if let Some(h) = hash.as_mut() {
+            hash_weight(h, p, weight)?;
+        }
         for piece in by_name.get(p.name.as_str()).into_iter().flatten() {
             let values = weight.slice(piece.offset as i64, piece.dest.numel() as i64)?;
             piece.dest.shallow_clone().f_copy_(&values.f_to_kind(piece.dest.kind())?)?;
         }
         Ok(())
-    })
+    })?;
+    Ok(hash.map(BaseHasher::finish))
+}
+
+/// Elements of a weight converted and hashed at a time (1 MiB in float32).
+const HASH_SLICE: i64 = 1 << 18;
+
+/// Feeds `weight` to the base hash as the loaded float32 variable `p` would be fed.
+fn hash_weight(h: &mut BaseHasher, p: &names::Param, weight: &Weight<'_>) -> Result<()> {
+    h.tensor(&p.name, &p.shape, Kind::Float);
+    if weight.kind == Kind::Float && !weight.conv1d {
+        // Already the bytes the loaded variable holds: hashed from the file, nothing allocated.
+        h.bytes(weight.view.data());
+        return Ok(());
+    }
+    let numel: i64 = p.shape.iter().product();
+    let mut bytes = Vec::new();
+    for at in (0..numel).step_by(HASH_SLICE as usize) {
+        let len = HASH_SLICE.min(numel - at);
+        let values = weight.slice(at, len)?.f_to_kind(Kind::Float)?.f_contiguous()?;
+        bytes.resize(len as usize * Kind::Float.elt_size_in_bytes(), 0);
+        values.f_copy_data_u8(&mut bytes, len as usize)?;
+        h.bytes(&bytes);
+    }
+    Ok(())
 }
 
 /// One parameter's tensor in a weight file, in ptrain's layout.
@@ -117,8 +149,8 @@ impl Weight<'_> {
 }
 
 /// Opens and checks `m.init_from` (see [`load_weights`]), then hands `each` every
-/// parameter with its weight, without gradient tracking; each weight's pages are
-/// dropped from memory once it was used.
+/// parameter with its weight in name order, without gradient tracking; each
+/// weight's pages are dropped from memory once it was used.
 fn each_weight(m: &ModelConfig, mut each: impl FnMut(&names::Param, &Weight<'_>) -> Result<()>) -> Result<()> {
     let hf = HfDir::open(&m.init_from)?;
     if let Some(mismatch) = hf.arch.mismatch(m) {
@@ -167,6 +199,7 @@ fn each_weight(m: &ModelConfig, mut each: impl FnMut(&names::Param, &Weight<'_>)
         let mmap = &maps.iter().find(|(file, _)| file == path).expect("a view of a mapped file").1;
         plan.push((p, Weight { view, kind, shape, conv1d: p.conv1d }, mmap));
     }
+    plan.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     tch::no_grad(|| -> Result<()> {
         for (p, weight, mmap) in &plan {
             each(p, weight)?;
