@@ -363,10 +363,12 @@ fn lora_base(checkpoint: &Path) -> String {
 /// checkpoint resumes under `parameters` as that run goes on.
 #[test]
 fn lora_on_a_pretrained_base_is_sharded_while_built_and_follows_the_unsharded_run() {
+    /// A model's name, its `hf.py` arguments, its precision setting and the loss tolerance.
+    type Case<'a> = (&'a str, &'a [&'a dyn AsRef<std::ffi::OsStr>], &'a str, f64);
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.bin");
     hf(&[&"make-tokens", &tokens, &"20000"]);
-    let models: [(&str, &[&dyn AsRef<std::ffi::OsStr>], &str, f64); 2] = [
+    let models: [Case; 2] = [
         ("qwen2", &[&"make-llama", &"qwen2"], "train.precision=\"fp32\"", 1e-5),
         ("llama-bf16", &[&"make-llama", &"llama", &"-", &"--bf16-sharded"], "train.precision=\"bf16\"", 1e-4),
     ];

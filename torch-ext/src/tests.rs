@@ -237,7 +237,7 @@ fn a_recomputed_swiglu_product_gives_the_saved_ones_gradients_bit_for_bit() {
             let product = swiglu(&gate, &up).unwrap();
             let mut out = product.linear(&w, b.as_ref());
             if lora {
-                out = out + product.linear::<Tensor>(&lora_a, None).linear::<Tensor>(&lora_b, None) * 2.0;
+                out += product.linear::<Tensor>(&lora_a, None).linear::<Tensor>(&lora_b, None) * 2.0;
             }
             let dropped = if recompute { recompute_swiglu_product(&out, &product, &gate, &up).unwrap() } else { 0 };
             drop(product);

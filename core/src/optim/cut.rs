@@ -133,10 +133,13 @@ pub(super) fn members_of(vars: &[&(String, Tensor)]) -> Members {
     vars.iter().map(|(n, t)| (n.clone(), t.size())).collect()
 }
 
+/// Each unit's trainable members and its part, if it has trainable parameters.
+pub(super) type TrainedParts = Vec<Option<(Members, Part)>>;
+
 /// Cuts `params` (trainable, float32, sorted by name) unit by unit into this rank's
 /// chunks, back to back in a new master buffer; at least `units` units (those past the
 /// parameters' have no trainable part).
-pub(super) fn cut_trained(params: &[(String, Tensor)], units: usize, rank: u32, world: u32) -> Result<(Tensor, Vec<Option<(Members, Part)>>)> {
+pub(super) fn cut_trained(params: &[(String, Tensor)], units: usize, rank: u32, world: u32) -> Result<(Tensor, TrainedParts)> {
     let trained = by_unit(params);
     let count = trained.len().max(units);
     let layouts: Vec<Option<FlatLayout>> = (0..count).map(|u| trained.get(u).filter(|m| !m.is_empty()).map(|m| layout_of(m, world))).collect();
