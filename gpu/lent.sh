@@ -14,7 +14,7 @@
 # with plugins, PyTorch eager). OUT gets summary.txt (every step's table and figures) and
 # lent.tar.gz (the logs and summaries, no weights or checkpoints). Steps (LENT_STEPS, comma-separated;
 # default all but trace and diag): check, validate, sdpa, qwen05b (LENT_QWEN: its ptrain variants,
-# default chunked,whole,plugins), bench, phases (GPT-small fast mode, with the logging plugins, and
+# default chunked,whole,plugins; also lora (r = 16) and ac (full activation checkpointing)), bench, phases (GPT-small fast mode, with the logging plugins, and
 # with the checkpoint plugin, each with perf's per-phase times), trace (a Kineto trace of
 # GPT-small's steps 10-12), diag (whether libtorch_cuda loads by dlopen alone).
 set -uo pipefail
@@ -68,6 +68,8 @@ for variant in "${variants[@]}"; do
   extra=()
   [ $variant = whole ] && extra=(--set train.loss_chunk=0)
   [ $variant = plugins ] && extra=(--plugins flops,perf,tensorboard,checkpoint)
+  [ $variant = lora ] && extra=(--set lora.rank=16)
+  [ $variant = ac ] && extra=(--set train.activation_checkpointing=\"full\")
   timeout "$(cap 90)" "$bin/ptrain" run "${common[@]}" "${extra[@]}" --run-dir "$w/ptrain-$variant" >"$q/ptrain-$variant.log" 2>&1
   echo "exit $?" >>"$q/ptrain-$variant.log"
   cp "$w/ptrain-$variant/summary.json" "$q/ptrain-$variant.json" 2>/dev/null

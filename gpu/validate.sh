@@ -161,17 +161,25 @@ steps() {
   "${torchrun[@]}" --nproc-per-node 1 "$ptrain" run --config "$cfg" --device "$device" --steps $n "${small[@]}" \
     --run-dir "$work/torchrun-1" --quiet >"$work/torchrun-1.log" 2>&1 && s=ok || s=FAIL
   row "torchrun, 1 rank" "$s" "final loss $(field "$work/torchrun-1/summary.json" final_loss)" "world size $(field "$work/torchrun-1/summary.json" world_size)"
-  local gpus; gpus=$(field "$work/check.json" device_count)
-  if [ "$device" = cpu ] || [ "${gpus:-0}" -ge 2 ]; then
-    for shard in none optimizer gradients parameters; do
-      "${torchrun[@]}" --nproc-per-node 2 "$ptrain" run --config "$cfg" --device "$device" --steps $n "${small[@]}" \
-        --set dist.shard=\"$shard\" --run-dir "$work/torchrun-2-$shard" --quiet >"$work/torchrun-2-$shard.log" 2>&1 && s=ok || s=FAIL
-      row "torchrun, 2 ranks, $shard" "$s" "final loss $(field "$work/torchrun-2-$shard/summary.json" final_loss)" \
-        "$(field "$work/torchrun-2-$shard/summary.json" world_size) ranks, shard $(field "$work/torchrun-2-$shard/summary.json" shard)"
-    done
-  else
-    row "torchrun, 2 ranks" skip "" "one GPU: NCCL refuses two ranks on one device (duplicate GPU)"
-  fi
+  # Two ranks: on the CPU over Gloo; on two GPUs over NCCL; on one GPU both ranks share
+  # cuda:0 over Gloo (NCCL refuses two ranks on one device), which still runs every shard
+  # mode's code on CUDA tensors (gathers, reduce-scatters as all-reduces, bf16 autocast).
+  local gpus; gpus=$(field "$work/check.json" device_count) over=() how=""
+  if [ "$device" = cuda ] && [ "${gpus:-0}" -lt 2 ]; then over=(--set 'dist.backend="gloo"') how=" (one GPU, Gloo)"; fi
+  local two=("${torchrun[@]}" --nproc-per-node 2 "$ptrain" run --config "$cfg" --device "$device" --steps $n "${small[@]}" "${over[@]}" --quiet)
+  for shard in none optimizer gradients parameters; do
+    "${two[@]}" --set dist.shard=\"$shard\" --run-dir "$work/torchrun-2-$shard" >"$work/torchrun-2-$shard.log" 2>&1 && s=ok || s=FAIL
+    row "torchrun, 2 ranks, $shard$how" "$s" "final loss $(field "$work/torchrun-2-$shard/summary.json" final_loss)" \
+      "$(field "$work/torchrun-2-$shard/summary.json" world_size) ranks, shard $(field "$work/torchrun-2-$shard/summary.json" shard)"
+  done
+  # ZeRO-3 follows plain data parallelism: the same 20 steps within 1e-4 (fp32).
+  read -r rel s < <(within "$(field "$work/torchrun-2-parameters/summary.json" final_loss)" "$(field "$work/torchrun-2-none/summary.json" final_loss)" 1e-4)
+  row "parameters vs none, 2 ranks$how" "$s" "final loss rel. $rel" "bound 1e-4"
+  # ZeRO-3 with the optimizer offloaded to the host and bf16 autocast (gathers in the compute dtype).
+  "${two[@]}" --set dist.shard=\"parameters\" --set dist.offload_optimizer=true --set train.precision=\"bf16\" \
+    --run-dir "$work/torchrun-2-offload" >"$work/torchrun-2-offload.log" 2>&1 && s=ok || s=FAIL
+  row "2 ranks, parameters, offload, bf16$how" "$s" "final loss $(field "$work/torchrun-2-offload/summary.json" final_loss)" \
+    "optimizer_state_bytes $(field "$work/torchrun-2-offload/summary.json" optimizer_state_bytes)"
 
   echo "== plugins"
   local plugins=checkpoint,csv,early-stop,flops,health,jsonl,perf,tensorboard,trace,wandb

@@ -48,10 +48,20 @@ static char* pd_error(const std::string& message) {
 
 static at::Tensor& tensor(pd_tensor t) { return *static_cast<at::Tensor*>(t); }
 
+// What a collective reads or writes: the tensor's storage, never its autograd history.
+// Gloo's CUDA paths copy results back with copy_, which autograd refuses on a leaf that
+// requires grad (the start-up parameter broadcast of a run on one GPU over Gloo failed so);
+// a detached alias shares the storage and is refused nothing. NCCL and Gloo's CPU paths
+// write through raw pointers and never noticed.
+static at::Tensor operand(pd_tensor t) {
+  const at::Tensor& x = tensor(t);
+  return x.requires_grad() ? x.detach() : x;
+}
+
 static std::vector<at::Tensor> list(pd_tensor* ts, int64_t n) {
   std::vector<at::Tensor> out;
   out.reserve(n);
-  for (int64_t i = 0; i < n; i++) out.push_back(tensor(ts[i]));
+  for (int64_t i = 0; i < n; i++) out.push_back(operand(ts[i]));
   return out;
 }
 
@@ -168,14 +178,14 @@ extern "C" char* pd_store_check(pd_group* group, const char* key, bool* out) {
 
 extern "C" char* pd_allreduce(pd_group* group, pd_tensor t, pd_work** out) {
   PD_TRY
-  std::vector<at::Tensor> tensors{tensor(t)};
+  std::vector<at::Tensor> tensors{operand(t)};
   *out = new pd_work{group->backend->allreduce(tensors)};
   PD_CATCH
 }
 
 extern "C" char* pd_broadcast(pd_group* group, pd_tensor t, int32_t root, pd_work** out) {
   PD_TRY
-  std::vector<at::Tensor> tensors{tensor(t)};
+  std::vector<at::Tensor> tensors{operand(t)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   *out = new pd_work{group->backend->broadcast(tensors, options)};
@@ -185,7 +195,7 @@ extern "C" char* pd_broadcast(pd_group* group, pd_tensor t, int32_t root, pd_wor
 extern "C" char* pd_reduce_scatter(pd_group* group, pd_tensor out, pd_tensor* rows, int64_t n,
                                    pd_work** work) {
   PD_TRY
-  std::vector<at::Tensor> outputs{tensor(out)};
+  std::vector<at::Tensor> outputs{operand(out)};
   std::vector<std::vector<at::Tensor>> inputs{list(rows, n)};
   *work = new pd_work{group->backend->reduce_scatter(outputs, inputs)};
   PD_CATCH

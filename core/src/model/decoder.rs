@@ -132,9 +132,12 @@ fn run_block(
 /// at Qwen2-0.5B's shape is the same either way (9,763 vs 9,767 MiB). The gradients are
 /// the same either way (`objective::tests`). (A 45 MB higher peak RSS once blamed on it in
 /// `tests/activation_checkpointing.rs` was glibc's heap layout: with the mmap threshold
-/// fixed both lookups peak alike.)
+/// fixed both lookups peak alike.) Dense on CUDA: there the sparse gradient's sum with a
+/// dense one adds repeated ids with atomic adds, so two runs differed in the last bit
+/// (the GPU kit's bit-for-bit rows failed on an H100), while CUDA's dense embedding
+/// backward sorts the ids and is reproducible.
 pub(super) fn lookup(weight: &Tensor, ids: &Tensor, tied: bool) -> Result<Tensor> {
-    Ok(Tensor::f_embedding(weight, ids, -1, false, tied)?)
+    Ok(Tensor::f_embedding(weight, ids, -1, false, tied && weight.device() == tch::Device::Cpu)?)
 }
 
 /// A checkpointed block's training forward over `[x]`, then RoPE's `[cos, sin]` if
