@@ -77,6 +77,10 @@ const KEPT_FOR_BACKWARD: &[&str] = &["dist.reshard_after_forward=false", "optim.
 const LORA: &[&str] = &["lora.rank=4", "lora.alpha=8.0", "train.activation_checkpointing=\"every_n\"", "train.activation_checkpointing_every=2"];
 /// bf16 autocast and the chunked loss.
 const BF16_CHUNKED: &[&str] = &["train.precision=\"bf16\"", "train.loss_chunk=8"];
+/// A tied head and the chunked loss in float32 (Qwen2's case: the loss's head gradient
+/// becomes the embedding's `.grad`, the lookup's sparse one is added to it), over two
+/// micro-batches a step.
+const TIED_CHUNKED: &[&str] = &["model.llama.tie_embeddings=true", "train.loss_chunk=8", "optim.accum_steps=2"];
 
 #[test]
 fn a_gpt_sharded_over_two_ranks_follows_unsharded_training_holding_half() {
@@ -85,7 +89,7 @@ fn a_gpt_sharded_over_two_ranks_follows_unsharded_training_holding_half() {
 
 #[test]
 fn a_llama_sharded_over_two_ranks_follows_unsharded_training_holding_half() {
-    parameters_follow_unsharded("llama", 2, 0.55, &[PLAIN, SOME_CHECKPOINTED, KEPT_FOR_BACKWARD, BF16_CHUNKED, LORA]);
+    parameters_follow_unsharded("llama", 2, 0.55, &[PLAIN, SOME_CHECKPOINTED, KEPT_FOR_BACKWARD, BF16_CHUNKED, TIED_CHUNKED, LORA]);
 }
 
 #[test]

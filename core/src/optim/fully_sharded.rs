@@ -61,7 +61,8 @@ pub struct FullySharded {
     /// The host side of `dist.offload_optimizer` (the groups view its buffers).
     offload: Option<Offload>,
     /// Gradient bytes at a step's high point: the chunks, unit 0's whole gradient
-    /// (it lives through backward) and the largest block's.
+    /// (it lives through backward) and the larger of the largest block's (in
+    /// backward) and unit 0's flat copy (while it is made, for the reduction).
     peak_gradient_bytes: u64,
 }
 
@@ -144,7 +145,8 @@ impl FullySharded {
         let element = Kind::Float.elt_size_in_bytes() as u64;
         let whole = |u: &Unit| u.grad_shard.as_ref().map_or(0, |_| u.parts[0].layout.padded() * element);
         let largest_block = units.iter().skip(1).map(whole).max().unwrap_or(0);
-        let peak_gradient_bytes = total as u64 * element + units.first().map_or(0, whole) + largest_block;
+        let unit0 = units.first().map_or(0, whole);
+        let peak_gradient_bytes = total as u64 * element + unit0 + largest_block.max(unit0);
         let held: Vec<Tensor> = units.iter().filter(|u| u.grad_shard.is_some()).map(|u| u.parts[0].shard.shallow_clone()).collect();
         let mut units = Units::new(units, with.collectives, spec.rank, with.reshard_after_forward)?;
         units.release_all()?;
@@ -171,11 +173,15 @@ impl FullySharded {
 }
 
 impl Optimizer for FullySharded {
-    /// Zeroes the gradient chunks and gives unit 0 a fresh flat `.grad` (the blocks
-    /// get theirs when their backward starts).
+    /// Zeroes the gradient chunks. Unit 0 gets no `.grad` before forward (the blocks
+    /// get theirs when their backward starts): the chunked loss hands backward its
+    /// head's whole `[V, D]` gradient, made in forward, and autograd makes that buffer
+    /// the tied embedding's `.grad` when it has none, where a `.grad` attached now
+    /// would be a second one beside it from the loss on (519 MiB at Qwen2's shape).
+    /// [`reduce_gradients`](Self::reduce_gradients) gathers it into the flat layout.
     fn zero_grad(&mut self) -> Result<()> {
         let _ = self.grads.f_zero_().map_err(torch)?;
-        self.units.lock().attach_grads(0)
+        Ok(())
     }
 
     /// Unit 0's gradient (and any block's a hook did not reach) reduce-scattered, then
@@ -183,7 +189,8 @@ impl Optimizer for FullySharded {
     fn reduce_gradients(&mut self, dp: &mut dyn DataParallel, found_inf: &Tensor) -> Result<()> {
         {
             let mut units = self.units.lock();
-            (0..units.units.len()).try_for_each(|u| units.reduce_grads(u))?;
+            units.reduce_loose_grads(0)?;
+            (1..units.units.len()).try_for_each(|u| units.reduce_grads(u))?;
         }
         tch::no_grad(|| {
             self.stats.get(0).copy_(&self.grads.dot(&self.grads));

@@ -16,7 +16,10 @@
 //!   gradient into this rank's gradient chunk and releases both.
 //! - A checkpointed block: its checkpoint's forward gathers and releases it; the
 //!   recompute in backward gathers it again and the hook on the input releases it.
-//! - Unit 0 is gathered at the start of every forward and released after the update.
+//! - Unit 0 is gathered at the start of every forward and released after the update;
+//!   its gradient is left to autograd on its parameters (the chunked loss's head
+//!   gradient becomes the embedding's `.grad` without a copy) and copied into a flat
+//!   buffer only for its reduce-scatter, after backward.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -161,6 +164,36 @@ impl Units {
         self.comm.reduce_scatter(&flat, &own).map_err(Error::Dist)?;
         let _ = tch::no_grad(|| shard.shallow_clone().f_add_(&own)).map_err(tch_err)?;
         Ok(())
+    }
+
+    /// Reduces unit `u`'s gradient as backward left it on its parameters, with no flat
+    /// `.grad` attached before (unit 0: see `FullySharded::zero_grad`): copied into
+    /// one flat buffer (zero where backward did not reach), then as [`Self::reduce_grads`].
+    /// Every rank reduces, whatever its backward reached, so the collectives pair up.
+    /// Called once backward is done: the unit's gathered weights go first (nothing
+    /// reads them before the update, after which they would go anyway; the next
+    /// forward gathers the updated ones), so the flat buffer takes their memory.
+    pub fn reduce_loose_grads(&mut self, u: usize) -> Result<()> {
+        if self.units[u].grad_full.is_some() || self.units[u].grad_shard.is_none() {
+            return self.reduce_grads(u);
+        }
+        self.release(u)?;
+        let unit = &mut self.units[u];
+        let part = &unit.parts[0];
+        let flat = Tensor::f_zeros([part.layout.padded() as i64], (part.full.kind(), part.full.device())).map_err(tch_err)?;
+        for (param, &(offset, numel)) in part.params.tensors().iter().zip(&part.layout.params) {
+            let grad = param.grad();
+            if grad.defined() {
+                // add_, not copy_: the tied embedding's lookup gradient may have come alone,
+                // sparse (dense + sparse is defined, a dense copy of a sparse one is not).
+                let into = flat.f_narrow(0, offset as i64, numel as i64).and_then(|t| t.f_view_as(&grad)).map_err(tch_err)?;
+                let _ = tch::no_grad(|| into.shallow_clone().f_add_(&grad)).map_err(tch_err)?;
+            }
+            // Released as soon as copied: one whole gradient beside the flat one at a time.
+            grads::detach(&TensorList::new(vec![param.shallow_clone()])).map_err(torch)?;
+        }
+        unit.grad_full = Some(flat);
+        self.reduce_grads(u)
     }
 
     /// Gradient tensors held now besides the chunks.
