@@ -33,7 +33,9 @@ pub trait ShardCollectives: Send + Sync {
     /// chunk is already there).
     fn start_all_gather(&self, flat: &Tensor) -> Result<Box<dyn Pending>, String>;
     /// Averages `flat` across ranks, writing this rank's chunk of the average to
-    /// `own`; `flat` may be left partly reduced.
+    /// `own`; `flat` may be left partly reduced. `own` may be this rank's chunk of
+    /// `flat` itself (NCCL's in-place reduce-scatter; Gloo's all-reduce leaves the
+    /// average there already).
     fn reduce_scatter(&self, flat: &Tensor, own: &Tensor) -> Result<(), String>;
     /// Copies rank `root`'s `tensor` to every rank, in place.
     fn broadcast(&self, tensor: &Tensor, root: u32) -> Result<(), String>;
