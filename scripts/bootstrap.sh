@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything ptrain needs on a fresh Debian machine:
-#   - Debian packages: a C++ toolchain and libgloo-dev (Gloo headers for the c10d shim);
+#   - Debian packages: a C++ toolchain, libgloo-dev (Gloo headers for the c10d shim) and
+#     libgoogle-perftools-dev (tcmalloc, linked into the binary: build.rs);
 #   - a project-local .venv with PyPI torch==2.11.0 (libtorch for tch) and the pinned test tools.
 # Only package registries are contacted. Re-running does nothing when all is in place.
 set -euo pipefail
@@ -9,7 +10,7 @@ venv="${PTRAIN_VENV:-$root/.venv}"
 reqs="$root/scripts/requirements.txt"
 
 need_debs=()
-for pkg in libgloo-dev g++ pkg-config; do
+for pkg in libgloo-dev g++ pkg-config libgoogle-perftools-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")
 done
 if [ ${#need_debs[@]} -gt 0 ]; then
