@@ -16,7 +16,10 @@ fn tcmalloc_memory(width: u32) -> (u64, u64) {
         0,
     );
     let err = stderr(&out);
-    let line = err.lines().find(|l| l.contains("Actual memory used")).unwrap_or_else(|| panic!("no tcmalloc statistics: the binary allocates with another malloc\n{err}"));
+    let line = err
+        .lines()
+        .find(|l| l.contains("Actual memory used"))
+        .unwrap_or_else(|| panic!("no tcmalloc statistics: the binary allocates with another malloc\n{err}"));
     let bytes = line.trim_start_matches("MALLOC:").trim_start_matches([' ', '=']).split_whitespace().next().and_then(|n| n.parse().ok());
     (bytes.unwrap_or_else(|| panic!("unreadable statistics line: {line}")), summary(dir.path())["parameters"].as_u64().unwrap())
 }
