@@ -23,8 +23,12 @@ const CAPACITY: usize = 1 << 18;
 /// Tells encoders (and so tokenizers) apart in a thread's cache.
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(0);
 
+/// A word's text (after normalizing and pre-tokenizing) and its ids.
+type Words = HashMap<String, Box<[u32]>>;
+
 thread_local! {
-    static WORDS: RefCell<(u64, HashMap<String, Box<[u32]>>)> = RefCell::new((u64::MAX, HashMap::new()));
+    /// The encoder that filled it, and its words.
+    static WORDS: RefCell<(u64, Words)> = RefCell::new((u64::MAX, HashMap::new()));
 }
 
 /// The ids of a text and where its added tokens are.
