@@ -21,12 +21,20 @@
 //! the whole's up to its last added token and then those of its short tail; the
 //! tail alone is encoded and compared. When that does not match (or added tokens
 //! strip whitespace), the prefix is encoded whole, as before.
+//!
+//! Rows going to the cache are encoded without offsets, through [`WordIds`]
+//! (each word's ids remembered per thread); `ptrain tokenize --show` and
+//! templates with `{% generation %}` marks need each token's place in the text
+//! and take the tokenizer's `encode`.
 
 use std::collections::HashSet;
 
 use tokenizers::Tokenizer;
 
-use super::shape::{Chat, Example};
+use super::{
+    shape::{Chat, Example},
+    words::WordIds,
+};
 use crate::{config::TrainOn, data::chat_template::ChatTemplate};
 
 /// Token ids and, per id, whether the loss is computed on predicting it.
@@ -49,13 +57,21 @@ impl Encoded {
 /// each token lies in it (bytes).
 pub struct Shown {
     pub text: String,
+    /// Empty when the row was encoded for the cache (offsets not needed).
     pub offsets: Vec<(usize, usize)>,
     pub encoded: Encoded,
+    /// Per added token (`<|im_start|>`, `<|im_end|>`): the count of ids up to
+    /// and including it, and the byte where it ends.
+    added: Vec<(usize, usize)>,
 }
 
 impl Shown {
+    pub fn new(text: String, offsets: Vec<(usize, usize)>, encoded: Encoded) -> Shown {
+        Shown { text, offsets, encoded, added: Vec::new() }
+    }
+
     fn tokens(&self) -> Tokens<'_> {
-        Tokens { text: &self.text, ids: &self.encoded.ids, offsets: &self.offsets }
+        Tokens { text: &self.text, ids: &self.encoded.ids, added: &self.added }
     }
 }
 
@@ -70,13 +86,14 @@ pub struct Encoder {
     /// Added tokens, at which the tokenizer splits its input before anything
     /// else; empty when one of them strips whitespace (the split then moves).
     splits: HashSet<u32>,
+    words: WordIds,
 }
 
 /// A tokenized text.
 struct Tokens<'a> {
     text: &'a str,
     ids: &'a [u32],
-    offsets: &'a [(usize, usize)],
+    added: &'a [(usize, usize)],
 }
 
 const NO_TEMPLATE: &str = "the tokenizer has no chat template (tokenizer_config.json `chat_template` or chat_template.jinja)";
@@ -87,7 +104,8 @@ impl Encoder {
         let special = added.iter().filter(|(_, t)| t.special).map(|(&id, _)| id).collect();
         let plain = added.values().all(|t| !t.lstrip && !t.rstrip && !t.single_word);
         let splits = if plain { added.keys().copied().collect() } else { HashSet::new() };
-        Encoder { tokenizer, template, train_on, eos, special, splits }
+        let words = WordIds::new(&tokenizer);
+        Encoder { tokenizer, template, train_on, eos, special, splits, words }
     }
 
     pub(crate) fn ids(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
@@ -111,7 +129,7 @@ impl Encoder {
         if let Some(n) = self.prefix_by_tail(text, whole)? {
             return Ok(n);
         }
-        let ids = self.ids(text, false)?;
+        let ids = self.words.ids(&self.tokenizer, text)?.ids;
         if !whole.ids.starts_with(&ids) {
             return Err(format!(
                 "the chat template's rendering of the first {upto} messages{} is not a prefix of the whole conversation's, \
@@ -129,14 +147,11 @@ impl Encoder {
         if self.splits.is_empty() || !whole.text.starts_with(text) {
             return Ok(None);
         }
-        let cut = text.len();
-        // Token ends never decrease: the tokens that end by `cut` come first.
-        let before = whole.offsets.partition_point(|&(_, end)| end <= cut);
-        let Some(last) = (0..before).rev().find(|&t| self.splits.contains(&whole.ids[t])) else {
+        let Some(&(count, end)) = whole.added.iter().rev().find(|&&(_, end)| end <= text.len()) else {
             return Ok(None);
         };
-        let tail = self.ids(&text[whole.offsets[last].1..], false)?;
-        Ok(whole.ids[last + 1..].starts_with(&tail).then(|| last + 1 + tail.len()))
+        let tail = self.words.ids(&self.tokenizer, &text[end..])?.ids;
+        Ok(whole.ids[count..].starts_with(&tail).then(|| count + tail.len()))
     }
 
     /// Marks `[start, end)` trained up to and including its last special token.
@@ -147,16 +162,20 @@ impl Encoder {
     }
 
     pub fn encode(&self, example: &Example) -> Result<Encoded, String> {
-        self.show(example).map(|s| s.encoded)
+        self.shown(example, false).map(|s| s.encoded)
     }
 
-    /// The row's text, tokens and trained tokens.
+    /// The row's text, tokens (with their places in the text) and trained tokens.
     pub fn show(&self, example: &Example) -> Result<Shown, String> {
+        self.shown(example, true)
+    }
+
+    fn shown(&self, example: &Example, offsets: bool) -> Result<Shown, String> {
         let mut shown = match example {
-            Example::Chat(chat) => self.chat(chat)?,
+            Example::Chat(chat) => self.chat(chat, offsets)?,
             Example::Conversation { chat, prompt } => {
                 let rendered = self.template()?.render(chat.conversation(), false)?;
-                let mut shown = self.tokens(rendered.text)?;
+                let mut shown = self.tokens(rendered.text, offsets)?;
                 if self.train_on != TrainOn::All {
                     let start = self.prefix_len(&self.render(chat, *prompt, true)?, *prompt, true, &shown.tokens())?;
                     let end = shown.encoded.ids.len();
@@ -176,7 +195,7 @@ impl Encoder {
                 let prompt_ids = self.ids(prompt, true)?;
                 let start = prompt_ids.iter().zip(&ids).take_while(|(a, b)| a == b).count();
                 let trained = (0..ids.len()).map(|i| self.train_on == TrainOn::All || i >= start).collect();
-                Shown { text, offsets: encoding.get_offsets().to_vec(), encoded: Encoded { ids, trained, untrained: None } }
+                Shown::new(text, encoding.get_offsets().to_vec(), Encoded { ids, trained, untrained: None })
             }
         };
         if !shown.encoded.trains() && shown.encoded.untrained.is_none() {
@@ -188,19 +207,28 @@ impl Encoder {
         Ok(shown)
     }
 
-    /// `text` tokenized (without special tokens), nothing trained yet.
-    fn tokens(&self, text: String) -> Result<Shown, String> {
-        let encoding = self.tokenizer.encode(text.as_str(), false).map_err(|e| format!("the tokenizer failed: {e}"))?;
-        let ids = encoding.get_ids().to_vec();
+    /// `text` tokenized (without special tokens), nothing trained yet; with each
+    /// token's offsets when `offsets`.
+    fn tokens(&self, text: String, offsets: bool) -> Result<Shown, String> {
+        let (ids, offsets, added) = if offsets {
+            let encoding = self.tokenizer.encode(text.as_str(), false).map_err(|e| format!("the tokenizer failed: {e}"))?;
+            let (ids, offsets) = (encoding.get_ids().to_vec(), encoding.get_offsets().to_vec());
+            let added = (0..ids.len()).filter(|&t| self.splits.contains(&ids[t])).map(|t| (t + 1, offsets[t].1)).collect();
+            (ids, offsets, added)
+        } else {
+            let found = self.words.ids(&self.tokenizer, &text)?;
+            (found.ids, Vec::new(), found.added)
+        };
         let encoded = Encoded { trained: vec![self.train_on == TrainOn::All; ids.len()], ids, untrained: None };
-        Ok(Shown { offsets: encoding.get_offsets().to_vec(), text, encoded })
+        Ok(Shown { offsets, text, encoded, added })
     }
 
-    fn chat(&self, chat: &Chat) -> Result<Shown, String> {
+    fn chat(&self, chat: &Chat, offsets: bool) -> Result<Shown, String> {
         let template = self.template()?;
         let rendered = template.render(chat.conversation(), false)?;
         let marked = rendered.marked.clone();
-        let mut shown = self.tokens(rendered.text)?;
+        // `{% generation %}` spans are found by the tokens' offsets.
+        let mut shown = self.tokens(rendered.text, offsets || template.has_marks)?;
         if self.train_on == TrainOn::All {
             return Ok(shown);
         }

@@ -14,6 +14,7 @@ pub(crate) mod pack;
 pub mod shape;
 pub mod show;
 pub mod source;
+mod words;
 
 use std::path::{Path, PathBuf};
 

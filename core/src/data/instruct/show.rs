@@ -95,7 +95,7 @@ mod tests {
         let text = "user: hi\nbot: yo!<end>\n".to_string();
         let offsets = vec![(0, 5), (5, 9), (9, 14), (14, 16), (16, 17), (17, 22), (22, 23)];
         let trained = vec![false, false, false, true, true, true, false];
-        let shown = Shown { text, offsets, encoded: Encoded { ids: vec![0; 7], trained, untrained: None } };
+        let shown = Shown::new(text, offsets, Encoded { ids: vec![0; 7], trained, untrained: None });
         assert_eq!(marked(&shown, Marks::Brackets), "user: hi\nbot: [[yo!<end>]]\n");
         assert!(marked(&shown, Marks::Colour).contains("\x1b[1;32myo!<end>\x1b[0m"));
     }

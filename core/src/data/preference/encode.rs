@@ -79,7 +79,7 @@ pub fn show(encoder: &Encoder, pair: &Pair) -> Result<([Shown; 2], EncodedPair),
     let shown = |(text, encoding): (String, tokenizers::Encoding)| {
         let ids = encoding.get_ids().to_vec();
         let trained = (0..ids.len()).map(|i| i >= at).collect();
-        Shown { text, offsets: encoding.get_offsets().to_vec(), encoded: Encoded { ids, trained, untrained: None } }
+        Shown::new(text, encoding.get_offsets().to_vec(), Encoded { ids, trained, untrained: None })
     };
     Ok(([shown(chosen), shown(rejected)], encoded))
 }
