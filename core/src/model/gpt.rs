@@ -5,7 +5,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::{
-    decoder::{self, built, Block, BlockInput, Decoder, Family, Positions},
+    decoder::{self, built, normal_unless_loaded, Block, BlockInput, Decoder, Family, Positions},
     lora::{self, Targets},
     Layer, LayerKind,
 };
@@ -19,8 +19,8 @@ fn norm(l: &nn::LayerNorm, x: &Tensor, eps: f64) -> Result<Tensor> {
 }
 
 /// The module's name (`c_attn`, ...) picks whether LoRA adapts it.
-fn init_linear(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, stdev: f64, targets: Targets) -> lora::Linear {
-    lora::Linear::new(vs, module, inp, out, bias, stdev, targets)
+fn init_linear(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, ws_init: nn::Init, targets: Targets) -> lora::Linear {
+    lora::Linear::new(vs, module, inp, out, bias, ws_init, targets)
 }
 
 fn layer_norm(vs: nn::Path, d: i64, eps: f64) -> nn::LayerNorm {
@@ -50,13 +50,13 @@ impl GptBlock {
     fn new(vs: nn::Path, c: &ModelConfig, lo: Targets) -> GptBlock {
         let d = c.n_embd;
         // GPT-2's scaled init of residual projections.
-        let proj_std = 0.02 / (2.0 * c.n_layer as f64).sqrt();
+        let (std, proj_std) = (normal_unless_loaded(c, 0.02), normal_unless_loaded(c, 0.02 / (2.0 * c.n_layer as f64).sqrt()));
         GptBlock {
             ln_1: layer_norm(&vs / "ln_1", d, c.gpt.layer_norm_eps),
-            c_attn: init_linear(&vs / "attn" / "c_attn", "c_attn", d, 3 * d, c.gpt.bias, 0.02, lo),
+            c_attn: init_linear(&vs / "attn" / "c_attn", "c_attn", d, 3 * d, c.gpt.bias, std, lo),
             attn_proj: init_linear(&vs / "attn" / "c_proj", "c_proj", d, d, c.gpt.bias, proj_std, lo),
             ln_2: layer_norm(&vs / "ln_2", d, c.gpt.layer_norm_eps),
-            c_fc: init_linear(&vs / "mlp" / "c_fc", "c_fc", d, 4 * d, c.gpt.bias, 0.02, lo),
+            c_fc: init_linear(&vs / "mlp" / "c_fc", "c_fc", d, 4 * d, c.gpt.bias, std, lo),
             mlp_proj: init_linear(&vs / "mlp" / "c_proj", "c_proj", 4 * d, d, c.gpt.bias, proj_std, lo),
             n_head: c.n_head,
             dropout: c.dropout,
@@ -105,7 +105,7 @@ impl Gpt {
     /// As [`Gpt::decoder`], calling `after_block(i)` once block `i`'s variables exist.
     pub fn decoder_with(vs: &nn::Path, c: &ModelConfig, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Decoder<Gpt> {
         let t = vs / "transformer";
-        let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
+        let emb = nn::EmbeddingConfig { ws_init: normal_unless_loaded(c, 0.02), ..Default::default() };
         let wte = nn::embedding(&t / "wte", c.vocab_size, c.n_embd, emb);
         let wpe = nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb);
         let blocks = (0..c.n_layer).map(|i| built(GptBlock::new(&t / "h" / i, c, targets), i, after_block)).collect();

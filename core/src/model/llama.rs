@@ -7,7 +7,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::{
-    decoder::{self, built, Block, BlockInput, Decoder, Family, Positions},
+    decoder::{self, built, normal_unless_loaded, Block, BlockInput, Decoder, Family, Positions},
     lora::{self, Targets},
     rope::{self, Rope},
     Layer, LayerKind,
@@ -24,8 +24,8 @@ const INIT_STD: f64 = 0.02;
 // of memory) comes back as an error, not a panic.
 
 /// The module's name (`q_proj`, ...) picks whether LoRA adapts it.
-fn linear(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, targets: Targets) -> lora::Linear {
-    lora::Linear::new(&vs / module, module, inp, out, bias, INIT_STD, targets)
+fn linear(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, m: &ModelConfig, targets: Targets) -> lora::Linear {
+    lora::Linear::new(&vs / module, module, inp, out, bias, normal_unless_loaded(m, INIT_STD), targets)
 }
 
 /// `LlamaRMSNorm`: normalised in float32, cast back to the input's type, then
@@ -120,16 +120,16 @@ impl LlamaBlock {
         let (q_width, kv_width, inner) = (dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim, a.mlp_width(d));
         LlamaBlock {
             input_norm: RmsNorm::new(&vs / "input_layernorm", d, a.rms_norm_eps),
-            q_proj: linear(attn.clone(), "q_proj", d, q_width, a.qkv_bias, lo),
-            k_proj: linear(attn.clone(), "k_proj", d, kv_width, a.qkv_bias, lo),
-            v_proj: linear(attn.clone(), "v_proj", d, kv_width, a.qkv_bias, lo),
-            o_proj: linear(attn.clone(), "o_proj", q_width, d, a.o_bias, lo),
+            q_proj: linear(attn.clone(), "q_proj", d, q_width, a.qkv_bias, m, lo),
+            k_proj: linear(attn.clone(), "k_proj", d, kv_width, a.qkv_bias, m, lo),
+            v_proj: linear(attn.clone(), "v_proj", d, kv_width, a.qkv_bias, m, lo),
+            o_proj: linear(attn.clone(), "o_proj", q_width, d, a.o_bias, m, lo),
             q_norm: a.qk_norm.then(|| RmsNorm::new(&attn / "q_norm", dims.head_dim, a.rms_norm_eps)),
             k_norm: a.qk_norm.then(|| RmsNorm::new(&attn / "k_norm", dims.head_dim, a.rms_norm_eps)),
             post_norm: RmsNorm::new(&vs / "post_attention_layernorm", d, a.rms_norm_eps),
-            gate_proj: linear(mlp.clone(), "gate_proj", d, inner, a.mlp_bias, lo),
-            up_proj: linear(mlp.clone(), "up_proj", d, inner, a.mlp_bias, lo),
-            down_proj: linear(mlp, "down_proj", inner, d, a.mlp_bias, lo),
+            gate_proj: linear(mlp.clone(), "gate_proj", d, inner, a.mlp_bias, m, lo),
+            up_proj: linear(mlp.clone(), "up_proj", d, inner, a.mlp_bias, m, lo),
+            down_proj: linear(mlp, "down_proj", inner, d, a.mlp_bias, m, lo),
             dims,
         }
     }
@@ -198,10 +198,9 @@ impl Llama {
         let a: &LlamaArgs = &m.llama;
         let dims = Dims { heads: m.n_head, kv_heads: a.kv_heads(m.n_head), head_dim: a.head_width(m.n_embd, m.n_head), dropout: m.dropout };
         let model = vs / "model";
-        let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: INIT_STD }, ..Default::default() };
+        let emb = nn::EmbeddingConfig { ws_init: normal_unless_loaded(m, INIT_STD), ..Default::default() };
         // The random initialisation draws in creation order: changing it changes the weights.
-        let lm_head =
-            (!a.tie_embeddings).then(|| (vs / "lm_head").var("weight", &[m.vocab_size, m.n_embd], nn::Init::Randn { mean: 0.0, stdev: INIT_STD }));
+        let lm_head = (!a.tie_embeddings).then(|| (vs / "lm_head").var("weight", &[m.vocab_size, m.n_embd], normal_unless_loaded(m, INIT_STD)));
         let embed_tokens = nn::embedding(&model / "embed_tokens", m.vocab_size, m.n_embd, emb);
         let layers = (0..m.n_layer).map(|i| built(LlamaBlock::new(&model / "layers" / i, m, dims, targets), i, after_block)).collect();
         let norm = RmsNorm::new(&model / "norm", m.n_embd, a.rms_norm_eps);

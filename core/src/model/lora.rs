@@ -49,10 +49,10 @@ impl Targets<'_> {
 }
 
 impl Linear {
-    /// `base` at `vs` (`weight` `[out, in]`, `bias`), with an adapter beside it when
-    /// `targets` names `module`.
-    pub fn new(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, stdev: f64, targets: Targets) -> Linear {
-        let config = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev }, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
+    /// `base` at `vs` (`weight` `[out, in]` initialised by `ws_init`, `bias`), with an
+    /// adapter beside it when `targets` names `module`.
+    pub fn new(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, ws_init: nn::Init, targets: Targets) -> Linear {
+        let config = nn::LinearConfig { ws_init, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
         let base = nn::linear(&vs, inp, out, config);
         let adapter = targets.lora.filter(|l| l.adapts(targets.kind, module)).map(|l| {
             let bound = 1.0 / (inp as f64).sqrt();

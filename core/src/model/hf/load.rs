@@ -131,9 +131,27 @@ struct Weight<'a> {
 }
 
 impl Weight<'_> {
+    /// The weight in ptrain's layout. Read in place from the file's mapping where
+    /// the layout allows (the caller copies it into its variable at once), so loading
+    /// copies each byte once, not twice.
     fn whole(&self) -> Result<Tensor> {
-        let t = Tensor::f_from_data_size(self.view.data(), &self.shape, self.kind)?;
+        let t = self.in_place(self.view.data(), &self.shape)?;
         Ok(if self.conv1d { t.f_tr()?.f_contiguous()? } else { t })
+    }
+
+    /// `bytes` (inside the mapping) as a tensor of `shape` that aliases them, or a
+    /// copy when they are not aligned to the element size (safetensors does not
+    /// align a tensor after one of a smaller type).
+    fn in_place(&self, bytes: &[u8], shape: &[i64]) -> Result<Tensor> {
+        if bytes.as_ptr() as usize % self.kind.elt_size_in_bytes() != 0 {
+            return Ok(Tensor::f_from_data_size(bytes, shape, self.kind)?);
+        }
+        // SAFETY: `bytes` holds `shape`'s elements of `kind` (each_weight checked the
+        // shape and dtype against the header; safetensors checked the byte length),
+        // aligned as just checked. The tensor aliases the read-only mapping, which
+        // outlives it: it lives only inside `each_weight`'s call of `each`, the mapping
+        // until each_weight returns, and it is only read (copied from, converted).
+        Ok(unsafe { Tensor::f_from_blob(bytes.as_ptr(), shape, &[], self.kind, tch::Device::Cpu) }?)
     }
 
     /// Elements `[offset, offset + len)` of the flattened parameter: read from the
@@ -144,7 +162,7 @@ impl Weight<'_> {
         }
         let elem = self.kind.elt_size_in_bytes();
         let bytes = &self.view.data()[offset as usize * elem..(offset + len) as usize * elem];
-        Ok(Tensor::f_from_data_size(bytes, &[len], self.kind)?)
+        self.in_place(bytes, &[len])
     }
 }
 
