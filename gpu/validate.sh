@@ -175,6 +175,20 @@ steps() {
   # ZeRO-3 follows plain data parallelism: the same 20 steps within 1e-4 (fp32).
   read -r rel s < <(within "$(field "$work/torchrun-2-parameters/summary.json" final_loss)" "$(field "$work/torchrun-2-none/summary.json" final_loss)" 1e-4)
   row "parameters vs none, 2 ranks$how" "$s" "final loss rel. $rel" "bound 1e-4"
+  # ZeRO-3 in bf16 (the blocks gathered in bf16, float32 masters and reduction) follows plain data
+  # parallelism in bf16, and gathers a block in about half the bytes of the fp32 run above. The
+  # bound: on the CPU these 20 steps differ by 1.2e-3 (the fp32 runs' 6e-6, from the reduction
+  # order, moves bf16 roundings; float32 gathers cast by autocast give the same losses bit for bit).
+  for shard in none parameters; do
+    "${two[@]}" --set dist.shard=\"$shard\" --set train.precision=\"bf16\" --run-dir "$work/torchrun-2-bf16-$shard" \
+      >"$work/torchrun-2-bf16-$shard.log" 2>&1
+  done
+  local bf="$work/torchrun-2-bf16-parameters/summary.json" half
+  read -r rel s < <(within "$(field "$bf" final_loss)" "$(field "$work/torchrun-2-bf16-none/summary.json" final_loss)" 5e-3)
+  half=$("$py" -c "import json, sys; a, b = (json.load(open(p))['gathered_block_bytes'][0] for p in sys.argv[1:]); print(f'{a / b:.3f}' if 0 < a <= 0.6 * b else 'FAIL')" \
+    "$bf" "$work/torchrun-2-parameters/summary.json" 2>/dev/null || echo FAIL)
+  [ "$half" = FAIL ] && s=FAIL
+  row "2 ranks, parameters, bf16 vs none, bf16$how" "$s" "final loss rel. $rel; a block gathered: ${half}x fp32's bytes" "bound 5e-3; at most 0.6x"
   # ZeRO-3 with the optimizer offloaded to the host and bf16 autocast (gathers in the compute dtype).
   "${two[@]}" --set dist.shard=\"parameters\" --set dist.offload_optimizer=true --set train.precision=\"bf16\" \
     --run-dir "$work/torchrun-2-offload" >"$work/torchrun-2-offload.log" 2>&1 && s=ok || s=FAIL

@@ -101,7 +101,7 @@ pub(super) fn move_to_flat(members: &[&(String, Tensor)], shapes: &[Vec<i64>], l
     .map_err(torch)?;
     sharding::resize_storage(&full, 0).map_err(|e| Error::Other(format!("parameter sharding: {e}")))?;
     let params = TensorList::new(members.iter().map(|(_, p)| p.shallow_clone()).collect());
-    Ok(Part { params, layout, full, shard })
+    Ok(Part { params, layout, full, shard, vectors: None })
 }
 
 /// Copies this rank's chunk of `members` (laid out as `layout`) into `shard` and

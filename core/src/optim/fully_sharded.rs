@@ -17,6 +17,7 @@ use tch::{Device, Kind, Tensor};
 use super::{
     cut::{CutModel, CutUnit},
     gather::{Shared, Unit, Units},
+    mixed::gather_in,
     names_and_sizes,
     offload::Offload,
     state_kinds, torch_err, update, Group, Optimizer, SavedState, ShardSpec,
@@ -37,6 +38,10 @@ pub struct ParamSharding {
     pub offload: bool,
     /// The model cut into units ([`cut`](super::cut)): set before the optimizer is built.
     pub cut: Option<CutModel>,
+    /// The dtype the blocks' trainable parameters are gathered in: bfloat16 under
+    /// `train.precision = "bf16"` (FSDP2's `param_dtype`), float32 otherwise. Unit 0
+    /// (embeddings, final norm, head: float32 ops under autocast) stays float32.
+    pub gather_kind: Kind,
 }
 
 pub struct FullySharded {
@@ -64,6 +69,8 @@ pub struct FullySharded {
     /// (it lives through backward) and the larger of the largest block's (in
     /// backward) and unit 0's flat copy (while it is made, for the reduction).
     peak_gradient_bytes: u64,
+    /// The largest block's gathered bytes (`summary.json`'s `gathered_block_bytes`).
+    gathered_block_bytes: u64,
 }
 
 fn torch(e: tch::TchError) -> Error {
@@ -96,7 +103,10 @@ impl FullySharded {
         let (mut units, mut at) = (Vec::with_capacity(cut.len()), 0i64);
         for (u, CutUnit { trained, frozen }) in cut.into_iter().enumerate() {
             let (mut parts, mut grad_shard) = (Vec::new(), None);
-            if let Some((members, part)) = trained {
+            if let Some((members, mut part)) = trained {
+                if u > 0 {
+                    gather_in(&mut part, with.gather_kind, spec.rank)?;
+                }
                 let layout = &part.layout;
                 let owned = layout.range(spec.rank);
                 for piece in layout.pieces(owned.clone()) {
@@ -143,10 +153,17 @@ impl FullySharded {
             });
         }
         let element = Kind::Float.elt_size_in_bytes() as u64;
-        let whole = |u: &Unit| u.grad_shard.as_ref().map_or(0, |_| u.parts[0].layout.padded() * element);
+        // A unit's whole gradient: in its gathered dtype, and beside it the float32
+        // copy its reduction takes when that dtype is another.
+        let whole = |u: &Unit| {
+            let kind = u.parts[0].full.kind();
+            let bytes = kind.elt_size_in_bytes() as u64 + if kind == Kind::Float { 0 } else { element };
+            u.grad_shard.as_ref().map_or(0, |_| u.parts[0].layout.padded() * bytes)
+        };
         let largest_block = units.iter().skip(1).map(whole).max().unwrap_or(0);
         let unit0 = units.first().map_or(0, whole);
         let peak_gradient_bytes = total as u64 * element + unit0 + largest_block.max(unit0);
+        let gathered_block_bytes = units.iter().skip(1).map(|u| u.parts.iter().map(|p| p.gathered_bytes()).sum()).max().unwrap_or(0);
         let held: Vec<Tensor> = units.iter().filter(|u| u.grad_shard.is_some()).map(|u| u.parts[0].shard.shallow_clone()).collect();
         let mut units = Units::new(units, with.collectives, spec.rank, with.reshard_after_forward)?;
         units.release_all()?;
@@ -168,6 +185,7 @@ impl FullySharded {
             stats: Tensor::f_zeros([2], (Kind::Float, device)).map_err(torch)?,
             offload,
             peak_gradient_bytes,
+            gathered_block_bytes,
         })
     }
 }
@@ -269,6 +287,10 @@ impl Optimizer for FullySharded {
 
     fn gradient_peak_bytes(&self) -> Option<u64> {
         Some(self.peak_gradient_bytes)
+    }
+
+    fn gathered_block_bytes(&self) -> u64 {
+        self.gathered_block_bytes
     }
 
     fn shard_mode(&self) -> ShardMode {

@@ -24,9 +24,9 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ptrain_torch_ext::{grads, sharding, TensorList, TorchError};
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
-use super::layout::FlatLayout;
+use super::{layout::FlatLayout, mixed::Vectors};
 use crate::{
     dist::{Pending, ShardCollectives},
     error::{Error, Result},
@@ -48,11 +48,18 @@ pub(super) struct Part {
     pub full: Tensor,
     /// This rank's chunk (a view of a master buffer).
     pub shard: Tensor,
+    /// Gathered in bf16: its float32 vectors, gathered beside `full` ([`mixed`](super::mixed)).
+    pub vectors: Option<Vectors>,
 }
 
 impl Part {
     fn bytes(&self) -> u64 {
         self.layout.padded() * self.full.kind().elt_size_in_bytes() as u64
+    }
+
+    /// What the part takes gathered: its flat buffer and, in bf16, its float32 vectors.
+    pub fn gathered_bytes(&self) -> u64 {
+        self.bytes() + self.vectors.as_ref().map_or(0, Vectors::bytes)
     }
 }
 
@@ -105,6 +112,9 @@ impl Units {
             let chunk = part.layout.chunk as i64;
             tch::no_grad(|| part.full.narrow(0, self.rank * chunk, chunk).f_copy_(&part.shard)).map_err(tch_err)?;
             works.push(self.comm.start_all_gather(&part.full).map_err(Error::Dist)?);
+            if let Some(vectors) = &part.vectors {
+                works.push(vectors.start_gather(&part.shard, self.comm.as_ref())?);
+            }
         }
         unit.held = Held::Gathering(works);
         Ok(())
@@ -116,6 +126,7 @@ impl Units {
         let unit = &mut self.units[u];
         if let Held::Gathering(works) = std::mem::replace(&mut unit.held, Held::Gathered) {
             works.into_iter().try_for_each(|w| w.wait()).map_err(Error::Dist)?;
+            unit.parts.iter().filter_map(|p| p.vectors.as_ref()).try_for_each(Vectors::unpack)?;
         }
         Ok(())
     }
@@ -141,7 +152,10 @@ impl Units {
         if unit.grad_full.is_none() && unit.grad_shard.is_some() {
             let part = &unit.parts[0];
             let flat = Tensor::f_zeros([part.layout.padded() as i64], (part.full.kind(), part.full.device())).map_err(tch_err)?;
-            grads::attach_flat(&part.params, &flat).map_err(torch)?;
+            match &part.vectors {
+                Some(vectors) => vectors.attach_grads(&flat)?,
+                None => grads::attach_flat(&part.params, &flat).map_err(torch)?,
+            }
             unit.grad_full = Some(flat);
         }
         Ok(())
@@ -153,6 +167,17 @@ impl Units {
         let unit = &mut self.units[u];
         let (Some(flat), Some(shard)) = (unit.grad_full.take(), &unit.grad_shard) else { return Ok(()) };
         let part = &unit.parts[0];
+        // Gathered in bf16: reduced in float32 (FSDP2's `reduce_dtype`), the vectors'
+        // float32 gradients copied in.
+        let flat = if flat.kind() == Kind::Float {
+            flat
+        } else {
+            let wide = flat.f_to_kind(Kind::Float).map_err(tch_err)?;
+            if let Some(vectors) = &part.vectors {
+                vectors.copy_grads(&part.params, &part.layout, &wide)?;
+            }
+            wide
+        };
         grads::detach(&part.params).map_err(torch)?;
         // In place, into this rank's chunk of the flat gradient itself: no buffer of
         // the largest chunk held for it (260 MiB at Qwen2-0.5B's shape on 2 ranks).
@@ -177,7 +202,8 @@ impl Units {
         self.release(u)?;
         let unit = &mut self.units[u];
         let part = &unit.parts[0];
-        let flat = Tensor::f_zeros([part.layout.padded() as i64], (part.full.kind(), part.full.device())).map_err(tch_err)?;
+        // Float32 whatever the gathered dtype: the sum is reduced in float32.
+        let flat = Tensor::f_zeros([part.layout.padded() as i64], (Kind::Float, part.full.device())).map_err(tch_err)?;
         for (param, &(offset, numel)) in part.params.tensors().iter().zip(&part.layout.params) {
             let grad = param.grad();
             if grad.defined() {

@@ -20,6 +20,7 @@ mod fully_sharded;
 mod gather;
 pub mod layout;
 mod lr_schedule;
+mod mixed;
 mod offload;
 mod replicated;
 mod saved;
@@ -90,6 +91,11 @@ pub trait Optimizer: Send {
     /// at the first step); `None` when the gradients live for the whole run, so
     /// what is held now is the high point.
     fn gradient_peak_bytes(&self) -> Option<u64>;
+    /// With `parameters`: the bytes the largest block takes while gathered (in its
+    /// gathered dtype); 0 where parameters are never gathered.
+    fn gathered_block_bytes(&self) -> u64 {
+        0
+    }
     /// `dist.shard` as trained.
     fn shard_mode(&self) -> ShardMode;
     /// How the state is cut across ranks, as `state.json` records it (`None`

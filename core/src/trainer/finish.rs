@@ -158,6 +158,7 @@ impl Run {
             parameter_bytes: memory.parameter_bytes,
             rank_peak_memory_bytes: memory.peak_memory_bytes,
             rank_load_peak_memory_bytes: memory.load_peak_memory_bytes,
+            gathered_block_bytes: memory.gathered_block_bytes,
             model: env.run_data.model_kind.clone(),
             parameters: env.all_params,
             trainable_parameters: env.run_data.n_params,

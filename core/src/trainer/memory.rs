@@ -27,6 +27,8 @@ pub(super) struct MemoryFigures {
     pub peak_memory_bytes: Vec<u64>,
     /// The rank's peak memory once its model was loaded, before the optimizer's buffers.
     pub load_peak_memory_bytes: Vec<u64>,
+    /// With `parameters`: the largest block's bytes while gathered (0 otherwise).
+    pub gathered_block_bytes: Vec<u64>,
 }
 
 impl MemoryFigures {
@@ -40,9 +42,9 @@ impl MemoryFigures {
         let peak = optimizer.gradient_peak_bytes().unwrap_or(gradient);
         let parameters = optimizer.parameter_bytes()?;
         let memory = crate::device::peak_memory(device);
-        const COLUMNS: usize = 6;
+        const COLUMNS: usize = 7;
         let mut all = Tensor::f_zeros([dist.world_size() as i64, COLUMNS as i64], (Kind::Int64, device))?;
-        let row = [state, gradient, peak, parameters, memory, load_peak].map(|b| b as i64);
+        let row = [state, gradient, peak, parameters, memory, load_peak, optimizer.gathered_block_bytes()].map(|b| b as i64);
         let mine = Tensor::from_slice(&row).f_to_device(device)?;
         all.f_select(0, dist.rank() as i64)?.f_copy_(&mine)?;
         if collective {
@@ -57,6 +59,7 @@ impl MemoryFigures {
             parameter_bytes: column(3),
             peak_memory_bytes: column(4),
             load_peak_memory_bytes: column(5),
+            gathered_block_bytes: column(6),
         })
     }
 }

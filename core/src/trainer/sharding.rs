@@ -58,7 +58,8 @@ pub(super) fn param_sharding(config: &Config, dist: &dyn DataParallel) -> Option
     (config.dist.shard == ShardMode::Parameters).then_some(())?;
     let collectives = dist.shard_collectives()?;
     let (reshard_after_forward, offload) = (config.dist.reshard_after_forward, config.dist.offload_optimizer);
-    Some(ParamSharding { collectives, reshard_after_forward, offload, cut: None })
+    let gather_kind = if config.train.precision == Precision::Bf16 { Kind::BFloat16 } else { Kind::Float };
+    Some(ParamSharding { collectives, reshard_after_forward, offload, cut: None, gather_kind })
 }
 
 /// Refuses (as a usage error, before training) what parameter sharding cannot do yet.

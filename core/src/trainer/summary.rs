@@ -97,6 +97,9 @@ pub struct Summary {
     /// Per rank: the peak memory once the model was loaded (built, `model.init_from`
     /// read, cut into shards with `parameters`), before the optimizer's buffers.
     pub rank_load_peak_memory_bytes: Vec<u64>,
+    /// Per rank, with `parameters`: the bytes the largest block takes while gathered
+    /// (bf16 under `train.precision = "bf16"`: half of float32's); 0 otherwise.
+    pub gathered_block_bytes: Vec<u64>,
     pub model: String,
     /// Every parameter of the model, and those trained (with LoRA, the adapters'
     /// only: the base is frozen and has no gradient nor optimizer state).
