@@ -108,7 +108,21 @@ impl Run {
             (0, _, _) => (run_dir.clone(), Some(RunLock::acquire(&run_dir)?)),
             _ => (run_dir, None),
         };
-        super::run_dir::guard(&run_dir, resume.as_ref(), overwrite, rank == 0)?;
+        let guarded = super::run_dir::guard(&run_dir, resume.as_ref(), overwrite, rank == 0);
+        if world > 1 {
+            // Every rank checks the directory before rank 0 writes its config.toml there:
+            // this sum is the collective between the two (parameter sharding has no
+            // start-up broadcast), and it makes every rank refuse when one does.
+            let mut refused = [f64::from(u8::from(guarded.is_err()))];
+            dist.sum_host(&mut refused).map_err(Error::Dist)?;
+            if refused[0] > 0.0 && guarded.is_ok() {
+                return Err(Error::RunDir {
+                    path: run_dir.clone(),
+                    message: "another rank refused this run directory (its message says why)".into(),
+                });
+            }
+        }
+        guarded?;
         let shards_params = shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters);
         let located = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?;
         let checkpoint = located.map(|p| state::read(&p, shards_params)).transpose()?;
