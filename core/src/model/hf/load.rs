@@ -143,7 +143,7 @@ impl Weight<'_> {
     /// copy when they are not aligned to the element size (safetensors does not
     /// align a tensor after one of a smaller type).
     fn in_place(&self, bytes: &[u8], shape: &[i64]) -> Result<Tensor> {
-        if bytes.as_ptr() as usize % self.kind.elt_size_in_bytes() != 0 {
+        if !(bytes.as_ptr() as usize).is_multiple_of(self.kind.elt_size_in_bytes()) {
             return Ok(Tensor::f_from_data_size(bytes, shape, self.kind)?);
         }
         // SAFETY: `bytes` holds `shape`'s elements of `kind` (each_weight checked the
