@@ -50,14 +50,14 @@ impl GptBlock {
     fn new(vs: nn::Path, c: &ModelConfig, lo: Targets) -> GptBlock {
         let d = c.n_embd;
         // GPT-2's scaled init of residual projections.
-        let (std, proj_std) = (normal_unless_loaded(c, 0.02), normal_unless_loaded(c, 0.02 / (2.0 * c.n_layer as f64).sqrt()));
+        let (init, proj_init) = (normal_unless_loaded(c, 0.02), normal_unless_loaded(c, 0.02 / (2.0 * c.n_layer as f64).sqrt()));
         GptBlock {
             ln_1: layer_norm(&vs / "ln_1", d, c.gpt.layer_norm_eps),
-            c_attn: init_linear(&vs / "attn" / "c_attn", "c_attn", d, 3 * d, c.gpt.bias, std, lo),
-            attn_proj: init_linear(&vs / "attn" / "c_proj", "c_proj", d, d, c.gpt.bias, proj_std, lo),
+            c_attn: init_linear(&vs / "attn" / "c_attn", "c_attn", d, 3 * d, c.gpt.bias, init, lo),
+            attn_proj: init_linear(&vs / "attn" / "c_proj", "c_proj", d, d, c.gpt.bias, proj_init, lo),
             ln_2: layer_norm(&vs / "ln_2", d, c.gpt.layer_norm_eps),
-            c_fc: init_linear(&vs / "mlp" / "c_fc", "c_fc", d, 4 * d, c.gpt.bias, std, lo),
-            mlp_proj: init_linear(&vs / "mlp" / "c_proj", "c_proj", 4 * d, d, c.gpt.bias, proj_std, lo),
+            c_fc: init_linear(&vs / "mlp" / "c_fc", "c_fc", d, 4 * d, c.gpt.bias, init, lo),
+            mlp_proj: init_linear(&vs / "mlp" / "c_proj", "c_proj", 4 * d, d, c.gpt.bias, proj_init, lo),
             n_head: c.n_head,
             dropout: c.dropout,
             eps: c.gpt.layer_norm_eps,

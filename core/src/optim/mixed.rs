@@ -97,6 +97,17 @@ pub(super) fn gather_in(part: &mut Part, kind: Kind, rank: u32) -> Result<()> {
     Ok(())
 }
 
+/// Copies each run `(offset in src, offset in dst, length)` of `src` into `dst`.
+fn copy_runs(dst: &Tensor, src: &Tensor, runs: &[(i64, i64, i64)]) -> Result<()> {
+    tch::no_grad(|| -> std::result::Result<(), tch::TchError> {
+        for &(from, to, n) in runs {
+            dst.f_narrow(0, to, n)?.f_copy_(&src.f_narrow(0, from, n)?)?;
+        }
+        Ok(())
+    })
+    .map_err(torch)
+}
+
 impl Vectors {
     /// The float32 buffers: the vectors' values and their gather's slots.
     pub fn bytes(&self) -> u64 {
@@ -106,25 +117,13 @@ impl Vectors {
     /// Copies this rank's elements of the vectors from its float32 chunk (`shard`)
     /// into its slot and starts gathering every rank's.
     pub fn start_gather(&self, shard: &Tensor, comm: &dyn ShardCollectives) -> Result<Box<dyn Pending>> {
-        tch::no_grad(|| -> std::result::Result<(), tch::TchError> {
-            for &(from, to, n) in &self.pack {
-                self.slots.f_narrow(0, to, n)?.f_copy_(&shard.f_narrow(0, from, n)?)?;
-            }
-            Ok(())
-        })
-        .map_err(torch)?;
+        copy_runs(&self.slots, shard, &self.pack)?;
         comm.start_all_gather(&self.slots).map_err(Error::Dist)
     }
 
     /// The gathered elements into the vectors' values (after the gather's wait).
     pub fn unpack(&self) -> Result<()> {
-        tch::no_grad(|| -> std::result::Result<(), tch::TchError> {
-            for &(from, to, n) in &self.unpack {
-                self.values.f_narrow(0, to, n)?.f_copy_(&self.slots.f_narrow(0, from, n)?)?;
-            }
-            Ok(())
-        })
-        .map_err(torch)
+        copy_runs(&self.values, &self.slots, &self.unpack)
     }
 
     /// Gives each matrix its view of the flat bf16 gradient `flat` as its `.grad`

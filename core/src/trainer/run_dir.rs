@@ -158,8 +158,8 @@ const RECORDS: &[&str] = &["config.toml", "summary.json"];
 /// `--auto-resume` continue the run; with `overwrite`, rank 0 (`lead`) moves
 /// everything there aside first, into a sibling `<dir>.old-<UTC stamp>`, and says where.
 ///
-/// Every rank checks before rank 0 writes this run's `config.toml`: setup's
-/// parameter broadcast, a collective, lies between the two.
+/// Every rank checks before rank 0 writes this run's `config.toml`: setup sums the
+/// ranks' refusals right after, a collective between the two.
 pub fn guard(dir: &Path, resume: Option<&Resume>, overwrite: bool, lead: bool) -> Result<()> {
     if resume.is_some() {
         return Ok(());
