@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 41: ptrain and transformers/peft one after the other on the Qwen2-0.5B shape (bench/memory.sh's model,
+# made by `bench/memory.sh --case qwen2-0.5b` or `bench/memory.py make`), each run's peak RSS, steps/s, setup_s
+# and page faults appended to bench/out/qwen05b/results.txt with the time and load average. Phases, in the order
+# given:
+#   load    3 x (ptrain --steps 1, its setup_s; transformers' import and from_pretrained), page cache warm
+#   b1      batch 1 x 512, 6 steps: full, + checkpointing, LoRA r=16 + checkpointing (+ loss_chunk = 1024)
+#   b4full  batch 4 x 512, 4 steps: full fine-tuning, two runs a side, alternating
+#   b4rest  batch 4 x 512, 4 steps: + checkpointing, LoRA r=16 + checkpointing
+#   zero3   PRECISION=bf16 MODES="gradients parameters" distributed/bench/zero3.sh 1 4 qwen2-0.5b
+#   chat    bench/chat_tokenize.sh --no-build
+# Run it on a quiet machine: bench/qwen05b_pairs.sh load b1 b4full b4rest
+set -u
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+B=$PWD/target/release/ptrain PY=$PWD/.venv/bin/python
+M=$PWD/bench/out/memory/model-24-896-4864-151936
+O=$PWD/bench/out/qwen05b; mkdir -p $O
+R=$O/results.txt
+[ -f $M/config.json ] || $PY bench/memory.py make $M 24 896 151936 512 4864 >&2
+log() { echo "$(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) | $*" | tee -a $R; }
+p() { # name batch steps sets...
+  local name=$1 batch=$2 steps=$3; shift 3; local sets=()
+  for s in "$@"; do sets+=(--set "$s"); done
+  /usr/bin/time -f "%e s wall %R minflt" -o $O/time-$name "$B" run --quiet --device cpu --steps $steps --run-dir $O/p-$name --overwrite \
+    --set run.threads=2 --set model.init_from=$M --set data.kind=synthetic --set data.batch_size=$batch \
+    --set data.max_seq_len=512 --set train.eval_every=0 --set train.eval_batches=1 "${sets[@]}" >/dev/null 2>&1
+  log "ptrain $name b$batch s$steps: $($PY -c "
+import json; s=json.load(open('$O/p-$name/summary.json'))
+print('peak %.0f MiB, %.4f steps/s, setup %.2f s, first %.4f last %.4f, trainable %d' % (s['peak_memory_bytes']/2**20, s['steps_per_s'], s['setup_s'], s['first_loss'], s['final_loss'], s['trainable_parameters']))") $(cat $O/time-$name)"
+}
+h() { # name batch steps flags...
+  local name=$1 batch=$2 steps=$3; shift 3
+  local r; r=$($PY bench/memory.py hf $M $steps $batch 512 2 "$@" 2>/dev/null | tail -1)
+  log "hf $name b$batch s$steps: $r"
+}
+warm() { cat $M/*.safetensors > /dev/null; }
+for phase in "$@"; do case $phase in
+load) for i in 1 2 3; do warm; p load$i 1 1; warm; log "hf_load $i: $($PY bench/hf_load.py $M 2>/dev/null | tail -1)"; done ;;
+zero3) log "zero3 bf16: start"; PRECISION=bf16 MODES="gradients parameters" distributed/bench/zero3.sh 1 4 qwen2-0.5b >> $R 2>&1; log "zero3 bf16: end" ;;
+b4full) p full4a 4 4; h full4a 4 4; p full4b 4 4; h full4b 4 4 ;;
+b1) p full 1 6; h full 1 6; p ac 1 6 train.activation_checkpointing=full; h gc 1 6 --gc
+    p lora-ac 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc 1 6 --gc --lora 16
+    p lora-ac-chunk 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32 train.loss_chunk=1024 ;;
+b4rest) p ac4 4 4 train.activation_checkpointing=full; h gc4 4 4 --gc
+    p lora-ac4 4 4 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc4 4 4 --gc --lora 16
+ ;;
+chat) log "chat_tokenize: start"; bench/chat_tokenize.sh --no-build >> $R 2>&1; log "chat_tokenize: end" ;;
+esac; log "done $phase"; done
