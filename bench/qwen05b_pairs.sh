@@ -7,10 +7,12 @@
 #   b1      batch 1 x 512, 6 steps: full, + checkpointing, LoRA r=16 + checkpointing (+ loss_chunk = 1024)
 #   b4full  batch 4 x 512, 4 steps: full fine-tuning, two runs a side, alternating
 #   b4rest  batch 4 x 512, 4 steps: + checkpointing, LoRA r=16 + checkpointing
-#   zero3   PRECISION=bf16 MODES="gradients parameters" distributed/bench/zero3.sh 1 4 qwen2-0.5b
-#   chat    bench/chat_tokenize.sh --no-build
 # Run it on a quiet machine: bench/qwen05b_pairs.sh load b1 b4full b4rest
 set -u
+[ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load b1 b4full b4rest)" >&2; exit 2; }
+for phase in "$@"; do
+  case $phase in load | b1 | b4full | b4rest) ;; *) echo "bench/qwen05b_pairs.sh: unknown phase $phase (known: load b1 b4full b4rest)" >&2; exit 2 ;; esac
+done
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 B=$PWD/target/release/ptrain PY=$PWD/.venv/bin/python
@@ -37,13 +39,10 @@ h() { # name batch steps flags...
 warm() { cat $M/*.safetensors > /dev/null; }
 for phase in "$@"; do case $phase in
 load) for i in 1 2 3; do warm; p load$i 1 1; warm; log "hf_load $i: $($PY bench/hf_load.py $M 2>/dev/null | tail -1)"; done ;;
-zero3) log "zero3 bf16: start"; PRECISION=bf16 MODES="gradients parameters" distributed/bench/zero3.sh 1 4 qwen2-0.5b >> $R 2>&1; log "zero3 bf16: end" ;;
 b4full) p full4a 4 4; h full4a 4 4; p full4b 4 4; h full4b 4 4 ;;
 b1) p full 1 6; h full 1 6; p ac 1 6 train.activation_checkpointing=full; h gc 1 6 --gc
     p lora-ac 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc 1 6 --gc --lora 16
     p lora-ac-chunk 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32 train.loss_chunk=1024 ;;
 b4rest) p ac4 4 4 train.activation_checkpointing=full; h gc4 4 4 --gc
-    p lora-ac4 4 4 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc4 4 4 --gc --lora 16
- ;;
-chat) log "chat_tokenize: start"; bench/chat_tokenize.sh --no-build >> $R 2>&1; log "chat_tokenize: end" ;;
+    p lora-ac4 4 4 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc4 4 4 --gc --lora 16 ;;
 esac; log "done $phase"; done
