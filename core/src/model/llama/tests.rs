@@ -115,6 +115,11 @@ fn the_recomputed_swiglu_product_gives_the_kept_ones_losses_and_gradients_bit_fo
 #[test]
 fn the_fused_lora_a_matmuls_give_the_separate_ones_losses_and_gradients() {
     let rel = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1e-12);
+    // One GEMM over the stacked A's sums in another order than three narrow ones (the
+    // kernel blocks a wider N differently, and differently on AVX2 and AVX-512 hosts):
+    // float32 ulps (1.2e-7) carried through two blocks' backward, 1.1e-6 seen on an
+    // AVX2 host. A wrong fusion (an adapter given another's A) is off by order one.
+    let tolerance = 1e-5;
     let every = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, ..LoraConfig::default() };
     // q and v fused, k alone without an adapter; up alone beside an unadapted gate.
     let targets = ["q_proj", "v_proj", "up_proj", "down_proj"].map(String::from).to_vec();
@@ -124,11 +129,11 @@ fn the_fused_lora_a_matmuls_give_the_separate_ones_losses_and_gradients() {
             let what = format!("{what}, checkpointed {checkpointed}");
             let fused = step(Some(lora), checkpointed, Reference::default());
             let separate = step(Some(lora), checkpointed, Reference { separate_a: true, ..Reference::default() });
-            assert!((fused.loss - separate.loss).abs() <= 1e-6 * separate.loss.abs(), "{what}: loss {} vs {}", fused.loss, separate.loss);
+            assert!((fused.loss - separate.loss).abs() <= tolerance * separate.loss.abs(), "{what}: loss {} vs {}", fused.loss, separate.loss);
             assert_eq!(names(&fused.grads), names(&separate.grads), "{what}");
             assert!(fused.grads.iter().any(|(n, _)| n.contains("k_proj")) == (lora.targets.is_empty()), "{what}: k's adapter");
             for ((name, a), (_, b)) in fused.grads.iter().zip(&separate.grads) {
-                assert!(a.defined() && rel(a, b) < 1e-6, "{what}: {name}'s gradient off by {}", rel(a, b));
+                assert!(a.defined() && rel(a, b) < tolerance, "{what}: {name}'s gradient off by {}", rel(a, b));
             }
         }
     }
