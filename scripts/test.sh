@@ -16,7 +16,9 @@ status=0
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --release --workspace --no-fail-fast "$@" || status=$?
 else
-  cargo test --release --workspace --no-fail-fast "$@" || status=$?
+  # One thread: tests seed libtorch's one global generator (nextest gives each its
+  # own process).
+  cargo test --release --workspace --no-fail-fast "$@" -- --test-threads=1 || status=$?
 fi
 if [ -s "$PTRAIN_TEST_SKIPS" ]; then
   echo "SKIPPED: $(wc -l <"$PTRAIN_TEST_SKIPS") test(s) could not check their point on this machine:" >&2
