@@ -2,7 +2,7 @@
 //! per-parameter state, the gradients all-reduced in place before the update.
 //! Gradients are kept and zeroed between steps, or released ([`GradMemory`]).
 
-use std::collections::HashMap;
+use std::{cell::Cell, collections::HashMap};
 
 use ptrain_torch_ext::{self as ext, TensorList};
 use tch::{Kind, Tensor};
@@ -36,6 +36,9 @@ pub struct Replicated {
     params: Vec<(String, u64)>,
     /// The parameters themselves (their `.grad` is measured for memory figures).
     live: Vec<Tensor>,
+    /// Whether the state tensors are still as allocated (unwritten): they are
+    /// zeroed when first needed unless a checkpoint fills them first.
+    state_unwritten: Cell<bool>,
 }
 
 impl Replicated {
@@ -57,7 +60,11 @@ impl Replicated {
                 continue;
             }
             let tensors = |f: &dyn Fn(&Tensor) -> Tensor| TensorList::new(members.iter().map(|(_, p)| f(p)).collect());
-            let stateful = |needed: bool| if needed { tensors(&|p| p.zeros_like().set_requires_grad(false)) } else { TensorList::new(Vec::new()) };
+            // Allocated, not written: zeroing the moments (twice the model's bytes, every
+            // page faulted in) is the first step's work, as in PyTorch's first `step()`,
+            // so the time to the first step is not spent on them, nor on zeros a resumed
+            // run's checkpoint overwrites.
+            let stateful = |needed: bool| if needed { tensors(&|p| p.empty_like().set_requires_grad(false)) } else { TensorList::new(Vec::new()) };
             groups.push(Group {
                 weight_decay: if decay { config.weight_decay } else { 0.0 },
                 names: members.iter().map(|(n, _)| n.clone()).collect(),
@@ -71,6 +78,16 @@ impl Replicated {
         }
         let all_grads = TensorList::new(groups.iter().flat_map(|g| g.grads.tensors().iter().map(Tensor::shallow_clone)).collect());
         let all_params = TensorList::new(groups.iter().flat_map(|g| g.params.tensors().iter().map(Tensor::shallow_clone)).collect());
+        #[cfg(test)]
+        tch::no_grad(|| {
+            // Unwritten memory is whatever the allocator had (often zeros): tests see
+            // NaN there, so a path that reads the state before it is zeroed shows.
+            for list in groups.iter().flat_map(|g| [&g.exp_avgs, &g.exp_avg_sqs, &g.momentum]) {
+                for t in list.tensors() {
+                    let _ = t.shallow_clone().fill_(f64::NAN);
+                }
+            }
+        });
         let (names, live) = (names_and_sizes(params), live(params));
         Ok(Replicated {
             config: config.clone(),
@@ -83,7 +100,21 @@ impl Replicated {
             step,
             params: names,
             live,
+            state_unwritten: Cell::new(true),
         })
+    }
+
+    /// Zeroes the state tensors if nothing has written them yet.
+    fn zero_unwritten_state(&self) -> Result<()> {
+        if self.state_unwritten.get() {
+            for g in &self.groups {
+                for list in [&g.exp_avgs, &g.exp_avg_sqs, &g.momentum].into_iter().filter(|l| !l.is_empty()) {
+                    ext::zero_all(list).map_err(torch_err)?;
+                }
+            }
+            self.state_unwritten.set(false);
+        }
+        Ok(())
     }
 
     /// With `Released`, after backward: the gradient lists take this step's
@@ -139,6 +170,7 @@ impl Optimizer for Replicated {
 
     fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
         self.bind_grads()?;
+        self.zero_unwritten_state()?;
         update(&self.config, &self.groups, &mut self.step, lr, found_inf)
     }
 
@@ -148,8 +180,15 @@ impl Optimizer for Replicated {
     }
 
     /// `step`, then `exp_avg.<param>`, `exp_avg_sq.<param>`, `momentum.<param>`.
+    /// Before the first step the state is its zeros. Should zeroing fail, the state
+    /// is left out: loading that checkpoint then names what is missing, rather than
+    /// resuming from unwritten memory.
     fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![("step".to_string(), self.step.shallow_clone())];
+        if let Err(e) = self.zero_unwritten_state() {
+            tracing::error!("{e}: the checkpoint holds no optimizer moments");
+            return out;
+        }
         for g in &self.groups {
             for (prefix, list) in [("exp_avg", &g.exp_avgs), ("exp_avg_sq", &g.exp_avg_sqs), ("momentum", &g.momentum)] {
                 out.extend(g.names.iter().zip(list.tensors()).map(|(n, t)| (format!("{prefix}.{n}"), t.shallow_clone())));
@@ -182,6 +221,7 @@ impl Optimizer for Replicated {
                 }
             }
         });
+        self.state_unwritten.set(false);
         Ok(())
     }
 

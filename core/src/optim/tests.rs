@@ -3,7 +3,9 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{GradMemory, Optimizer, Replicated, ShardSpec, Sharded};
+use std::ops::Range;
+
+use super::{GradMemory, Optimizer, Replicated, SavedState, ShardSpec, Sharded};
 use crate::{
     config::{Config, ShardMode},
     dist::{DataParallel, SingleRank},
@@ -77,4 +79,42 @@ fn released_gradients_train_exactly_as_kept_ones_and_hold_no_memory_between_step
     assert!(kept.0[10] < 1.0, "weight decay moved the unreached matrix: {:?}", kept.0);
     assert!(kept_bytes > 0, "kept gradients are held between steps");
     assert_eq!(released_bytes, 0, "released gradients are not");
+}
+
+#[test]
+fn the_moments_are_zero_before_the_first_step_and_a_loaded_state_is_kept() {
+    let config = Config::default().optim;
+    let moments = |o: &Replicated| o.state().into_iter().filter(|(n, _)| n.starts_with("exp_avg")).collect::<Vec<_>>();
+    let params = params();
+    let fresh = Replicated::new(&config, &params, GradMemory::Released).expect("replicated");
+    let saved = moments(&fresh);
+    assert_eq!(saved.len(), 4, "two moments of two parameters: {:?}", saved.iter().map(|(n, _)| n).collect::<Vec<_>>());
+    for (name, t) in &saved {
+        assert_eq!(t.abs().sum(Kind::Double).double_value(&[]), 0.0, "{name} before any step");
+    }
+    // Moments a checkpoint filled are not zeroed by the first step after it.
+    struct Filled;
+    impl SavedState for Filled {
+        fn load(&self, kinds: &[&str], range: Range<u64>) -> crate::error::Result<(Tensor, Vec<Tensor>)> {
+            let len = (range.end - range.start) as i64;
+            let value = |kind: &str| if kind == "exp_avg_sq" { 4.0 } else { 2.0 };
+            Ok((
+                Tensor::zeros([], (Kind::Float, Device::Cpu)),
+                kinds.iter().map(|k| Tensor::full([len], value(k), (Kind::Float, Device::Cpu))).collect(),
+            ))
+        }
+    }
+    let mut resumed = Replicated::new(&config, &params, GradMemory::Released).expect("replicated");
+    resumed.load_state(&Filled).expect("load");
+    let mut dp = SingleRank;
+    resumed.zero_grad().expect("zero_grad");
+    params[0].1.sum(Kind::Float).backward();
+    let found_inf = Tensor::zeros([], (Kind::Float, Device::Cpu));
+    resumed.reduce_gradients(&mut dp, &found_inf).expect("reduce");
+    resumed.step(0.1, Some(&found_inf)).expect("step");
+    let after = moments(&resumed);
+    let b_avg = after.iter().find(|(n, _)| n == "exp_avg.b").expect("exp_avg.b");
+    // b had no gradient: beta1 times the loaded 2.
+    let expected = 2.0 * config.beta1;
+    assert!((b_avg.1.double_value(&[0]) - expected).abs() < 1e-6, "exp_avg.b {} vs {expected}", b_avg.1.double_value(&[0]));
 }
