@@ -7,11 +7,12 @@
 #   b1      batch 1 x 512, 6 steps: full, + checkpointing, LoRA r=16 + checkpointing (+ loss_chunk = 1024)
 #   b4full  batch 4 x 512, 4 steps: full fine-tuning, two runs a side, alternating
 #   b4rest  batch 4 x 512, 4 steps: + checkpointing, LoRA r=16 + checkpointing
-# Run it on a quiet machine: bench/qwen05b_pairs.sh load b1 b4full b4rest
+#   lora    LoRA r=16 without checkpointing against peft + checkpointing: batch 1 (6 steps), batch 4 (4 steps)
+# Run it on a quiet machine: bench/qwen05b_pairs.sh load b1 b4full b4rest lora
 set -u
-[ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load b1 b4full b4rest)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load b1 b4full b4rest lora)" >&2; exit 2; }
 for phase in "$@"; do
-  case $phase in load | b1 | b4full | b4rest) ;; *) echo "bench/qwen05b_pairs.sh: unknown phase $phase (known: load b1 b4full b4rest)" >&2; exit 2 ;; esac
+  case $phase in load | b1 | b4full | b4rest | lora) ;; *) echo "bench/qwen05b_pairs.sh: unknown phase $phase (known: load b1 b4full b4rest lora)" >&2; exit 2 ;; esac
 done
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -45,4 +46,6 @@ b1) p full 1 6; h full 1 6; p ac 1 6 train.activation_checkpointing=full; h gc 1
     p lora-ac-chunk 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32 train.loss_chunk=1024 ;;
 b4rest) p ac4 4 4 train.activation_checkpointing=full; h gc4 4 4 --gc
     p lora-ac4 4 4 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc4 4 4 --gc --lora 16 ;;
+lora) p lora 1 6 lora.rank=16 lora.alpha=32; h peft-gc 1 6 --gc --lora 16
+    p lora4 4 4 lora.rank=16 lora.alpha=32; h peft-gc4 4 4 --gc --lora 16 ;;
 esac; log "done $phase"; done
