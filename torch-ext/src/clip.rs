@@ -23,8 +23,12 @@ pub fn clip_grad_norm(grads: &TensorList, max_norm: f64) -> Result<Tensor, Torch
     Ok(unsafe { Tensor::from_ptr(out as *mut _) })
 }
 
-/// `torch._foreach_zero_`.
+/// `torch._foreach_zero_`. An empty list is nothing to zero (the foreach kernel
+/// itself refuses one).
 pub fn zero_all(tensors: &TensorList) -> Result<(), TorchError> {
+    if tensors.is_empty() {
+        return Ok(());
+    }
     // SAFETY: the shim takes live tensors' handles, borrowed for the call, and writes only through
     // out-pointers to our locals; it catches C++ exceptions and returns them as a message.
     check(unsafe { ptx_foreach_zero(tensors.ptr(), tensors.len() as i64) })

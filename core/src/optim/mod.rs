@@ -165,6 +165,14 @@ struct Group {
     steps: TensorList,
 }
 
+impl Group {
+    /// Each kind of per-parameter state by its name in checkpoints (a kind the
+    /// optimizer does not keep is an empty list).
+    fn state_lists(&self) -> [(&'static str, &TensorList); 3] {
+        [("exp_avg", &self.exp_avgs), ("exp_avg_sq", &self.exp_avg_sqs), ("momentum", &self.momentum)]
+    }
+}
+
 fn torch_err(e: ext::TorchError) -> Error {
     Error::Other(format!("optimizer: {e}"))
 }

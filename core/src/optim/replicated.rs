@@ -82,7 +82,7 @@ impl Replicated {
         tch::no_grad(|| {
             // Unwritten memory is whatever the allocator had (often zeros): tests see
             // NaN there, so a path that reads the state before it is zeroed shows.
-            for list in groups.iter().flat_map(|g| [&g.exp_avgs, &g.exp_avg_sqs, &g.momentum]) {
+            for (_, list) in groups.iter().flat_map(Group::state_lists) {
                 for t in list.tensors() {
                     let _ = t.shallow_clone().fill_(f64::NAN);
                 }
@@ -108,7 +108,7 @@ impl Replicated {
     fn zero_unwritten_state(&self) -> Result<()> {
         if self.state_unwritten.get() {
             for g in &self.groups {
-                for list in [&g.exp_avgs, &g.exp_avg_sqs, &g.momentum].into_iter().filter(|l| !l.is_empty()) {
+                for (_, list) in g.state_lists() {
                     ext::zero_all(list).map_err(torch_err)?;
                 }
             }
@@ -190,7 +190,7 @@ impl Optimizer for Replicated {
             return out;
         }
         for g in &self.groups {
-            for (prefix, list) in [("exp_avg", &g.exp_avgs), ("exp_avg_sq", &g.exp_avg_sqs), ("momentum", &g.momentum)] {
+            for (prefix, list) in g.state_lists() {
                 out.extend(g.names.iter().zip(list.tensors()).map(|(n, t)| (format!("{prefix}.{n}"), t.shallow_clone())));
             }
         }
@@ -208,11 +208,10 @@ impl Optimizer for Replicated {
             offset += n;
         }
         tch::no_grad(|| {
-            for g in &mut self.groups {
-                let lists = [&g.exp_avgs, &g.exp_avg_sqs, &g.momentum];
-                let by_kind = ["exp_avg", "exp_avg_sq", "momentum"];
+            for g in &self.groups {
+                let lists = g.state_lists();
                 for (kind, value) in kinds.iter().zip(&values) {
-                    let list = lists[by_kind.iter().position(|k| k == kind).expect("a known kind")];
+                    let (_, list) = lists.iter().find(|(k, _)| k == kind).expect("a known kind");
                     for (name, live) in g.names.iter().zip(list.tensors()) {
                         let at = offsets[name.as_str()] as i64;
                         let piece = value.narrow(0, at, live.numel() as i64).view(live.size().as_slice());
