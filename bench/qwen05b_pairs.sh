@@ -4,15 +4,16 @@
 # and page faults appended to bench/out/qwen05b/results.txt with the time and load average. Phases, in the order
 # given:
 #   load    3 x (ptrain --steps 1, its setup_s; transformers' import and from_pretrained), page cache warm
+#   loraload  the same with LoRA r=16 (ptrain lora.rank=16; peft's get_peft_model after from_pretrained)
 #   b1      batch 1 x 512, 6 steps: full, + checkpointing, LoRA r=16 + checkpointing (+ loss_chunk = 1024)
 #   b4full  batch 4 x 512, 4 steps: full fine-tuning, two runs a side, alternating
 #   b4rest  batch 4 x 512, 4 steps: + checkpointing, LoRA r=16 + checkpointing
 #   lora    LoRA r=16 without checkpointing against peft + checkpointing: batch 1 (6 steps), batch 4 (4 steps)
 # Run it on a quiet machine: bench/qwen05b_pairs.sh load b1 b4full b4rest lora
 set -u
-[ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load b1 b4full b4rest lora)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load loraload b1 b4full b4rest lora)" >&2; exit 2; }
 for phase in "$@"; do
-  case $phase in load | b1 | b4full | b4rest | lora) ;; *) echo "bench/qwen05b_pairs.sh: unknown phase $phase (known: load b1 b4full b4rest lora)" >&2; exit 2 ;; esac
+  case $phase in load | loraload | b1 | b4full | b4rest | lora) ;; *) echo "bench/qwen05b_pairs.sh: unknown phase $phase (known: load loraload b1 b4full b4rest lora)" >&2; exit 2 ;; esac
 done
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -40,6 +41,7 @@ h() { # name batch steps flags...
 warm() { cat $M/*.safetensors > /dev/null; }
 for phase in "$@"; do case $phase in
 load) for i in 1 2 3; do warm; p load$i 1 1; warm; log "hf_load $i: $($PY bench/hf_load.py $M 2>/dev/null | tail -1)"; done ;;
+loraload) for i in 1 2 3; do warm; p loraload$i 1 1 lora.rank=16 lora.alpha=32; warm; log "hf_load lora $i: $($PY bench/hf_load.py $M --lora 16 2>/dev/null | tail -1)"; done ;;
 b4full) p full4a 4 4; h full4a 4 4; p full4b 4 4; h full4b 4 4 ;;
 b1) p full 1 6; h full 1 6; p ac 1 6 train.activation_checkpointing=full; h gc 1 6 --gc
     p lora-ac 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc 1 6 --gc --lora 16
