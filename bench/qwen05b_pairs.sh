@@ -9,7 +9,7 @@
 #   b4full  batch 4 x 512, 4 steps: full fine-tuning, two runs a side, alternating
 #   b4rest  batch 4 x 512, 4 steps: + checkpointing, LoRA r=16 + checkpointing
 #   lora    LoRA r=16 without checkpointing against peft + checkpointing: batch 1 (6 steps), batch 4 (4 steps)
-# Run it on a quiet machine: bench/qwen05b_pairs.sh load b1 b4full b4rest lora
+# Run it on a quiet machine: bench/qwen05b_pairs.sh load loraload b1 b4full b4rest lora
 set -u
 [ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load loraload b1 b4full b4rest lora)" >&2; exit 2; }
 for phase in "$@"; do
