@@ -39,9 +39,13 @@ h() { # name batch steps flags...
   log "hf $name b$batch s$steps: $r"
 }
 warm() { cat $M/*.safetensors > /dev/null; }
+loads() { # name "hf_load.py flags" ptrain sets...: three pairs, the page cache warm before each run
+  local name=$1 flags=$2; shift 2
+  for i in 1 2 3; do warm; p $name$i 1 1 "$@"; warm; log "hf_$name $i: $($PY bench/hf_load.py $M $flags 2>/dev/null | tail -1)"; done
+}
 for phase in "$@"; do case $phase in
-load) for i in 1 2 3; do warm; p load$i 1 1; warm; log "hf_load $i: $($PY bench/hf_load.py $M 2>/dev/null | tail -1)"; done ;;
-loraload) for i in 1 2 3; do warm; p loraload$i 1 1 lora.rank=16 lora.alpha=32; warm; log "hf_load lora $i: $($PY bench/hf_load.py $M --lora 16 2>/dev/null | tail -1)"; done ;;
+load) loads load "" ;;
+loraload) loads loraload "--lora 16" lora.rank=16 lora.alpha=32 ;;
 b4full) p full4a 4 4; h full4a 4 4; p full4b 4 4; h full4b 4 4 ;;
 b1) p full 1 6; h full 1 6; p ac 1 6 train.activation_checkpointing=full; h gc 1 6 --gc
     p lora-ac 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc 1 6 --gc --lora 16
