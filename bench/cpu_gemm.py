@@ -2,19 +2,21 @@
 batch 4 x 512 = 2,048 tokens, through MKL (what `at::linear` and `mm` call on the CPU, ptrain and
 transformers alike) against oneDNN's (`torch.ops.mkldnn._linear_pointwise`, the kernel inductor's CPU
 code calls), for each of a linear layer's three products: forward `x @ W^T`, `dX = dY @ W`,
-`dW = dY^T @ x`. The best of 4 interleaved calls each; 2 threads.
+`dW = dY^T @ x`. The best of 4 interleaved calls each; 2 threads. TOKENS (default 2048) sets the rows: 512 is
+batch 1 x 512.
 
-  .venv/bin/python bench/cpu_gemm.py
+  .venv/bin/python bench/cpu_gemm.py [TOKENS]
 
 Run it on a quiet machine.
 """
+import sys
 import time
 
 import torch
 
 torch.set_num_threads(2)
 onednn = torch.ops.mkldnn._linear_pointwise
-M = 2048
+M = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
 # (in, out, how many per block): q and o, k and v, gate and up, down, and the tied head once per 24 blocks.
 shapes = [(896, 896, 2), (896, 128, 2), (896, 4864, 2), (4864, 896, 1), (896, 151936, 1 / 24)]
 total = {"mkl": 0.0, "onednn": 0.0}

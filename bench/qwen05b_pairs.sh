@@ -6,14 +6,17 @@
 #   load    3 x (ptrain --steps 1, its setup_s; transformers' import and from_pretrained), page cache warm
 #   loraload  the same with LoRA r=16 (ptrain lora.rank=16; peft's get_peft_model after from_pretrained)
 #   b1      batch 1 x 512, 6 steps: full, + checkpointing, LoRA r=16 + checkpointing (+ loss_chunk = 1024)
+#   b1full  batch 1 x 512, 6 steps: full fine-tuning, one run a side (b1's first pair alone)
 #   b4full  batch 4 x 512, 4 steps: full fine-tuning, two runs a side, alternating
 #   b4rest  batch 4 x 512, 4 steps: + checkpointing, LoRA r=16 + checkpointing
 #   lora    LoRA r=16 without checkpointing against peft + checkpointing: batch 1 (6 steps), batch 4 (4 steps)
+#   lorab1  lora's batch-1 pair alone
 # Run it on a quiet machine: bench/qwen05b_pairs.sh load loraload b1 b4full b4rest lora
 set -u
-[ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load loraload b1 b4full b4rest lora)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load loraload b1 b1full b4full b4rest lora lorab1)" >&2; exit 2; }
 for phase in "$@"; do
-  case $phase in load | loraload | b1 | b4full | b4rest | lora) ;; *) echo "bench/qwen05b_pairs.sh: unknown phase $phase (known: load loraload b1 b4full b4rest lora)" >&2; exit 2 ;; esac
+  case $phase in load | loraload | b1 | b1full | b4full | b4rest | lora | lorab1) ;;
+  *) echo "bench/qwen05b_pairs.sh: unknown phase $phase (known: load loraload b1 b1full b4full b4rest lora lorab1)" >&2; exit 2 ;; esac
 done
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -43,15 +46,18 @@ loads() { # name "hf_load.py flags" ptrain sets...: three pairs, the page cache 
   local name=$1 flags=$2; shift 2
   for i in 1 2 3; do warm; p $name$i 1 1 "$@"; warm; log "hf_$name $i: $($PY bench/hf_load.py $M $flags 2>/dev/null | tail -1)"; done
 }
+b1full() { p full 1 6; h full 1 6; }
+lorab1() { p lora 1 6 lora.rank=16 lora.alpha=32; h peft-gc 1 6 --gc --lora 16; }
 for phase in "$@"; do case $phase in
 load) loads load "" ;;
 loraload) loads loraload "--lora 16" lora.rank=16 lora.alpha=32 ;;
 b4full) p full4a 4 4; h full4a 4 4; p full4b 4 4; h full4b 4 4 ;;
-b1) p full 1 6; h full 1 6; p ac 1 6 train.activation_checkpointing=full; h gc 1 6 --gc
+b1full) b1full ;;
+b1) b1full; p ac 1 6 train.activation_checkpointing=full; h gc 1 6 --gc
     p lora-ac 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc 1 6 --gc --lora 16
     p lora-ac-chunk 1 6 train.activation_checkpointing=full lora.rank=16 lora.alpha=32 train.loss_chunk=1024 ;;
 b4rest) p ac4 4 4 train.activation_checkpointing=full; h gc4 4 4 --gc
     p lora-ac4 4 4 train.activation_checkpointing=full lora.rank=16 lora.alpha=32; h peft-gc4 4 4 --gc --lora 16 ;;
-lora) p lora 1 6 lora.rank=16 lora.alpha=32; h peft-gc 1 6 --gc --lora 16
-    p lora4 4 4 lora.rank=16 lora.alpha=32; h peft-gc4 4 4 --gc --lora 16 ;;
+lorab1) lorab1 ;;
+lora) lorab1; p lora4 4 4 lora.rank=16 lora.alpha=32; h peft-gc4 4 4 --gc --lora 16 ;;
 esac; log "done $phase"; done

@@ -50,6 +50,7 @@ fn main() {
             "csrc/precomputed.cpp",
             "csrc/sharding.cpp",
             "csrc/swiglu.cpp",
+            "csrc/linear.cpp",
         ]);
     if let Some(cuda_include) = &cuda_include {
         build.define("PTX_CUDA", None).include(cuda_include);

@@ -3,7 +3,7 @@
 use tch::Device;
 
 use crate::{
-    config::DeviceChoice,
+    config::{CpuMatmul, DeviceChoice},
     error::{Error, Result},
 };
 
@@ -38,6 +38,22 @@ pub fn select(choice: DeviceChoice, local_rank: usize) -> Result<Device> {
             Ok(Device::Cuda(index))
         }
     }
+}
+
+/// Applies `run.cpu_matmul` to this process (libtorch's state, like `torch.backends`):
+/// `onednn` where this libtorch has no oneDNN is refused before training.
+pub fn set_cpu_matmul(choice: CpuMatmul) -> Result<()> {
+    let torch = |e: ptrain_torch_ext::TorchError| Error::Other(format!("run.cpu_matmul: {e}"));
+    let on = ptrain_torch_ext::linear::set_onednn_matmuls(choice != CpuMatmul::Aten).map_err(torch)?;
+    if choice == CpuMatmul::Onednn && !on {
+        return Err(Error::Device {
+            device: "cpu".into(),
+            message: "run.cpu_matmul = \"onednn\", but this libtorch has no oneDNN (or torch.backends.mkldnn is off): use \"auto\" or \"aten\""
+                .into(),
+        });
+    }
+    tracing::debug!("float32 CPU matrix products: {}", if on { "oneDNN's where faster" } else { "ATen's (MKL)" });
+    Ok(())
 }
 
 /// The GPU of a local rank: `local_rank % visible`, so that a launcher giving each

@@ -87,6 +87,15 @@ uint64_t attention_flops(const std::vector<std::vector<int64_t>>& shapes, bool b
   return backward ? 2 * forward : forward;
 }
 
+// oneDNN's linear (csrc/linear.cpp's products): X [.., K] W [N, K] -> 2 * rows * N * K.
+// libtorch has no formula for it either.
+uint64_t onednn_linear_flops(const std::vector<std::vector<int64_t>>& shapes) {
+  if (shapes.size() < 2 || shapes[0].empty() || shapes[1].size() != 2) return 0;
+  uint64_t rows = 1;
+  for (size_t i = 0; i + 1 < shapes[0].size(); ++i) rows *= static_cast<uint64_t>(shapes[0][i]);
+  return 2 * rows * static_cast<uint64_t>(shapes[1][0]) * static_cast<uint64_t>(shapes[0].back());
+}
+
 }  // namespace
 
 extern "C" char* ptx_flop_count_start() {
@@ -98,7 +107,7 @@ extern "C" char* ptx_flop_count_start() {
   PTX_CATCH
 }
 
-// out: matmul FLOPs (mm, addmm, bmm, baddbmm, conv2d), elementwise FLOPs (add,
+// out: matmul FLOPs (mm, addmm, bmm, baddbmm, conv2d, oneDNN's linear), elementwise FLOPs (add,
 // mul), attention FLOPs, operator calls with a formula, attention kernel calls.
 extern "C" char* ptx_flop_count_stop(uint64_t* out) {
   PTX_TRY
@@ -114,7 +123,7 @@ extern "C" char* ptx_flop_count_stop(uint64_t* out) {
         out[4] += 1;
         continue;
       }
-      uint64_t f = event.flops();
+      uint64_t f = name == "mkldnn::_linear_pointwise" ? onednn_linear_flops(event.shapes()) : event.flops();
       if (f == 0) continue;
       if (name == "aten::add" || name == "aten::mul") {
         out[1] += f;

@@ -14,6 +14,7 @@ pub mod cuda;
 mod error;
 pub mod foreach;
 pub mod grads;
+pub mod linear;
 mod list;
 mod memory_history;
 mod optim;

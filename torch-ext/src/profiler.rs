@@ -30,7 +30,8 @@ pub fn stop() -> Result<(u64, u64), TorchError> {
 /// FLOPs of the operators run between [`count_start`] and [`count_stop`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FlopCounts {
-    /// mm, addmm, bmm, baddbmm and conv2d, by libtorch's formulas.
+    /// mm, addmm, bmm, baddbmm and conv2d, by libtorch's formulas, and oneDNN's
+    /// linear (`run.cpu_matmul`), 2 x rows x out x in from its recorded shapes.
     pub matmul: u64,
     /// add and mul (one per output element), by libtorch's formulas.
     pub elementwise: u64,

@@ -41,7 +41,7 @@ pub use optim::{LrScheduleKind, OptimConfig, OptimName};
 pub use origins::KeyOrigins;
 pub(crate) use paths::looks_like_hub_name;
 pub use plugins::{check_tables_claimed, explain_option_error, CadenceOverride, OnFull, PluginSettings};
-pub use run::{DeviceChoice, RunConfig};
+pub use run::{CpuMatmul, DeviceChoice, RunConfig};
 pub use standalone::{keep_sources, run_dir_of, TOKENIZER_DIR, TOKENIZER_FILES};
 pub use train::{ActivationCheckpointing, NanPolicy, Precision, TrainConfig};
 

@@ -165,7 +165,7 @@ impl Block for LlamaBlock {
         let h = self.post_norm.forward(&x)?;
         let [gate, up] = lora::forward_shared([&self.gate_proj, &self.up_proj], &h, train)?;
         let gated = swiglu(&gate, &up)?;
-        let down = self.down_proj.forward(&gated, train)?;
+        let down = self.down_proj.forward_with(&gated, Some((&gate, &up)), train)?;
         recompute_in_backward(&down, &gated, &gate, &up)?;
         Ok(x.f_add(&down)?)
     }

@@ -67,13 +67,27 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = x.f_linear(&self.base.ws, self.base.bs.as_ref())?;
+        self.forward_with(x, None, train)
+    }
+
+    /// [`Linear::forward`] over `x = silu(gate) * up` (a down projection's input), which
+    /// backward then recomputes from `recompute = (gate, up)` for the base weight's
+    /// gradient instead of keeping it, where the base runs through oneDNN's products
+    /// (`ptrain_torch_ext::linear`; else [`super::llama`]'s recompute hook drops it).
+    pub fn forward_with(&self, x: &Tensor, recompute: Option<(&Tensor, &Tensor)>, train: bool) -> Result<Tensor> {
+        let y = self.base_forward(x, recompute)?;
         let Some(ad) = self.active() else { return Ok(y) };
         let h = match ad.dropout > 0.0 && train {
             true => x.f_dropout(ad.dropout, true)?,
             false => x.shallow_clone(),
         };
         ad.add_to(y, &h.f_linear::<Tensor>(&ad.a, None)?)
+    }
+
+    /// `x W^T + b` of the base: through oneDNN's float32 CPU products where `run.cpu_matmul`
+    /// chose them, else `at::linear`.
+    fn base_forward(&self, x: &Tensor, recompute: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+        ptrain_torch_ext::linear::linear(x, &self.base.ws, self.base.bs.as_ref(), recompute).map_err(|e| Error::Other(format!("linear: {e}")))
     }
 
     /// Its adapter, unless [`without_adapters`] switched adapters off.
@@ -110,7 +124,7 @@ pub fn forward_shared<const N: usize>(layers: [&Linear; N], x: &Tensor, train: b
             let mut downs = x.f_linear::<Tensor>(&a, None)?.f_split_with_sizes(&ranks, -1)?.into_iter();
             let mut out = Vec::with_capacity(N);
             for layer in layers {
-                let y = x.f_linear(&layer.base.ws, layer.base.bs.as_ref())?;
+                let y = layer.base_forward(x, None)?;
                 out.push(match layer.active() {
                     Some(ad) => ad.add_to(y, &downs.next().ok_or_else(|| Error::Other("LoRA: an A output per adapter".into()))?)?,
                     None => y,

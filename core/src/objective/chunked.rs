@@ -22,6 +22,13 @@ use crate::{
     error::{Error, Result},
 };
 
+/// `a W^T` (2-D): through oneDNN's float32 CPU product where `run.cpu_matmul` chose it
+/// (faster than MKL's for these two products at Qwen2's 151,936 ids; the weight
+/// gradient `g^T h` stays MKL's, faster there), else `matmul`.
+fn matmul_t(a: &Tensor, w: &Tensor) -> Result<Tensor> {
+    ptrain_torch_ext::linear::matmul_t(a, w).map_err(|e| Error::Other(format!("chunked loss: {e}")))
+}
+
 /// Hidden states `[N, D]` and targets `[N]` flattened from `[.., D]` and `[..]`;
 /// on the CPU, only the trained positions (with their indices into the flattened
 /// targets). On a GPU, finding them is a host/device synchronisation: there every
@@ -79,7 +86,7 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<
             let len = chunk.min(n - start);
             let hc = h.f_narrow(0, start, len)?.f_detach()?;
             let yc = y.f_narrow(0, start, len)?;
-            let mut logits = hc.f_matmul(&w.f_tr()?)?.f_to_kind(Kind::Float)?;
+            let mut logits = matmul_t(&hc, &w)?.f_to_kind(Kind::Float)?;
             let mut valid = yc.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Float)?;
             if let Some(scale) = &scale {
                 valid = valid.f_mul(&scale.f_narrow(0, start, len)?)?;
@@ -95,7 +102,7 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<
             let _ = logits.f_scatter_add_(1, &index, &valid.f_neg()?)?;
             match &w32 {
                 Some(w32) => {
-                    grad_h.f_narrow(0, start, len)?.f_copy_(&logits.f_matmul(w32)?)?;
+                    grad_h.f_narrow(0, start, len)?.f_copy_(&matmul_t(&logits, &w32.f_tr()?)?)?;
                     // grad_W += g^T h, in place: no [V, D] temporary per chunk.
                     if let Some(grad_w) = grad_w.as_mut() {
                         let _ = grad_w.f_addmm_(&logits.f_tr()?, &hc)?;
@@ -123,14 +130,14 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<
 pub fn token_logps(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) -> Result<Tensor> {
     tch::no_grad(|| {
         let (h, y, trained) = trained_positions(hidden, targets)?;
-        let w = weight.f_to_kind(h.kind())?.f_tr()?;
+        let w = weight.f_to_kind(h.kind())?;
         let n = h.size()[0];
         let mut pieces = Vec::with_capacity((n / chunk.max(1) + 1) as usize);
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
             let yc = y.f_narrow(0, start, len)?;
-            let mut logits = h.f_narrow(0, start, len)?.f_matmul(&w)?.f_to_kind(Kind::Float)?;
+            let mut logits = matmul_t(&h.f_narrow(0, start, len)?, &w)?.f_to_kind(Kind::Float)?;
             let picked = logits.f_gather(1, &yc.f_clamp_min(0)?.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
             let (_, lse) = exp_shifted_(&mut logits)?;
             pieces.push(picked.f_sub(&lse)?.f_mul(&yc.f_ne(IGNORE_INDEX)?)?);

@@ -138,6 +138,7 @@ impl Run {
         if config.run.threads > 0 {
             tch::set_num_threads(config.run.threads as i32);
         }
+        crate::device::set_cpu_matmul(config.run.cpu_matmul)?;
         tch::manual_seed(config.run.seed as i64);
         let device = dist.device(&config)?;
 
