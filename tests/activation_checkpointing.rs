@@ -8,10 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{
-    hf::{s, support_py},
-    *,
-};
+use common::{hf::chat_model, *};
 
 fn sets(pairs: &[&str]) -> Vec<String> {
     pairs.iter().flat_map(|p| ["--set".to_string(), p.to_string()]).collect()
@@ -83,11 +80,7 @@ fn gpt_recomputed_blocks_give_the_stored_losses_and_gradients_bit_for_bit() {
 #[test]
 fn qwen2_recomputed_layers_on_packed_chat_rows_give_the_stored_losses_and_gradients_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    support_py("chat.py", &[&"make", &model, &"30", &"2"]);
-    let init = format!("model.init_from={}", s(&model));
-    let data = format!("data.path={}", s(&model.join("chat.jsonl")));
-    let cache = format!("data.tokens_cache={}", s(&dir.path().join("cache")));
+    let [init, data, cache] = chat_model(dir.path(), 30, 2);
     let args = sets(&[
         "model.kind=llama",
         &init,

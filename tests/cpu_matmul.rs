@@ -7,7 +7,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{hf::s, hf::support_py, *};
+use common::{
+    hf::{chat_model, support_py},
+    *,
+};
 
 /// Two steps with `matmul` (`aten` or `auto`), gradients dumped at step 1.
 fn run(dir: &Path, name: &str, matmul: &str, sets: &[&str]) -> PathBuf {
@@ -39,11 +42,7 @@ fn same_as_aten(dir: &Path, name: &str, sets: &[&str]) {
 #[test]
 fn onednn_products_give_atens_losses_and_gradients() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    support_py("chat.py", &[&"make", &model, &"30", &"2"]);
-    let init = format!("model.init_from={}", s(&model));
-    let data = format!("data.path={}", s(&model.join("chat.jsonl")));
-    let cache = format!("data.tokens_cache={}", s(&dir.path().join("cache")));
+    let [init, data, cache] = chat_model(dir.path(), 30, 2);
     let qwen2 = ["model.kind=llama", &init, "data.kind=chat", &data, &cache, "data.batch_size=2", "train.eval_batches=1", "train.loss_chunk=7"];
     same_as_aten(dir.path(), "qwen2", &qwen2);
     let lora: Vec<&str> = qwen2.iter().copied().chain(["lora.rank=4", "lora.alpha=8"]).collect();

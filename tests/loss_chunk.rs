@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::{
-    hf::{hf, s, support_py},
+    hf::{chat_model, hf, s, support_py},
     *,
 };
 
@@ -48,11 +48,7 @@ fn chunked_loss_equals_the_whole_logits_for_text_and_instruction_data() {
         &sets(&["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=32", "data.batch_size=3", "optim.accum_steps=2"]),
     );
     // qwen2 on chat rows, packed: the sum over trained tokens over their count.
-    let model = dir.path().join("model");
-    support_py("chat.py", &[&"make", &model, &"30", &"2"]);
-    let init = format!("model.init_from={}", s(&model));
-    let data = format!("data.path={}", s(&model.join("chat.jsonl")));
-    let cache = format!("data.tokens_cache={}", s(&dir.path().join("cache")));
+    let [init, data, cache] = chat_model(dir.path(), 30, 2);
     same_with_and_without_chunks(
         dir.path(),
         "qwen2-chat",

@@ -44,3 +44,16 @@ pub fn small(extra: &[String]) -> Vec<String> {
 pub fn close(a: f64, b: f64, tol: f64, what: &str) {
     assert!((a - b).abs() <= tol, "{what}: {a} vs {b} (tolerance {tol})");
 }
+
+/// `chat.py make DIR/model ROWS SEED`: a tiny random Qwen2 with ChatML and its chat rows,
+/// and the settings that train on them: `model.init_from`, `data.path` and `data.tokens_cache`
+/// (under `dir`).
+pub fn chat_model(dir: &Path, rows: u32, seed: u32) -> [String; 3] {
+    let model = dir.join("model");
+    support_py("chat.py", &[&"make", &model, &rows.to_string(), &seed.to_string()]);
+    [
+        format!("model.init_from={}", s(&model)),
+        format!("data.path={}", s(&model.join("chat.jsonl"))),
+        format!("data.tokens_cache={}", s(&dir.join("cache"))),
+    ]
+}
