@@ -47,6 +47,13 @@ bool takes_onednn(const at::Tensor& x, const at::Tensor& w) {
 
 at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 
+// `flat` [rows, n] viewed with `like`'s leading sizes: [.., n].
+at::Tensor unrows(const at::Tensor& flat, const at::Tensor& like) {
+  auto sizes = like.sizes().vec();
+  sizes.back() = flat.size(1);
+  return flat.view(sizes);
+}
+
 struct OneDnnLinear : public torch::autograd::Function<OneDnnLinear> {
   // `recompute` holds (gate, up), detached, when x = silu(gate) * up (the down
   // projection's input, which the fused SwiGLU keeps gate and up for anyway): then x is
@@ -61,13 +68,9 @@ struct OneDnnLinear : public torch::autograd::Function<OneDnnLinear> {
       ctx->save_for_backward({w});
     }
     if (recomputes) ctx->saved_data["recompute"] = std::move(recompute);
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
     // needs_input_grad counts the tensor inputs given: no index for an absent bias.
     ctx->saved_data["has_bias"] = b.has_value();
-    auto y = onednn_linear(rows(x), w, b);
-    auto sizes = x.sizes().vec();
-    sizes.back() = w.size(0);
-    return y.view(sizes);
+    return unrows(onednn_linear(rows(x), w, b), x);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -75,7 +78,8 @@ struct OneDnnLinear : public torch::autograd::Function<OneDnnLinear> {
     const at::Tensor& w = saved.back();
     const at::Tensor dy = rows(grads[0]);
     at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) dx = onednn_linear(dy, w.t(), std::nullopt).view(ctx->saved_data["x_sizes"].toIntVector());
+    // dY has x's leading sizes.
+    if (ctx->needs_input_grad(0)) dx = unrows(onednn_linear(dy, w.t(), std::nullopt), grads[0]);
     if (ctx->needs_input_grad(1)) {
       at::Tensor x;
       if (saved.size() == 2) {
