@@ -45,7 +45,7 @@ if want diag; then
   readelf -d "$bin/bare-tch" 2>/dev/null | grep NEEDED >>"$o/diag.txt"
 fi
 want check && log "check"
-want check && timeout "$(cap 90)" "$here/gpu/validate.sh" --check --python "$py" --out "$o/check" >"$o/check.log" 2>&1
+want check && timeout "$(cap 90)" "$here/gpu/validate.sh" --check --device "$dev" --python "$py" --out "$o/check" >"$o/check.log" 2>&1
 log "validate --device $dev (the step before exited $?)"
 [ $smoke = 1 ] || ! want validate || timeout "$(cap 300)" "$here/gpu/validate.sh" --device cuda --python "$py" --out "$o/cuda" >"$o/cuda.log" 2>&1
 log "sdpa backends (the step before exited $?)"

@@ -3,6 +3,7 @@
 # writes every figure and log under one folder. See docs/gpu.md.
 #
 #   gpu/validate.sh --check --python PY --out DIR              # ~30 s: CUDA seen? GPU name, driver vs libtorch, NCCL with one rank
+#                                                              # (--check means --device cuda unless --device cpu is given)
 #   gpu/validate.sh --device cuda --python PY --out DIR        # every step on the GPU (a few minutes)
 #   gpu/validate.sh --device cpu --python PY --out DIR         # the same steps on the CPU, small sizes (CI runs this)
 #
@@ -19,7 +20,7 @@
 set -uo pipefail
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
-device=cpu check=0 py="" out=""
+device="" check=0 py="" out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device="${2:-}"; shift 2 ;;
@@ -30,6 +31,8 @@ while [ $# -gt 0 ]; do
     *) echo "error: unknown argument \`$1\` (see --help)" >&2; exit 2 ;;
   esac
 done
+# The check asks about CUDA; the full run defaults to the CPU (what CI runs).
+[ -n "$device" ] || { [ $check = 1 ] && device=cuda || device=cpu; }
 case "$device" in cpu|cuda) ;; *) echo "error: --device must be cpu or cuda, not \`$device\`" >&2; exit 2 ;; esac
 [ -n "$py" ] || { echo "error: --python PY is required (a Python with torch 2.11)" >&2; exit 2; }
 [ -n "$out" ] || { echo "error: --out DIR is required" >&2; exit 2; }

@@ -1,6 +1,7 @@
 //! Parameter sharding's collectives (`dist.shard = "parameters"`) on the run's
 //! group: issued from forward and backward (any thread), each on one flat tensor of
-//! `world` equal chunks. The reduce-scatter is NCCL's own, and on Gloo the
+//! `world` equal chunks. The reduce-scatter is NCCL's own, in place (its output is
+//! the rank's chunk of its input, checked on every backend), and on Gloo the
 //! equivalent the ZeRO-2 path uses (`flat.rs`): all-reduce in place, keep the own chunk.
 
 use std::sync::Arc;
@@ -19,6 +20,27 @@ impl ShardGroup {
     pub fn new(group: Arc<Group>, reduce_scatter: Option<bool>) -> ShardGroup {
         let reduce_scatter = reduce_scatter.unwrap_or(group.spec().backend == Backend::Nccl);
         ShardGroup { group, reduce_scatter }
+    }
+
+    /// NCCL's in-place reduce-scatter takes its output at the rank's chunk of its input
+    /// (recvbuff = sendbuff + rank x count): anywhere else in `flat` the two overlap and
+    /// NCCL's result is undefined, while Gloo's paths would still give the right values.
+    /// Checked on every backend (pointer arithmetic, no copy) so that the CPU tests hold
+    /// the caller's offset to NCCL's contract.
+    fn check_in_place(&self, flat: &Tensor, own: &Tensor) -> Result<(), String> {
+        let spec = self.group.spec();
+        let chunk = flat.numel() / spec.world_size.max(1) as usize;
+        let want = flat.data_ptr() as usize + spec.rank as usize * chunk * flat.kind().elt_size_in_bytes();
+        if own.data_ptr() as usize == want && own.numel() == chunk && own.kind() == flat.kind() && own.is_contiguous() {
+            return Ok(());
+        }
+        Err(format!(
+            "sharded gradient reduce-scatter: the output must be rank {}'s chunk of the flat gradient ({chunk} elements at offset {}), not {} elements at byte offset {}",
+            spec.rank,
+            spec.rank as usize * chunk,
+            own.numel(),
+            own.data_ptr() as isize - flat.data_ptr() as isize
+        ))
     }
 
     /// This rank's chunk of `flat`.
@@ -50,6 +72,7 @@ impl ShardCollectives for ShardGroup {
 
     fn reduce_scatter(&self, flat: &Tensor, own: &Tensor) -> Result<(), String> {
         let g = &self.group;
+        self.check_in_place(flat, own)?;
         let scale = 1.0 / g.spec().world_size.max(1) as f64;
         g.timed(|| {
             if self.reduce_scatter {

@@ -161,3 +161,32 @@ fn sharded_gradients_reduce_to_each_ranks_slice_by_every_path() {
         }
     }
 }
+
+/// Parameter sharding's reduce-scatter, by NCCL's path (c10d's reduce-scatter, in
+/// place: the output is the rank's chunk of the flat gradient) and Gloo's (all-reduce,
+/// keep the chunk): each rank's chunk becomes the average. An output anywhere else in
+/// the flat gradient is refused before any collective, on both paths: NCCL would give
+/// undefined results there, and Gloo's paths the right ones, so only the check makes
+/// the CPU tests see a wrong offset.
+#[test]
+fn parameter_shards_reduce_scatter_in_place_into_each_ranks_chunk_only() {
+    for reduce_scatter in [true, false] {
+        let out = on_two_ranks(25.0, |rank, dp| {
+            dp.set_reduce_scatter(reduce_scatter);
+            let comm = dp.shard_collectives().expect("shard collectives");
+            let flat = Tensor::arange(16, (Kind::Float, Device::Cpu)) * (rank as f64 + 1.0);
+            let own = flat.narrow(0, rank as i64 * 8, 8);
+            comm.reduce_scatter(&flat, &own).expect("reduce-scatter");
+            let other = flat.narrow(0, (1 - rank as i64) * 8, 8);
+            let refused = comm.reduce_scatter(&flat, &other).expect_err("the other rank's chunk is refused");
+            let short = comm.reduce_scatter(&flat, &flat.narrow(0, rank as i64 * 8, 4)).expect_err("a partial chunk is refused");
+            (values(&own), refused, short)
+        });
+        for (rank, (own, refused, short)) in out.into_iter().enumerate() {
+            let want: Vec<f32> = (rank * 8..rank * 8 + 8).map(|i| 1.5 * i as f32).collect();
+            assert_eq!(own, want, "reduce-scatter {reduce_scatter}, rank {rank}");
+            assert!(refused.contains(&format!("rank {rank}'s chunk")), "{refused}");
+            assert!(short.contains("not 4 elements"), "{short}");
+        }
+    }
+}
