@@ -69,7 +69,7 @@ def hf(d, steps, batch, seq, threads, *flags):
         opt.step()
         opt.zero_grad(set_to_none=True)
         step_s.append(time.perf_counter() - step_started)
-    # Over every step, the first included, as ptrain's summary.json counts steps/s.
+    # Over every step, the first included, and nothing else: bench/qwen05b_pairs.sh times ptrain's steps the same way.
     out({"steps_per_s": int(steps) / (time.perf_counter() - started), "step_s": step_s, "last_loss": loss.item(), "trainable": sum(p.numel() for p in params)})
 
 
