@@ -14,7 +14,7 @@
 # Both sides time the same work: transformers' loop the steps alone (bench/memory.py hf: from before the first
 # step to after the last), ptrain the steps alone too (steps / (wall_s - setup_s), with data.val_fraction = 0: no
 # evaluation, which the loop does not do either; its summary's steps_per_s, with set-up, is logged beside it).
-# Until 2026-11-28 19:00 ptrain's figure was summary.json's steps_per_s after a final evaluation of one batch.
+# Before 2026-11-28 20:18 UTC ptrain's figure was summary.json's steps_per_s after a final evaluation of one batch.
 # Run it on a quiet machine: bench/qwen05b_pairs.sh load loraload b1 b4full b4rest lora
 set -u
 [ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load loraload b1 b1full b4full b4rest lora lorab1)" >&2; exit 2; }

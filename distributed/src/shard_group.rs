@@ -2,7 +2,8 @@
 //! group: issued from forward and backward (any thread), each on one flat tensor of
 //! `world` equal chunks. The reduce-scatter is NCCL's own, in place (its output is
 //! the rank's chunk of its input, checked on every backend), and on Gloo the
-//! equivalent the ZeRO-2 path uses (`flat.rs`): all-reduce in place, keep the own chunk.
+//! equivalent the ZeRO-2 path uses (`flat.rs`): all-reduce in place, which leaves the
+//! average in the own chunk.
 
 use std::sync::Arc;
 
@@ -28,26 +29,30 @@ impl ShardGroup {
     /// Checked on every backend (pointer arithmetic, no copy) so that the CPU tests hold
     /// the caller's offset to NCCL's contract.
     fn check_in_place(&self, flat: &Tensor, own: &Tensor) -> Result<(), String> {
-        let spec = self.group.spec();
-        let chunk = flat.numel() / spec.world_size.max(1) as usize;
-        let want = flat.data_ptr() as usize + spec.rank as usize * chunk * flat.kind().elt_size_in_bytes();
-        if own.data_ptr() as usize == want && own.numel() == chunk && own.kind() == flat.kind() && own.is_contiguous() {
+        let (start, len) = self.chunk_range(flat);
+        let want = flat.data_ptr() as usize + start as usize * flat.kind().elt_size_in_bytes();
+        if own.data_ptr() as usize == want && own.numel() as i64 == len && own.kind() == flat.kind() && own.is_contiguous() {
             return Ok(());
         }
         Err(format!(
-            "sharded gradient reduce-scatter: the output must be rank {}'s chunk of the flat gradient ({chunk} elements at offset {}), not {} elements at byte offset {}",
-            spec.rank,
-            spec.rank as usize * chunk,
+            "sharded gradient reduce-scatter: the output must be rank {}'s chunk of the flat gradient ({len} elements at offset {start}), not {} elements at byte offset {}",
+            self.group.spec().rank,
             own.numel(),
             own.data_ptr() as isize - flat.data_ptr() as isize
         ))
     }
 
-    /// This rank's chunk of `flat`.
-    fn own_chunk(&self, flat: &Tensor) -> Tensor {
+    /// Where this rank's chunk of `flat` starts, and its length, in elements.
+    fn chunk_range(&self, flat: &Tensor) -> (i64, i64) {
         let spec = self.group.spec();
         let chunk = flat.numel() as i64 / spec.world_size.max(1) as i64;
-        flat.narrow(0, spec.rank as i64 * chunk, chunk)
+        (spec.rank as i64 * chunk, chunk)
+    }
+
+    /// This rank's chunk of `flat`.
+    fn own_chunk(&self, flat: &Tensor) -> Tensor {
+        let (start, len) = self.chunk_range(flat);
+        flat.narrow(0, start, len)
     }
 }
 
@@ -78,8 +83,8 @@ impl ShardCollectives for ShardGroup {
             if self.reduce_scatter {
                 g.start_reduce_scatter_flat(own, flat)?.wait()?;
             } else {
+                // `own` is this rank's chunk of `flat` (checked above): the average is in it.
                 g.start_all_reduce(flat)?.wait()?;
-                tch::no_grad(|| own.shallow_clone().f_copy_(&self.own_chunk(flat))).map_err(|e| e.to_string())?;
             }
             tch::no_grad(|| own.shallow_clone().f_mul_scalar_(scale)).map(drop).map_err(|e| e.to_string())
         })
