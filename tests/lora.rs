@@ -211,6 +211,23 @@ fn a_resumed_lora_run_repeats_the_uninterrupted_one_and_refuses_another_base() {
     cmd.args(["run", "--quiet", "--steps", "6", "--resume"]).arg(&part).arg("--run-dir").arg(dir.path().join("r3"));
     let out = run_expect(cmd.args(&args).args(sets(&["lora.enabled=false"])), 2);
     assert!(stderr(&out).contains("LoRA adapters only"), "{}", stderr(&out));
+
+    // A checkpoint written before the per-tensor digest records `lora_base_sha256`, one
+    // hash of the whole base: it resumes (on the base it names) with a warning that the
+    // base is not checked, and goes on as the uninterrupted run.
+    let earlier = dir.path().join("earlier");
+    let script = "import json, shutil, sys, zlib\nsrc, dst = sys.argv[1:]\nshutil.copytree(src, dst)\n\
+                  s = json.load(open(f'{dst}/state.json'))\ns['lora_base_sha256'] = '0' * 64\ndel s['lora_base_digest']\n\
+                  data = json.dumps(s).encode()\nopen(f'{dst}/state.json', 'wb').write(data)\nm = json.load(open(f'{dst}/manifest.json'))\n\
+                  f = next(f for f in m['files'] if f['path'] == 'state.json')\nf['size'], f['crc32'] = len(data), zlib.crc32(data)\n\
+                  json.dump(m, open(f'{dst}/manifest.json', 'w'))\n";
+    assert!(python().args(["-c", script]).arg(newest_checkpoint(&part)).arg(&earlier).status().unwrap().success());
+    let from_earlier = dir.path().join("from-earlier");
+    let mut cmd = ptrain();
+    cmd.args(["run", "--plugins", "jsonl", "--steps", "6", "--resume"]).arg(&earlier).arg("--run-dir").arg(&from_earlier);
+    let out = run_expect(cmd.args(&args).args(sets(&["plugins.jsonl.every=1"])), 0);
+    assert!(stderr(&out).contains("is not checked against it"), "{}", stderr(&out));
+    assert_eq!(losses(&from_earlier), losses(&whole), "resumed from the earlier form");
 }
 
 #[test]

@@ -356,7 +356,7 @@ fn a_parameter_sharded_rank_loads_its_shard_block_by_block_never_the_whole_model
 /// The LoRA base hash a checkpoint records.
 fn lora_base(checkpoint: &Path) -> String {
     let state: serde_json::Value = serde_json::from_slice(&std::fs::read(checkpoint.join("state.json")).unwrap()).unwrap();
-    state["lora_base_sha256"].as_str().unwrap_or_else(|| panic!("no lora_base_sha256: {state}")).to_string()
+    state["lora_base_digest"].as_str().unwrap_or_else(|| panic!("no lora_base_digest: {state}")).to_string()
 }
 
 /// LoRA on a `model.init_from` base under `parameters` is cut while built too: the
@@ -405,6 +405,55 @@ fn lora_on_a_pretrained_base_is_sharded_while_built_and_follows_the_unsharded_ru
         assert_eq!(lora_base(&step4(&sharded)), lora_base(&step4(&unsharded)), "{name}: the base hashed from the files as the whole base is");
         let resumed = train("parameters", "6", &["--resume", step4(&unsharded).to_str().unwrap()]);
         assert_losses_follow(&resumed, &unsharded, 5, 6, tolerance);
+    }
+}
+
+/// LoRA on a randomly initialised base (no `model.init_from`) is cut while built too:
+/// each rank digests every base tensor as it is drawn, before its block is cut. The
+/// sharded run records the digest the unsharded run takes from its whole base, and
+/// each run's checkpoint resumes in the other mode as the uninterrupted runs go on; a
+/// base drawn from another seed is refused. A 12-block llama loads, per sharded rank,
+/// `W / 8` below the unsharded rank (built whole and cut after, it peaked above it).
+#[test]
+fn lora_on_a_drawn_base_is_digested_and_sharded_while_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name);
+    let train = |shard: &str, name: &str, steps: u64, extra: &[&str], code: i32| {
+        let sets = [LORA, &["optim.schedule=constant", "plugins.checkpoint.every=4"]].concat();
+        run_expect(launch(2).args(saving(job("llama", steps, shard, &sets, &d(name)), extra)), code)
+    };
+    train("none", "none", 6, &[], 0);
+    train("parameters", "sharded", 6, &[], 0);
+    assert_losses_follow(&d("sharded"), &d("none"), 1, 6, 1e-5);
+    let step4 = |name: &str| d(name).join("checkpoints/step-00000004");
+    assert_eq!(lora_base(&step4("sharded")), lora_base(&step4("none")), "the drawn base digested as drawn as the whole base is");
+    for (from, shard, follows) in [("none", "parameters", "none"), ("sharded", "none", "sharded")] {
+        let resumed = format!("{from}-resumed-{shard}");
+        train(shard, &resumed, 6, &["--resume", step4(from).to_str().unwrap()], 0);
+        assert_eq!(summary(&d(&resumed))["start_step"], 4);
+        assert_losses_follow(&d(&resumed), &d(follows), 5, 6, 1e-5);
+    }
+    let out = train("parameters", "other-seed", 6, &["--seed", "7", "--resume", step4("none").to_str().unwrap()], 2);
+    assert!(stderr(&out).contains("not the base these adapters were trained on"), "{}", stderr(&out));
+
+    let big = ["model.n_layer=12", "model.n_embd=768", "model.n_head=12", "model.llama.n_kv_head=12", "data.batch_size=1"];
+    let load = |shard: &str| {
+        let run_dir = d(&format!("big-{shard}"));
+        let sets = [&big[..], LORA, &["dist.timeout_s=60"]].concat();
+        run_expect(launch(2).env("MALLOC_MMAP_THRESHOLD_", "65536").args(job("llama", 1, shard, &sets, &run_dir)), 0);
+        summary(&run_dir)
+    };
+    let (none, sharded) = (load("none"), load("parameters"));
+    let whole = 4 * none["parameters"].as_u64().unwrap();
+    let (loaded, unsharded) = (per_rank(&sharded, "rank_load_peak_memory_bytes"), per_rank(&none, "rank_load_peak_memory_bytes"));
+    for (rank, (&mine, &theirs)) in loaded.iter().zip(&unsharded).enumerate() {
+        assert!(
+            mine + whole / 8 < theirs,
+            "rank {rank}: loading peaked at {} MiB sharded, {} MiB unsharded, W {} MiB",
+            mine >> 20,
+            theirs >> 20,
+            whole >> 20
+        );
     }
 }
 

@@ -54,7 +54,7 @@ pub struct ExportArgs {
     #[arg(long)]
     merge: bool,
     /// A LoRA run's base model, moved from where model.init_from recorded it: its
-    /// weights must hash to what the run recorded (state.json lora_base_sha256).
+    /// weights must digest to what the run recorded (state.json lora_base_digest).
     #[arg(long, value_name = "DIR")]
     base: Option<PathBuf>,
 }

@@ -88,23 +88,49 @@ pub fn check_base(vs: &nn::VarStore, checkpoint: &Path, base: &Path) -> Result<(
     let state_path = checkpoint.join(ptrain_checkpoint::STATE_FILE);
     let text = std::fs::read_to_string(&state_path).map_err(|e| Error::Io { path: state_path.clone(), source: e })?;
     let state: Value = serde_json::from_str(&text).map_err(|e| Error::Checkpoint { path: checkpoint.to_owned(), message: e.to_string() })?;
-    same_base(checkpoint, &state, base, Some(&super::lora::base_hash(vs)?))
+    same_base(checkpoint, &state, base, Some(&super::lora::base_digest(vs)?))
+}
+
+/// Where a LoRA checkpoint records its base: the digest, or (written before the
+/// digest) one SHA-256 over the whole base, which cannot be compared with a digest.
+enum RecordedBase<'a> {
+    None,
+    Digest(&'a str),
+    Earlier,
 }
 
 /// A LoRA checkpoint's adapters fit only the base they were trained on: `live`
-/// (the base model `base`'s weights hashed, `None` without LoRA) against the
-/// checkpoint `state`'s `lora_base_sha256` (none for a full fine-tuning one).
+/// (the base model `base`'s weights digested, `None` without LoRA) against the
+/// checkpoint `state`'s `lora_base_digest` (none for a full fine-tuning one).
 pub fn same_base(checkpoint: &Path, state: &Value, base: &Path, live: Option<&str>) -> Result<()> {
     let bad = |message: String| Error::Checkpoint { path: checkpoint.to_owned(), message };
-    match (state.get("lora_base_sha256").and_then(Value::as_str), live) {
-        (None, None) => Ok(()),
-        (Some(recorded), Some(live)) if recorded == live => Ok(()),
-        (Some(recorded), Some(live)) => Err(bad(format!(
-            "the base model {}: its weights (sha256 {live}) are not the base these adapters were trained on (sha256 {recorded}); \
+    let recorded = match (state.get("lora_base_digest").and_then(Value::as_str), state.get("lora_base_sha256")) {
+        (Some(digest), _) => RecordedBase::Digest(digest),
+        (None, Some(_)) => RecordedBase::Earlier,
+        (None, None) => RecordedBase::None,
+    };
+    match (recorded, live) {
+        (RecordedBase::None, None) => Ok(()),
+        (RecordedBase::Digest(recorded), Some(live)) if recorded == live => Ok(()),
+        (RecordedBase::Earlier, Some(_)) => {
+            tracing::warn!(
+                "{}: its LoRA base was hashed as ptrain did before it took a digest per tensor (lora_base_sha256): \
+                 the base model {} is not checked against it; make sure it is the one the adapters were trained on",
+                checkpoint.display(),
+                base.display()
+            );
+            Ok(())
+        }
+        (RecordedBase::Digest(recorded), Some(live)) => Err(bad(format!(
+            "the base model {}: its weights (digest {live}) are not the base these adapters were trained on (digest {recorded}); \
              give the base model they were trained on",
             base.display()
         ))),
-        (Some(_), None) => Err(bad("it holds LoRA adapters only: resume with its [lora] table and base model".into())),
-        (None, Some(_)) => Err(bad("it records no LoRA base (a full fine-tuning checkpoint): [lora] and --base are for LoRA checkpoints".into())),
+        (RecordedBase::Digest(_) | RecordedBase::Earlier, None) => {
+            Err(bad("it holds LoRA adapters only: resume with its [lora] table and base model".into()))
+        }
+        (RecordedBase::None, Some(_)) => {
+            Err(bad("it records no LoRA base (a full fine-tuning checkpoint): [lora] and --base are for LoRA checkpoints".into()))
+        }
     }
 }

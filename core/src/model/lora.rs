@@ -5,7 +5,6 @@
 //! bound `1/sqrt(in)`, i.e. Kaiming-uniform with `a = sqrt(5)`; B zero: training
 //! starts from the base model exactly), so an export is a rename.
 
-use sha2::{Digest, Sha256};
 use tch::{nn, Device, Kind, Tensor};
 
 use super::Model;
@@ -199,40 +198,14 @@ pub fn store_base_bf16(model: &dyn Model) -> Result<()> {
     })
 }
 
-/// SHA-256 over the frozen weights' names, shapes, types and bytes (on the host),
-/// sorted by name: a resumed LoRA run checks it is on the base it was trained on.
-pub fn base_hash(vs: &nn::VarStore) -> Result<String> {
-    let mut h = BaseHasher::default();
+/// The digest ([`BaseDigest`](super::base_digest::BaseDigest)) of the frozen weights
+/// of `vs` as they are: a resumed LoRA run checks it is on the base it was trained on.
+pub fn base_digest(vs: &nn::VarStore) -> Result<String> {
+    let mut digest = super::base_digest::BaseDigest::default();
     for (name, t) in base_of(vs) {
-        let t = t.f_to_device(Device::Cpu)?.f_contiguous()?;
-        h.tensor(&name, &t.size(), t.kind());
-        let n = t.numel();
-        let mut bytes = vec![0u8; n * t.kind().elt_size_in_bytes()];
-        t.f_copy_data_u8(&mut bytes, n)?;
-        h.bytes(&bytes);
+        digest.add_tensor(&name, &t)?;
     }
-    Ok(h.finish())
-}
-
-/// [`base_hash`] fed one tensor after another, in name order, each tensor's bytes in
-/// as many pieces as wanted: parameter sharding hashes the base from its weight
-/// files, never holding it whole (`model::hf::load_pieces`).
-#[derive(Default)]
-pub struct BaseHasher(Sha256);
-
-impl BaseHasher {
-    /// The next tensor starts: its name, shape and type.
-    pub fn tensor(&mut self, name: &str, shape: &[i64], kind: Kind) {
-        self.0.update(format!("{name} {shape:?} {kind:?}\n").as_bytes());
-    }
-
-    pub fn bytes(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
-    }
-
-    pub fn finish(self) -> String {
-        self.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
-    }
+    Ok(digest.finish())
 }
 
 /// The full model of a LoRA checkpoint, as the tensors of a `model.safetensors` in ptrain's

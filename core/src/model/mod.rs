@@ -4,6 +4,7 @@
 
 pub(crate) mod adapters;
 mod attention;
+pub mod base_digest;
 mod checkpointing;
 pub mod decoder;
 mod entry;

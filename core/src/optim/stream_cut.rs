@@ -9,6 +9,8 @@
 //! their own (the blocks' matrices in bf16 under `train.precision = "bf16"`, as
 //! LoRA stores them unsharded); the adapters, which the configuration does not name,
 //! stay whole (they are small) until the model is built, then are cut as trained.
+//! A drawn base (no `model.init_from`) is digested tensor by tensor before it is cut,
+//! as `lora::base_digest` digests a whole one.
 
 use tch::{nn, Device, Kind, Tensor};
 
@@ -19,7 +21,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    model::lora::ADAPTER,
+    model::{base_digest::BaseDigest, lora::ADAPTER},
 };
 
 /// What the variables the configuration names are.
@@ -54,6 +56,8 @@ pub struct StreamingCut {
     /// The first failure, reported by [`StreamingCut::finish`] (the model's builder
     /// cannot return one from inside a block's construction).
     failed: Option<Error>,
+    /// The frozen base's digest, when it is taken from the drawn tensors.
+    digest: Option<BaseDigest>,
 }
 
 impl StreamingCut {
@@ -116,7 +120,21 @@ impl StreamingCut {
         };
         let early = vec![false; plan[0].first().map_or(0, |g| g.members.len())];
         let units = (0..plan.len()).map(|_| None).collect();
-        Ok(StreamingCut { rank, world, planned, plan, master, units, early, failed: None })
+        Ok(StreamingCut { rank, world, planned, plan, master, units, early, failed: None, digest: None })
+    }
+
+    /// Digests the frozen base (`Planned::Frozen`) as it is drawn, each tensor before
+    /// its chunk is copied: [`StreamingCut::finish`] returns the digest.
+    pub fn digesting_base(mut self) -> StreamingCut {
+        self.digest = (self.planned != Planned::Trained).then(BaseDigest::default);
+        self
+    }
+
+    fn digest(&mut self, members: &[&(String, Tensor)]) -> Result<()> {
+        match self.digest.as_mut() {
+            Some(digest) => members.iter().try_for_each(|(name, t)| digest.add_tensor(name, t)),
+            None => Ok(()),
+        }
     }
 
     /// Block `block` of the model under `vs` has been built: its unit is cut now,
@@ -164,7 +182,6 @@ impl StreamingCut {
             return Ok(());
         }
         let found = self.members(&vs.variables(), 0, 0, true)?;
-        let group = &self.plan[0][0];
         let ready: Vec<usize> = (0..found.len()).filter(|&i| found[i].is_some() && !self.early[i]).collect();
         if ready.is_empty() {
             return Ok(());
@@ -172,6 +189,8 @@ impl StreamingCut {
         // Placeholders for the absent ones: their pieces are skipped.
         let none = (String::new(), Tensor::f_empty([0], (Kind::Float, Device::Cpu)).map_err(torch)?);
         let refs: Vec<&(String, Tensor)> = found.iter().map(|m| m.as_ref().unwrap_or(&none)).collect();
+        self.digest(&ready.iter().map(|&i| refs[i]).collect::<Vec<_>>())?;
+        let group = &self.plan[0][0];
         copy_chunk(&refs, &group.layout, &group.shard, self.rank, |i| !ready.contains(&i))?;
         tch::no_grad(|| -> std::result::Result<(), tch::TchError> {
             let nothing = Tensor::f_empty([0], (Kind::Float, group.shard.device()))?;
@@ -193,9 +212,12 @@ impl StreamingCut {
             if found.is_empty() {
                 continue;
             }
-            let group = &self.plan[u][g];
             let refs: Vec<&(String, Tensor)> = found.iter().collect();
+            let drawn: Vec<&(String, Tensor)> =
+                refs.iter().enumerate().filter(|(i, _)| !(u == 0 && g == 0 && self.early[*i])).map(|(_, m)| *m).collect();
+            self.digest(&drawn)?;
             let early = |i: usize| u == 0 && g == 0 && self.early[i];
+            let group = &self.plan[u][g];
             copy_chunk(&refs, &group.layout, &group.shard, self.rank, early)?;
             let shapes: Vec<Vec<i64>> = group.members.iter().map(|(_, s)| s.clone()).collect();
             parts.push((group.members.clone(), move_to_flat(&refs, &shapes, group.layout.clone(), group.shard.shallow_clone())?));
@@ -206,8 +228,8 @@ impl StreamingCut {
 
     /// The model is built: unit 0 is cut, every variable of `vs` must be one the
     /// plan named (or, with LoRA, an adapter), each unit cut once; with LoRA the
-    /// adapters are cut now.
-    pub fn finish(mut self, vs: &nn::VarStore) -> Result<CutModel> {
+    /// adapters are cut now. With [`StreamingCut::digesting_base`], the base's digest.
+    pub fn finish(mut self, vs: &nn::VarStore) -> Result<(CutModel, Option<String>)> {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
@@ -232,6 +254,6 @@ impl StreamingCut {
                 (master, trained.into_iter().zip(frozen).map(|(trained, frozen)| CutUnit { trained, frozen }).collect())
             }
         };
-        Ok(CutModel { master, units, rank: self.rank })
+        Ok((CutModel { master, units, rank: self.rank }, self.digest.map(BaseDigest::finish)))
     }
 }

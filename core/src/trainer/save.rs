@@ -25,7 +25,7 @@ pub(super) fn train_state(step: u64, env: &RunEnv, tally: &Tally, nonfinite: &No
         nonfinite_run: nonfinite.run,
         eval: tally.evals.last().map(|e| EvalRecord { step: e.step, loss: e.loss }),
         shard: learner.optimizer.checkpoint_layout(),
-        lora_base_sha256: env.lora_base.clone(),
+        lora_base_digest: env.lora_base.clone(),
         ..TrainState::new(step, env.config.run.seed, env.world)
     }
 }

@@ -174,10 +174,11 @@ impl Run {
             }
         };
         let lora_base = match (config.lora(), streamed_base_hash) {
-            // Cut while built: hashed from the weight files, the block matrices already in bf16.
+            // Cut while built: digested from the weight files or as drawn, the block
+            // matrices already in bf16.
             (Some(_), Some(hash)) => Some(hash),
             (Some(_), None) => {
-                let hash = model::lora::base_hash(&vs)?;
+                let hash = model::lora::base_digest(&vs)?;
                 if config.train.precision == Precision::Bf16 {
                     model::lora::store_base_bf16(model.as_ref())?;
                 }

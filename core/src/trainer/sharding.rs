@@ -14,21 +14,19 @@ use crate::{
 };
 
 /// Whether the configured model is cut while it is built ([`build_cut`]): a `gpt` or
-/// `llama` from the configuration under `parameters`; with LoRA only on a
-/// `model.init_from` base, whose hash (the check that an adapter checkpoint is on its
-/// base) is then taken from the weight files. Others are built whole and cut after.
+/// `llama` from the configuration under `parameters`. Others (a factory's model) are
+/// built whole and cut after.
 pub(super) fn cuts_while_built(config: &Config, spec: &ShardSpec) -> bool {
-    spec.mode == ShardMode::Parameters
-        && matches!(config.model.kind, ModelKind::Gpt | ModelKind::Llama)
-        && (config.lora().is_none() || !config.model.init_from.is_empty())
+    spec.mode == ShardMode::Parameters && matches!(config.model.kind, ModelKind::Gpt | ModelKind::Llama)
 }
 
 /// The configured `gpt` or `llama` in `vs`, each unit cut into this rank's shard as
 /// soon as its variables exist (a block's whole tensors go before the next block is
 /// made: the same random draws as the whole model's, in the same order), and
 /// `model.init_from`'s values read straight into the shards, this rank's slices only.
-/// With LoRA the base is frozen and sharded like the rest, and its hash is returned,
-/// taken from the weight files as [`model::lora::base_hash`] takes it from a whole base.
+/// With LoRA the base is frozen and sharded like the rest, and its digest is returned
+/// as [`model::lora::base_digest`] takes it from a whole base: from the weight files,
+/// or from each drawn tensor before it is cut (no `model.init_from`).
 pub(super) fn build_cut(config: &Config, vs: &nn::VarStore, spec: &ShardSpec) -> Result<(Box<dyn Model>, CutModel, Option<String>)> {
     let params: Vec<(String, Vec<i64>)> = model::hf::names::params(&config.model).into_iter().map(|p| (p.name, p.shape)).collect();
     let planned = match (config.lora(), config.train.precision) {
@@ -37,10 +35,13 @@ pub(super) fn build_cut(config: &Config, vs: &nn::VarStore, spec: &ShardSpec) ->
         (Some(_), Precision::Bf16) => Planned::Frozen { matrices: Kind::BFloat16 },
         (Some(_), _) => Planned::Frozen { matrices: Kind::Float },
     };
+    let (lora, drawn) = (config.lora().is_some(), config.model.init_from.is_empty());
     let mut cutting = StreamingCut::new(&params, spec.rank, spec.world, vs.device(), planned)?;
+    if drawn {
+        cutting = cutting.digesting_base();
+    }
     let model = model::decoder_in_blocks(config, &vs.root(), &mut |block| cutting.block_built(vs, block))?;
-    let cut = cutting.finish(vs)?;
-    let lora = config.lora().is_some();
+    let (cut, drawn_digest) = cutting.finish(vs)?;
     if lora {
         model::lora::freeze_base(vs);
         if let Some(t) =
@@ -49,7 +50,7 @@ pub(super) fn build_cut(config: &Config, vs: &nn::VarStore, spec: &ShardSpec) ->
             return Err(Error::Other(format!("parameter sharding: a block matrix of the LoRA base is {:?}, expected {planned:?}", t.kind())));
         }
     }
-    let base_hash = if config.model.init_from.is_empty() { None } else { model::hf::load_pieces(&config.model, &cut.owned_pieces(), lora)? };
+    let base_hash = if drawn { drawn_digest } else { model::hf::load_pieces(&config.model, &cut.owned_pieces(), lora)? };
     Ok((model, cut, base_hash))
 }
 

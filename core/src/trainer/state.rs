@@ -36,9 +36,11 @@ pub struct TrainState {
     /// How a sharded run cut its optimizer state (absent when unsharded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ckpt::ShardLayout>,
-    /// LoRA: SHA-256 of the frozen base weights the adapters were trained on.
+    /// LoRA: the digest of the frozen base weights the adapters were trained on
+    /// (`model::lora::BaseDigest`). Earlier checkpoints recorded `lora_base_sha256`,
+    /// one hash over the whole base, which is read (`model::adapters::same_base`), not written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora_base_sha256: Option<String>,
+    pub lora_base_digest: Option<String>,
 }
 
 /// Where the data stream resumes: batches are keyed by (seed, step, micro-batch,
@@ -78,7 +80,7 @@ impl TrainState {
             eval: None,
             ptrain_version: env!("CARGO_PKG_VERSION").into(),
             shard: None,
-            lora_base_sha256: None,
+            lora_base_digest: None,
         }
     }
 

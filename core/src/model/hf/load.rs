@@ -15,7 +15,7 @@ use super::{names, HfDir};
 use crate::{
     config::ModelConfig,
     error::{Error, Result},
-    model::lora::BaseHasher,
+    model::base_digest::{BaseDigest, TensorHash, HASH_SLICE},
 };
 
 fn map(path: &Path) -> Result<Mmap> {
@@ -78,14 +78,14 @@ pub fn load_weights(vs: &nn::Path, m: &ModelConfig) -> Result<()> {
 /// sharding) its elements of `m.init_from`'s weights, with the checks of
 /// [`load_weights`]: only those bytes of the files are read. With `hash_base`
 /// (LoRA, whose frozen base is these weights) every weight is read, a slice at a
-/// time, and hashed as [`lora::base_hash`](crate::model::lora::base_hash) hashes the
-/// loaded model (float32, ptrain's layout, by name): its hash is returned.
+/// time, and digested as [`lora::base_digest`](crate::model::lora::base_digest) digests
+/// the loaded model (float32, ptrain's layout): the digest is returned.
 pub fn load_pieces(m: &ModelConfig, pieces: &[crate::optim::OwnedPiece], hash_base: bool) -> Result<Option<String>> {
     let mut by_name: BTreeMap<&str, Vec<&crate::optim::OwnedPiece>> = BTreeMap::new();
     for piece in pieces {
         by_name.entry(piece.name.as_str()).or_default().push(piece);
     }
-    let mut hash = hash_base.then(BaseHasher::default);
+    let mut hash = hash_base.then(BaseDigest::default);
     each_weight(m, |p, weight| {
         if let Some(h) = hash.as_mut() {
             hash_weight(h, p, weight)?;
@@ -96,18 +96,16 @@ pub fn load_pieces(m: &ModelConfig, pieces: &[crate::optim::OwnedPiece], hash_ba
         }
         Ok(())
     })?;
-    Ok(hash.map(BaseHasher::finish))
+    Ok(hash.map(BaseDigest::finish))
 }
 
-/// Elements of a weight converted and hashed at a time (1 MiB in float32).
-const HASH_SLICE: i64 = 1 << 18;
-
-/// Feeds `weight` to the base hash as the loaded float32 variable `p` would be fed.
-fn hash_weight(h: &mut BaseHasher, p: &names::Param, weight: &Weight<'_>) -> Result<()> {
-    h.tensor(&p.name, &p.shape, Kind::Float);
+/// Adds `weight` to the base's digest as the loaded float32 variable `p` would be.
+fn hash_weight(digest: &mut BaseDigest, p: &names::Param, weight: &Weight<'_>) -> Result<()> {
+    let mut h = TensorHash::new(&p.name, &p.shape, Kind::Float);
     if weight.kind == Kind::Float && !weight.conv1d {
         // Already the bytes the loaded variable holds: hashed from the file, nothing allocated.
         h.bytes(weight.view.data());
+        digest.add(h);
         return Ok(());
     }
     let numel: i64 = p.shape.iter().product();
@@ -119,6 +117,7 @@ fn hash_weight(h: &mut BaseHasher, p: &names::Param, weight: &Weight<'_>) -> Res
         values.f_copy_data_u8(&mut bytes, len as usize)?;
         h.bytes(&bytes);
     }
+    digest.add(h);
     Ok(())
 }
 
