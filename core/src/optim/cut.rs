@@ -3,8 +3,9 @@
 //! it some), and this rank's chunk of it is copied into a shard.
 //!
 //! Two ways to get there, to the same result:
-//! - [`cut_whole`]: every variable whole on every rank (a model built by a factory,
-//!   LoRA's frozen base), rank 0's values broadcast, then cut unit by unit;
+//! - [`cut_whole`]: every variable whole on every rank (a model the configuration
+//!   does not name: a factory's, an `mlp`, a `torchscript`), rank 0's values
+//!   broadcast, then cut unit by unit;
 //! - [`StreamingCut`](super::stream_cut::StreamingCut): a `gpt` or `llama` cut while
 //!   it is built, each block as soon as its variables exist, so a rank never holds
 //!   more than its chunks, unit 0 and one block; `model.init_from`'s values are then
