@@ -36,6 +36,8 @@ export LD_LIBRARY_PATH="$torch_lib" PTRAIN_TORCH_LIB="$torch_lib" PTRAIN_PLUGIN_
 dev=cuda; [ $smoke = 1 ] && dev=cpu
 steps_wanted=",${LENT_STEPS:-check,validate,sdpa,qwen05b,bench,phases},"
 want() { [[ "$steps_wanted" == *",$1,"* ]]; }
+# Logs how a step that ran exited (steps LENT_STEPS leaves out log nothing).
+exited() { log "  $1 exited $2"; }
 
 log "nvidia-smi"
 nvidia-smi >"$o/nvidia-smi.txt" 2>&1 || true
@@ -44,14 +46,23 @@ if want diag; then
   "$py" -c "import ctypes; ctypes.CDLL('libtorch_cuda.so'); print('libtorch_cuda.so loads by dlopen')" >"$o/diag.txt" 2>&1
   readelf -d "$bin/bare-tch" 2>/dev/null | grep NEEDED >>"$o/diag.txt"
 fi
-want check && log "check"
-want check && timeout "$(cap 90)" "$here/gpu/validate.sh" --check --device "$dev" --python "$py" --out "$o/check" >"$o/check.log" 2>&1
-log "validate --device $dev (the step before exited $?)"
-[ $smoke = 1 ] || ! want validate || timeout "$(cap 300)" "$here/gpu/validate.sh" --device cuda --python "$py" --out "$o/cuda" >"$o/cuda.log" 2>&1
-log "sdpa backends (the step before exited $?)"
-[ $smoke = 1 ] || ! want sdpa || timeout "$(cap 60)" "$py" "$here/gpu/sdpa_backends.py" >"$o/sdpa.json" 2>"$o/sdpa.err"
+if want check; then
+  log "check"
+  timeout "$(cap 90)" "$here/gpu/validate.sh" --check --device "$dev" --python "$py" --out "$o/check" >"$o/check.log" 2>&1
+  exited check $?
+fi
+if [ $smoke = 0 ] && want validate; then
+  log "validate --device cuda"
+  timeout "$(cap 300)" "$here/gpu/validate.sh" --device cuda --python "$py" --out "$o/cuda" >"$o/cuda.log" 2>&1
+  exited validate $?
+fi
+if [ $smoke = 0 ] && want sdpa; then
+  log "sdpa backends"
+  timeout "$(cap 60)" "$py" "$here/gpu/sdpa_backends.py" >"$o/sdpa.json" 2>"$o/sdpa.err"
+  exited sdpa $?
+fi
 
-log "qwen2-0.5B shape (the step before exited $?)"
+want qwen05b && log "qwen2-0.5B shape"
 q="$o/qwen05b" w=$(mktemp -d /tmp/lent-work.XXXX)
 mkdir -p "$q"
 batch=4 seq=2048 steps=30 tiny=()
@@ -74,12 +85,16 @@ for variant in "${variants[@]}"; do
   echo "exit $?" >>"$q/ptrain-$variant.log"
   cp "$w/ptrain-$variant/summary.json" "$q/ptrain-$variant.json" 2>/dev/null
 done
-want qwen05b && timeout "$(cap 120)" "$py" "$here/gpu/qwen05b.py" hf "$w/model" "$w/tokens.bin" "$batch" "$seq" "$steps" >"$q/hf.json" 2>"$q/hf.err"
+if want qwen05b; then
+  timeout "$(cap 120)" "$py" "$here/gpu/qwen05b.py" hf "$w/model" "$w/tokens.bin" "$batch" "$seq" "$steps" >"$q/hf.json" 2>"$q/hf.err"
+  exited "qwen05b's transformers loop" $?
+fi
 
-log "bench/run.py gpt-small (the step before exited $?)"
 if [ $smoke = 0 ] && want bench; then
+  log "bench/run.py gpt-small"
   PTRAIN_BIN_DIR="$bin" PTRAIN_PYTHON="$py" timeout "$(cap 240)" "$py" "$here/bench/run.py" --device cuda --no-build --no-install \
     --repeats 2 --no-warmup --steps 100 --only bare,ptrain,plugins,torch >"$o/bench.log" 2>&1
+  exited bench $?
   cp "$here"/bench/out/results*.json "$o/" 2>/dev/null
 fi
 # GPT-small's step apart from start-up and the final save: perf's per-phase times (steps 2 on).
@@ -87,6 +102,7 @@ g="$o/phases"; mkdir -p "$g"
 gs=(--config "$here/configs/gpu-gpt-small.toml" --quiet --set train.eval_every=0)
 [ $smoke = 1 ] && gs=(--config "$here/configs/tiny-gpt.toml" --quiet --set train.eval_every=0)
 gsteps=150; [ $smoke = 1 ] && gsteps=20
+want phases && log "phases"
 for variant in fast loggers checkpoint; do
   want phases || break
   p=perf; [ $variant = loggers ] && p=perf,tensorboard,wandb,flops; [ $variant = checkpoint ] && p=perf,checkpoint
@@ -96,9 +112,10 @@ done
 if want trace; then
   log "trace"
   timeout "$(cap 60)" "$bin/ptrain" run "${gs[@]}" --steps 14 --device "$dev" --plugins trace --run-dir "$w/trace" >"$o/trace.log" 2>&1
+  exited trace $?
   cp -r "$w/trace/traces" "$o/traces" 2>/dev/null
 fi
-log "done (the step before exited $?)"
+log "done"
 
 # One readable file with every figure, then the logs.
 {

@@ -151,5 +151,10 @@ fn the_lent_device_script_runs_its_steps_on_the_cpu() {
         assert!(summary.contains(line), "no `{line}` in the summary:\n{summary}");
     }
     assert!(!summary.contains("no summary"), "a ptrain run failed:\n{summary}");
+    // Each step that ran says how it exited (validate, sdpa and bench do not run on the CPU).
+    for ran in ["check exited 0", "qwen05b's transformers loop exited 0"] {
+        assert!(summary.contains(ran), "no `{ran}` in the summary:\n{summary}");
+    }
+    assert!(!summary.contains("validate exited") && !summary.contains("bench exited"), "{summary}");
     assert!(out.join("lent.tar.gz").is_file());
 }
