@@ -107,6 +107,12 @@ fn what_parameter_sharding_cannot_do_yet_is_refused_before_training() {
         let err = stderr(&out);
         assert!(err.contains(key) && err.contains("dist.shard = \"parameters\""), "{err}");
     }
+    // A model without numbered blocks: refused by name (it failed, exit 1, cutting a
+    // "block -1"); a library model is refused unless it wraps its blocks
+    // (tests/examples.rs).
+    let out = run_expect(launch(2).args(job("gpt", 2, "parameters", &["model.kind=mlp"], &dir.path().join("mlp"))), 2);
+    let err = stderr(&out);
+    assert!(err.contains("dist.shard") && err.contains("model.kind = \"mlp\" has no blocks"), "{err}");
 }
 
 /// A rank killed while the others gather and reduce blocks: rank 0 exits 1 within

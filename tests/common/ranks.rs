@@ -80,6 +80,11 @@ pub fn torchrun() -> PathBuf {
 /// `torchrun --no-python --nproc-per-node NPROC` on 127.0.0.1 and a port no other
 /// test holds, outside any job, starting the built binary; its arguments follow.
 pub fn torchrun_ptrain(nproc: u32) -> Command {
+    torchrun_binary(nproc, &bin())
+}
+
+/// [`torchrun_ptrain`] starting `binary` instead of ptrain.
+pub fn torchrun_binary(nproc: u32, binary: &Path) -> Command {
     let mut cmd = Command::new(torchrun());
     for var in PLACEMENT_VARS {
         cmd.env_remove(var);
@@ -87,7 +92,7 @@ pub fn torchrun_ptrain(nproc: u32) -> Command {
     cmd.env_remove("PTRAIN_PLUGIN_PATH").env("PTRAIN_LOG", "warn").current_dir(repo());
     cmd.args(["--no-python", "--nproc-per-node", &nproc.to_string(), "--master-addr", "127.0.0.1", "--master-port"])
         .arg(free_port().to_string())
-        .arg(bin());
+        .arg(binary);
     cmd
 }
 

@@ -68,10 +68,18 @@ impl Learner {
         if let Some((wrap, named)) = optimizer.block_wrap() {
             let depth = model.wrap_blocks(wrap)?;
             if depth != Some(named) {
-                return Err(Error::Other(format!(
-                    "dist.shard = \"parameters\" needs a model of numbered blocks (gpt, llama): model {:?} has {depth:?}, its parameters' names number {named}",
-                    model.kind()
-                )));
+                // A library model (`Trainer::with_model`) that does not run its blocks
+                // through `Model::wrap_blocks`: refused before training, as a usage error.
+                return Err(Error::Config(crate::error::ConfigError {
+                    origin: "[dist]".into(),
+                    key: "dist.shard".into(),
+                    message: format!(
+                        "dist.shard = \"parameters\" gathers a model block by block: model {:?} runs {} of the {named} blocks its parameters' names number \
+                         through Model::wrap_blocks (use \"gradients\", or implement wrap_blocks)",
+                        model.kind(),
+                        depth.map_or("none".to_string(), |d| d.to_string())
+                    ),
+                }));
             }
         }
         Ok(Learner {

@@ -124,6 +124,7 @@ impl Run {
         }
         guarded?;
         let shards_params = shard.as_ref().is_some_and(|s| s.mode == ShardMode::Parameters);
+        super::sharding::refuse_unblocked_kind(&config, shards_params && model_factory.is_none())?;
         let located = state::locate(resume.as_ref(), &run_dir, !config.run.run_dir.is_empty())?;
         let checkpoint = located.map(|p| state::read(&p, shards_params)).transpose()?;
         if let (Some(ckpt), None) = (&checkpoint, &model_factory) {

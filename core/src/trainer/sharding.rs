@@ -63,6 +63,24 @@ pub(super) fn param_sharding(config: &Config, dist: &dyn DataParallel) -> Option
     Some(ParamSharding { collectives, reshard_after_forward, offload, cut: None, gather_kind })
 }
 
+/// With `configured` (parameters sharded, the model the configuration's, not a
+/// factory's), refuses a kind without numbered blocks (`mlp`, `torchscript`): parameter
+/// sharding gathers a model block by block. A usage error, before anything is loaded.
+pub(super) fn refuse_unblocked_kind(config: &Config, configured: bool) -> Result<()> {
+    match config.model.kind {
+        _ if !configured => Ok(()),
+        ModelKind::Gpt | ModelKind::Llama => Ok(()),
+        kind => Err(Error::Config(ConfigError {
+            origin: "[dist]".into(),
+            key: "dist.shard".into(),
+            message: format!(
+                "dist.shard = \"parameters\" gathers a model block by block: model.kind = {:?} has no blocks (use a gpt or llama, or \"gradients\")",
+                format!("{kind:?}").to_lowercase()
+            ),
+        })),
+    }
+}
+
 /// Refuses (as a usage error, before training) what parameter sharding cannot do yet.
 pub(super) fn refuse_unsupported(config: &Config, reads_params: bool) -> Result<()> {
     let refused = [

@@ -10,9 +10,17 @@
 //! With `--dropout` the model draws random numbers in training; it says so through
 //! `Model::uses_randomness` (the default), so a resumed run repeats the
 //! uninterrupted one exactly.
+//!
+//! Started by torchrun (`torchrun --no-python --nproc-per-node 2 <binary> ...`) each
+//! process joins the group its environment describes (`ptrain_dist::from_env`), and
+//! every `dist.shard` mode applies to the model: under `"parameters"` each rank
+//! builds it whole, then keeps its shard of every block (`blocks.<i>.` in a name
+//! makes a block).
+
+use std::sync::Arc;
 
 use ptrain_core::{
-    model::{Layer, Model, ModelInput, ModelOutput, Task},
+    model::{decoder::BlockWrap, Layer, Model, ModelInput, ModelOutput, Task},
     ConfigBuilder, Resume, Trainer,
 };
 use tch::{nn, nn::Module, Tensor};
@@ -24,6 +32,8 @@ struct ResidualMlp {
     head: nn::Linear,
     dims: (i64, i64, i64),
     dropout: f64,
+    /// Parameter sharding's gathers around each block (`Model::wrap_blocks`).
+    wrap: Option<Arc<dyn BlockWrap>>,
 }
 
 impl ResidualMlp {
@@ -44,6 +54,7 @@ impl ResidualMlp {
             head: nn::linear(vs / "head", width, classes, Default::default()),
             dims: (inputs, width, classes),
             dropout,
+            wrap: None,
         }
     }
 }
@@ -55,12 +66,29 @@ impl Model for ResidualMlp {
     // written. `Module::forward` panics on them instead, which the trainer also catches.
     fn forward(&mut self, input: ModelInput) -> ptrain_core::Result<ModelOutput> {
         let linear = |l: &nn::Linear, x: &Tensor| x.f_linear(&l.ws, l.bs.as_ref());
+        if let Some(wrap) = &self.wrap {
+            wrap.enter()?;
+        }
         let mut x = linear(&self.input, input.tokens)?;
-        for (norm, up, down) in &self.blocks {
-            let h = linear(up, &norm.forward(&x))?.f_relu()?.f_dropout(self.dropout, input.train)?;
-            x = x.f_add(&linear(down, &h)?)?;
+        for (i, (norm, up, down)) in self.blocks.iter().enumerate() {
+            let mut block = || -> ptrain_core::Result<Tensor> {
+                let h = linear(up, &norm.forward(&x))?.f_relu()?.f_dropout(self.dropout, input.train)?;
+                Ok(x.f_add(&linear(down, &h)?)?)
+            };
+            x = match &self.wrap {
+                Some(wrap) => wrap.around(i, &x, false, &mut block)?,
+                None => block()?,
+            };
         }
         Ok(ModelOutput::Logits(linear(&self.head, &x)?))
+    }
+
+    // Under `dist.shard = "parameters"` each block's parameters (those named
+    // `blocks.<i>.`) exist only while `wrap` runs the block: it gathers them before
+    // and frees them after. Without this the trainer refuses parameter sharding.
+    fn wrap_blocks(&mut self, wrap: Arc<dyn BlockWrap>) -> ptrain_core::Result<Option<usize>> {
+        self.wrap = Some(wrap);
+        Ok(Some(self.blocks.len()))
     }
 
     fn task(&self) -> Task {
@@ -105,7 +133,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let config = config.build()?;
+    // One rank of several (torchrun, Slurm, `ptrain launch`) joins the process group.
+    let dist = ptrain_dist::from_env(&config)?;
     let outcome = Trainer::new(config)
+        .data_parallel(dist)
         .with_model(move |vs, data| Ok(Box::new(ResidualMlp::new(vs, data.input_dim(), 64, 2, data.num_classes(), dropout)) as Box<dyn Model>))
         .resume(flag("--resume").map(|p| Resume::Path(p.into())))
         .run()?;
