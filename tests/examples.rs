@@ -85,8 +85,7 @@ fn the_custom_model_example_shards_its_parameters_over_two_torchrun_ranks() {
         assert!((x - y).abs() <= 1e-5 * y.abs(), "step {}: {x} sharded, {y} unsharded", step + 1);
     }
     for key in ["parameter_bytes", "optimizer_state_bytes"] {
-        let per_rank = |s: &serde_json::Value| -> Vec<u64> { serde_json::from_value(s[key].clone()).unwrap() };
-        for (mine, theirs) in per_rank(&sharded).into_iter().zip(per_rank(&none)) {
+        for (mine, theirs) in common::ranks::per_rank(&sharded, key).into_iter().zip(common::ranks::per_rank(&none, key)) {
             assert!(mine > 0 && mine as f64 <= 0.55 * theirs as f64, "{key}: {mine} B sharded, {theirs} B unsharded");
         }
     }

@@ -31,10 +31,6 @@ fn losses(run_dir: &Path) -> Vec<(u64, f64)> {
     read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|row| Some((row["step"].as_u64()?, row["train/loss"].as_f64()?))).collect()
 }
 
-fn per_rank(summary: &serde_json::Value, key: &str) -> Vec<u64> {
-    serde_json::from_value(summary[key].clone()).unwrap_or_else(|e| panic!("{key}: {e}: {summary}"))
-}
-
 /// `none` and `parameters` on `world` ranks for 30 steps of `model`, for each of
 /// `variants` (extra settings): losses within 1e-5 relative, and per rank at most
 /// `ratio` of the unsharded run's parameter and optimizer-state bytes.
@@ -70,6 +66,9 @@ fn parameters_follow_unsharded(model: &str, world: u32, ratio: f64, variants: &[
 }
 
 const PLAIN: &[&str] = &[];
+/// A llama of 12 blocks, 768 wide (about 330 MiB of float32 weights), a sample a step:
+/// a model large beside the process, for the loading peaks.
+const BIG_LLAMA: &[&str] = &["model.n_layer=12", "model.n_embd=768", "model.n_head=12", "model.llama.n_kv_head=12", "data.batch_size=1"];
 /// Blocks 1 of 0..3 checkpointed, 0 and 2 not: both paths in one run.
 const SOME_CHECKPOINTED: &[&str] = &["train.activation_checkpointing=\"every_n\"", "train.activation_checkpointing_every=2"];
 const KEPT_FOR_BACKWARD: &[&str] = &["dist.reshard_after_forward=false", "optim.accum_steps=2"];
@@ -337,10 +336,9 @@ fn a_parameter_sharded_run_initialised_from_transformers_follows_the_unsharded_o
 #[test]
 fn a_parameter_sharded_rank_loads_its_shard_block_by_block_never_the_whole_model() {
     let dir = tempfile::tempdir().unwrap();
-    let big = ["model.n_layer=12", "model.n_embd=768", "model.n_head=12", "model.llama.n_kv_head=12", "data.batch_size=1"];
     let run = |shard: &str| {
         let run_dir = dir.path().join(shard);
-        run_expect(launch(2).args(job("llama", 1, shard, &big, &run_dir)), 0);
+        run_expect(launch(2).args(job("llama", 1, shard, BIG_LLAMA, &run_dir)), 0);
         summary(&run_dir)
     };
     let (none, sharded) = (run("none"), run("parameters"));
@@ -442,10 +440,9 @@ fn lora_on_a_drawn_base_is_digested_and_sharded_while_built() {
     let out = train("parameters", "other-seed", 6, &["--seed", "7", "--resume", step4("none").to_str().unwrap()], 2);
     assert!(stderr(&out).contains("not the base these adapters were trained on"), "{}", stderr(&out));
 
-    let big = ["model.n_layer=12", "model.n_embd=768", "model.n_head=12", "model.llama.n_kv_head=12", "data.batch_size=1"];
     let load = |shard: &str| {
         let run_dir = d(&format!("big-{shard}"));
-        let sets = [&big[..], LORA, &["dist.timeout_s=60"]].concat();
+        let sets = [BIG_LLAMA, LORA, &["dist.timeout_s=60"]].concat();
         run_expect(launch(2).env("MALLOC_MMAP_THRESHOLD_", "65536").args(job("llama", 1, shard, &sets, &run_dir)), 0);
         summary(&run_dir)
     };

@@ -43,10 +43,6 @@ fn metric(run_dir: &Path, key: &str) -> Vec<(u64, f64)> {
     read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|row| Some((row["step"].as_u64()?, row[key].as_f64()?))).collect()
 }
 
-fn per_rank(summary: &serde_json::Value, key: &str) -> Vec<u64> {
-    serde_json::from_value(summary[key].clone()).unwrap_or_else(|e| panic!("{key}: {e}: {summary}"))
-}
-
 fn assert_ranks_identical(run_dir: &Path, world: u32) {
     let read = |rank: u32| std::fs::read(run_dir.join(format!("params-rank{rank}.safetensors"))).expect("dumped parameters");
     let first = read(0);

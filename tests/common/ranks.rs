@@ -59,6 +59,11 @@ pub fn rank_cmd(rank: u32, world: u32, port: u16) -> Command {
     cmd
 }
 
+/// `summary.json`'s per-rank list `key` (one value per rank).
+pub fn per_rank(summary: &serde_json::Value, key: &str) -> Vec<u64> {
+    serde_json::from_value(summary[key].clone()).unwrap_or_else(|e| panic!("{key}: {e}: {summary}"))
+}
+
 /// The tensor names in a safetensors file's JSON header.
 pub fn tensor_names(file: &[u8]) -> Vec<String> {
     let len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;

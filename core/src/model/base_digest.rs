@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor};
 use crate::error::Result;
 
 /// Elements of a tensor copied to the host and hashed at a time (1 MiB in float32).
-pub const HASH_SLICE: i64 = 1 << 18;
+const HASH_SLICE: i64 = 1 << 18;
 
 /// The digest of a LoRA base: SHA-256 over one line per frozen tensor, in name order,
 /// giving its name, shape, type and the SHA-256 of its bytes (on the host). Each
@@ -33,6 +33,20 @@ impl TensorHash {
     pub fn bytes(&mut self, bytes: &[u8]) {
         self.bytes.update(bytes);
     }
+
+    /// Feeds `numel` elements, copied to the host a slice at a time: `slice(at, len)`
+    /// gives elements `[at, at + len)` (on any device), of the type the header names.
+    pub fn slices(&mut self, numel: i64, mut slice: impl FnMut(i64, i64) -> Result<Tensor>) -> Result<()> {
+        let mut bytes = Vec::new();
+        for at in (0..numel).step_by(HASH_SLICE as usize) {
+            let len = HASH_SLICE.min(numel - at);
+            let values = slice(at, len)?.f_to_device(Device::Cpu)?.f_contiguous()?;
+            bytes.resize(len as usize * values.kind().elt_size_in_bytes(), 0);
+            values.f_copy_data_u8(&mut bytes, len as usize)?;
+            self.bytes(&bytes);
+        }
+        Ok(())
+    }
 }
 
 impl BaseDigest {
@@ -44,15 +58,7 @@ impl BaseDigest {
     pub fn add_tensor(&mut self, name: &str, t: &Tensor) -> Result<()> {
         let mut h = TensorHash::new(name, &t.size(), t.kind());
         let flat = t.f_reshape([-1])?;
-        let (numel, elem) = (flat.numel() as i64, t.kind().elt_size_in_bytes());
-        let mut bytes = Vec::new();
-        for at in (0..numel).step_by(HASH_SLICE as usize) {
-            let len = HASH_SLICE.min(numel - at);
-            let slice = flat.f_narrow(0, at, len)?.f_to_device(Device::Cpu)?.f_contiguous()?;
-            bytes.resize(len as usize * elem, 0);
-            slice.f_copy_data_u8(&mut bytes, len as usize)?;
-            h.bytes(&bytes);
-        }
+        h.slices(flat.numel() as i64, |at, len| Ok(flat.f_narrow(0, at, len)?))?;
         self.add(h);
         Ok(())
     }

@@ -198,6 +198,21 @@ pub fn store_base_bf16(model: &dyn Model) -> Result<()> {
     })
 }
 
+/// The frozen base of a built LoRA model: its digest (`cut`: taken already by
+/// parameter sharding, which cut the base while built, from the weight files or as
+/// drawn, its block matrices already in bf16), then under bf16 ([`store_base_bf16`])
+/// its block matrices in bf16.
+pub fn settle_base(vs: &nn::VarStore, model: &dyn Model, bf16: bool, cut: Option<String>) -> Result<String> {
+    if let Some(digest) = cut {
+        return Ok(digest);
+    }
+    let digest = base_digest(vs)?;
+    if bf16 {
+        store_base_bf16(model)?;
+    }
+    Ok(digest)
+}
+
 /// The digest ([`BaseDigest`](super::base_digest::BaseDigest)) of the frozen weights
 /// of `vs` as they are: a resumed LoRA run checks it is on the base it was trained on.
 pub fn base_digest(vs: &nn::VarStore) -> Result<String> {

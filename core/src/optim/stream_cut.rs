@@ -213,12 +213,11 @@ impl StreamingCut {
                 continue;
             }
             let refs: Vec<&(String, Tensor)> = found.iter().collect();
-            let drawn: Vec<&(String, Tensor)> =
-                refs.iter().enumerate().filter(|(i, _)| !(u == 0 && g == 0 && self.early[*i])).map(|(_, m)| *m).collect();
-            self.digest(&drawn)?;
-            let early = |i: usize| u == 0 && g == 0 && self.early[i];
+            // Unit 0's members cut early are digested and copied already.
+            let early: Vec<bool> = (0..refs.len()).map(|i| u == 0 && g == 0 && self.early[i]).collect();
+            self.digest(&refs.iter().zip(&early).filter(|(_, &e)| !e).map(|(m, _)| *m).collect::<Vec<_>>())?;
             let group = &self.plan[u][g];
-            copy_chunk(&refs, &group.layout, &group.shard, self.rank, early)?;
+            copy_chunk(&refs, &group.layout, &group.shard, self.rank, |i| early[i])?;
             let shapes: Vec<Vec<i64>> = group.members.iter().map(|(_, s)| s.clone()).collect();
             parts.push((group.members.clone(), move_to_flat(&refs, &shapes, group.layout.clone(), group.shard.shallow_clone())?));
         }

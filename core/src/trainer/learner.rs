@@ -56,7 +56,7 @@ impl Learner {
         let (spec, mut with) = shard.map_or((None, None), |(spec, with)| (Some(spec), with));
         if let (Some(spec), Some(with)) = (&spec, &mut with) {
             if with.cut.is_none() {
-                // Parameter sharding cuts the frozen variables too (LoRA's base).
+                // A factory's model, built whole: its frozen variables are cut too.
                 let mut frozen: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
                 frozen.sort_by(|a, b| a.0.cmp(&b.0));
                 with.cut = Some(optim::cut_whole(&params, &frozen, spec.rank, spec.world, with.collectives.as_ref())?);

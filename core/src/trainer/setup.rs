@@ -164,7 +164,8 @@ impl Run {
                 if checkpoint.is_some() && config.lora().is_none() {
                     built.model.init_from.clear();
                 }
-                match shard.as_ref().filter(|s| super::sharding::cuts_while_built(&config, s)) {
+                // Under `parameters`: a gpt or llama (refuse_unblocked_kind), cut while built.
+                match shard.as_ref().filter(|s| s.mode == ShardMode::Parameters) {
                     Some(spec) => {
                         let (model, whole, base_hash) = super::sharding::build_cut(&built, &vs, spec)?;
                         (cut, streamed_base_hash) = (Some(whole), base_hash);
@@ -174,19 +175,8 @@ impl Run {
                 }
             }
         };
-        let lora_base = match (config.lora(), streamed_base_hash) {
-            // Cut while built: digested from the weight files or as drawn, the block
-            // matrices already in bf16.
-            (Some(_), Some(hash)) => Some(hash),
-            (Some(_), None) => {
-                let hash = model::lora::base_digest(&vs)?;
-                if config.train.precision == Precision::Bf16 {
-                    model::lora::store_base_bf16(model.as_ref())?;
-                }
-                Some(hash)
-            }
-            (None, _) => None,
-        };
+        let bf16 = config.train.precision == Precision::Bf16;
+        let lora_base = config.lora().map(|_| model::lora::settle_base(&vs, model.as_ref(), bf16, streamed_base_hash)).transpose()?;
         let all_params = vs.variables().values().map(|t| t.numel() as u64).sum();
         let total_steps = match config.train.epochs {
             e if e > 0.0 => {

@@ -13,13 +13,6 @@ use crate::{
     optim::{CutModel, ParamSharding, Planned, ShardSpec, StreamingCut},
 };
 
-/// Whether the configured model is cut while it is built ([`build_cut`]): a `gpt` or
-/// `llama` from the configuration under `parameters`. Others (a factory's model) are
-/// built whole and cut after.
-pub(super) fn cuts_while_built(config: &Config, spec: &ShardSpec) -> bool {
-    spec.mode == ShardMode::Parameters && matches!(config.model.kind, ModelKind::Gpt | ModelKind::Llama)
-}
-
 /// The configured `gpt` or `llama` in `vs`, each unit cut into this rank's shard as
 /// soon as its variables exist (a block's whole tensors go before the next block is
 /// made: the same random draws as the whole model's, in the same order), and

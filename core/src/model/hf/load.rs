@@ -15,7 +15,7 @@ use super::{names, HfDir};
 use crate::{
     config::ModelConfig,
     error::{Error, Result},
-    model::base_digest::{BaseDigest, TensorHash, HASH_SLICE},
+    model::base_digest::{BaseDigest, TensorHash},
 };
 
 fn map(path: &Path) -> Result<Mmap> {
@@ -108,15 +108,7 @@ fn hash_weight(digest: &mut BaseDigest, p: &names::Param, weight: &Weight<'_>) -
         digest.add(h);
         return Ok(());
     }
-    let numel: i64 = p.shape.iter().product();
-    let mut bytes = Vec::new();
-    for at in (0..numel).step_by(HASH_SLICE as usize) {
-        let len = HASH_SLICE.min(numel - at);
-        let values = weight.slice(at, len)?.f_to_kind(Kind::Float)?.f_contiguous()?;
-        bytes.resize(len as usize * Kind::Float.elt_size_in_bytes(), 0);
-        values.f_copy_data_u8(&mut bytes, len as usize)?;
-        h.bytes(&bytes);
-    }
+    h.slices(p.shape.iter().product(), |at, len| Ok(weight.slice(at, len)?.f_to_kind(Kind::Float)?))?;
     digest.add(h);
     Ok(())
 }
