@@ -29,6 +29,7 @@ mod dtype;
 mod error;
 pub mod export;
 mod host;
+pub mod loss;
 mod metrics;
 mod plugin;
 #[cfg(feature = "tch")]
@@ -46,6 +47,7 @@ pub use context::{
 pub use deferred::{DeferredBox, FfiDeferred, FfiDeferred_TO};
 pub use error::{PluginError, PluginResult};
 pub use host::{HostApi, LogLevel, STOP_FAILURE_PREFIX};
+pub use loss::IGNORE_INDEX;
 pub use metrics::{Histogram, Metric, MetricBatch, MetricValue, Outbox, Scalar};
 pub use plugin::{guard, parse_options, Adapter, Plugin};
 

@@ -32,9 +32,8 @@ use crate::{
     error::Result,
 };
 
-/// A target no loss is computed on (a prompt's token, padding): PyTorch's
-/// `ignore_index`, which Hugging Face's collators write into their labels too.
-pub const IGNORE_INDEX: i64 = -100;
+/// A target no loss is computed on: the objectives' ([`crate::objective::IGNORE_INDEX`]).
+pub use crate::objective::IGNORE_INDEX;
 
 /// Inputs and targets of one micro-batch.
 #[derive(Debug)]

@@ -6,9 +6,9 @@
 
 use tch::{Kind, Reduction, Tensor};
 
-use super::{chunked, cross_entropy, Count, Forward, Objective, Sum};
+use super::{chunked, cross_entropy, Count, Forward, Objective, Sum, IGNORE_INDEX};
 use crate::{
-    data::{Batch, IGNORE_INDEX},
+    data::Batch,
     error::{Error, Result},
 };
 

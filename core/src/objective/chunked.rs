@@ -17,10 +17,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::{
-    data::IGNORE_INDEX,
-    error::{Error, Result},
-};
+use super::IGNORE_INDEX;
+use crate::error::{Error, Result};
 
 /// `a W^T` (2-D): through oneDNN's float32 CPU product where `run.cpu_matmul` chose it
 /// (faster than MKL's for these two products at Qwen2's 151,936 ids; the weight

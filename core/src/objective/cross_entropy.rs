@@ -1,34 +1,15 @@
-//! The one cross-entropy every objective computes, on tch's `f_` functions.
+//! The one cross-entropy every objective computes, and the ignore index: defined in
+//! plugin-api ([`ptrain_plugin_api::loss`]), so that plugins that recompute a loss
+//! (`dataset-metrics`) compute the trainer's.
 
-use tch::{Kind, Reduction, Tensor};
+use tch::{Reduction, Tensor};
 
-use crate::{data::IGNORE_INDEX, error::Result};
+pub use ptrain_plugin_api::loss::IGNORE_INDEX;
 
-/// The cross-entropy of `logits` (`[B, C]` against class ids `[B]`, or a language
-/// model's `[B, T, V]` against next tokens `[B, T]`), skipping targets equal to
-/// [`IGNORE_INDEX`], reduced by `reduction`: `Mean` over the targets not skipped,
-/// `Sum`, or `None` for each target's loss, shaped as `targets`.
-///
-/// In float32 even when the logits come out of bf16 autocast (as PyTorch's autocast
-/// computes `cross_entropy`): a log-softmax over a large vocabulary in bf16 loses
-/// about two decimal digits of the loss and of its gradient.
+use crate::error::Result;
+
+/// [`ptrain_plugin_api::loss::cross_entropy`]: `logits` against `targets`, skipping
+/// [`IGNORE_INDEX`], in float32 whatever the logits' type.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let upcast;
-    let logits = if matches!(logits.kind(), Kind::BFloat16 | Kind::Half) {
-        upcast = logits.f_to_kind(Kind::Float)?;
-        &upcast
-    } else {
-        logits
-    };
-    // Classification's [B, C] goes in as it is: a view would be one more autograd
-    // node per step.
-    if logits.dim() == 2 {
-        return Ok(logits.f_cross_entropy_loss::<Tensor>(targets, None, reduction, IGNORE_INDEX, 0.0)?);
-    }
-    let vocab = logits.size().last().copied().unwrap_or(0);
-    let loss = logits.f_view([-1, vocab])?.f_cross_entropy_loss::<Tensor>(&targets.f_view([-1])?, None, reduction, IGNORE_INDEX, 0.0)?;
-    Ok(match reduction {
-        Reduction::None => loss.f_view_as(targets)?,
-        _ => loss,
-    })
+    Ok(ptrain_plugin_api::loss::cross_entropy(logits, targets, reduction)?)
 }

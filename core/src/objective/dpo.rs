@@ -33,11 +33,11 @@ use super::{
     chunked,
     logps::{per_completion, per_position, Output},
     precompute::precompute,
-    Count, Forward, Metrics, Objective, Reference, Sum,
+    Count, Forward, Metrics, Objective, Reference, Sum, IGNORE_INDEX,
 };
 use crate::{
     config::{Config, DpoLoss},
-    data::{Batch, Dataset, IGNORE_INDEX},
+    data::{Batch, Dataset},
     error::{Error, Result},
     model::Model,
 };

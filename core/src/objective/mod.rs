@@ -37,6 +37,7 @@ mod chunked;
 mod classification;
 mod cross_entropy;
 mod dpo;
+mod forward;
 mod logps;
 mod precompute;
 mod reference;
@@ -48,8 +49,9 @@ use tch::{nn, Tensor};
 
 pub use causal_lm::{CausalLmMean, CausalLmPerToken};
 pub use classification::Classification;
-pub use cross_entropy::cross_entropy;
+pub use cross_entropy::{cross_entropy, IGNORE_INDEX};
 pub use dpo::Dpo;
+pub use forward::{Forward, Runner};
 pub use reference::Reference;
 pub use scale::StepScale;
 
@@ -59,18 +61,6 @@ use crate::{
     error::Result,
     model::Model,
 };
-
-/// The model being trained, as an objective sees it. The trainer's learner
-/// implements it, running the model under the run's precision (bf16 autocast).
-pub trait Forward {
-    /// The logits of a batch: `[B, C]` for classification, `[B, T, V]` for a language model.
-    fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor>;
-
-    /// A language model's hidden states `[B, T, D]` and output projection `[V, D]`,
-    /// for a loss computed a chunk of positions at a time; `None` for a model without
-    /// that split (see [`crate::model::Returns::Hidden`]).
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>>;
-}
 
 /// What a micro-batch's sum is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,51 +8,15 @@
 
 use std::time::Instant;
 
-use tch::{nn, Device, Kind, Tensor};
+use tch::{nn, Device};
 
-use super::{stored, Forward, Reference};
+use super::{stored, Reference, Runner};
 use crate::{
     config::{Config, Precision},
-    data::{preference::PreferenceData, Batch, Dataset, Split},
+    data::{preference::PreferenceData, Dataset, Split},
     error::{Error, Result},
-    model::{Model, ModelInput, ModelOutput, Returns},
+    model::Model,
 };
-
-/// A model outside the learner run as the learner runs it (bf16 autocast when
-/// `autocast` is set: `Some(true)` on CUDA), for the reference's forwards.
-pub struct Bare<'a> {
-    pub model: &'a mut dyn Model,
-    pub autocast: Option<bool>,
-}
-
-impl Forward for Bare<'_> {
-    fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
-        self.output(batch, train, Returns::Logits)?.logits()
-    }
-
-    /// As the learner's: the states in bf16 under bf16 autocast.
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
-        if !self.model.supports().hidden {
-            return Ok(None);
-        }
-        match self.output(batch, train, Returns::Hidden)? {
-            ModelOutput::Hidden { states, head } if self.autocast.is_some() => Ok(Some((states.f_to_kind(Kind::BFloat16)?, head))),
-            ModelOutput::Hidden { states, head } => Ok(Some((states, head))),
-            ModelOutput::Logits(_) => Err(Error::Other("the DPO reference returned logits when asked for hidden states".into())),
-        }
-    }
-}
-
-impl Bare<'_> {
-    fn output(&mut self, batch: &Batch, train: bool, returns: Returns) -> Result<ModelOutput> {
-        let model = &mut *self.model;
-        let mut run = || model.forward(ModelInput::new(&batch.inputs, train).segments(batch.segments.as_ref()).returns(returns));
-        match self.autocast {
-            None => run(),
-            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
-        }
-    }
-}
 
 /// Sets the reference log-probabilities of every pair of `data` (training and
 /// held-out): the stored ones of an earlier run of the same pairs, model and
@@ -100,7 +64,7 @@ fn compute(reference: &mut Reference, policy: &mut dyn Model, data: &PreferenceD
         for start in (0..n).step_by(size) {
             let picks: Vec<usize> = (start..(start + size).min(n)).collect();
             let batch = data.batch_of(split, &picks)?.to_device(device, false);
-            let values = reference.logps(&mut Bare { model: &mut *policy, autocast }, &batch, config.loss_chunk())?.f_to_device(Device::Cpu)?;
+            let values = reference.logps(&mut Runner { model: &mut *policy, autocast }, &batch, config.loss_chunk())?.f_to_device(Device::Cpu)?;
             let values = Vec::<f32>::try_from(&values).map_err(|e| Error::Other(format!("reading the reference log-probabilities: {e}")))?;
             let k = picks.len();
             logps.extend((0..k).map(|i| [values[i], values[k + i]]));

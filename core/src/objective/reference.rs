@@ -11,7 +11,7 @@ use std::path::Path;
 
 use tch::{nn, Tensor};
 
-use super::{logps::Output, precompute::Bare, Forward};
+use super::{logps::Output, Forward, Runner};
 use crate::{
     config::{Config, Precision},
     data::{Batch, Dataset},
@@ -90,7 +90,7 @@ impl Reference {
         tch::no_grad(|| match self {
             Reference::Adapters => lora::without_adapters(|| Output::of(policy, batch, false, chunk)?.completion_logps(batch)),
             Reference::Model { model, autocast, .. } => {
-                Output::of(&mut Bare { model: model.as_mut(), autocast: *autocast }, batch, false, chunk)?.completion_logps(batch)
+                Output::of(&mut Runner { model: model.as_mut(), autocast: *autocast }, batch, false, chunk)?.completion_logps(batch)
             }
         })
     }

@@ -3,7 +3,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 use super::*;
 use crate::{
     config::{Config, DataKind},
-    data::IGNORE_INDEX,
+    data::Batch,
     dist::SingleRank,
 };
 

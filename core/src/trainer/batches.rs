@@ -10,7 +10,10 @@ use std::collections::VecDeque;
 
 use tch::{Device, Tensor};
 
-use super::timing::{Phase, StepTimer};
+use super::{
+    step_core::MicroBatches,
+    timing::{Phase, StepTimer},
+};
 use crate::{
     data::{Batch, Loader},
     dist::DataParallel,
@@ -33,9 +36,12 @@ pub(super) struct StepBatches {
     /// Units counted on several ranks: those of every rank, summed on the device
     /// (read at the end only).
     units_all_ranks: Option<Tensor>,
-    /// Token positions of the micro-batches fetched for the current step, padding
-    /// included: what the step computes.
-    step_tokens: u64,
+}
+
+impl MicroBatches for StepBatches {
+    fn next(&mut self) -> Result<Batch> {
+        StepBatches::next(self)
+    }
 }
 
 impl StepBatches {
@@ -48,21 +54,17 @@ impl StepBatches {
             units: 0,
             step_units: 0,
             units_all_ranks: None,
-            step_tokens: 0,
         }
     }
 
     fn fetch(&mut self) -> Result<Batch> {
         let loader = self.loader.as_mut().ok_or_else(|| Error::Other("the data loader has stopped".into()))?;
-        let batch = loader.next_batch()?;
-        self.step_tokens += batch.tokens.max(0) as u64;
-        Ok(batch.to_device(self.device, true))
+        Ok(loader.next_batch()?.to_device(self.device, true))
     }
 
     /// Fetches the step's first micro-batch and, when the objective counts units,
     /// the rest, and says what the step divides their sums by.
     pub fn stage(&mut self, objective: &dyn Objective, dist: &dyn DataParallel, timer: &mut StepTimer) -> Result<StepScale> {
-        self.step_tokens = 0;
         let first = self.fetch()?;
         let mut count = objective.count(&first)?;
         self.staged.push_back(first);
@@ -104,12 +106,6 @@ impl StepBatches {
             Some(all) => all.f_to_device(Device::Cpu).and_then(|t| t.f_double_value(&[])).map_or(0, |v| v as u64),
             None => self.units,
         }
-    }
-
-    /// Token positions of the current step's micro-batches fetched so far (all of
-    /// them once its last micro-batch is taken), padding included.
-    pub fn step_tokens(&self) -> u64 {
-        self.step_tokens
     }
 
     /// The units this rank counted in the step staged last.
@@ -188,10 +184,8 @@ mod tests {
         let micros: Vec<u64> = (0..3).map(|_| step.next().unwrap().trained_tokens.unwrap() as u64 - 1).collect();
         assert_eq!(micros, [0, 1, 2], "served in order");
         assert_eq!(data.asked.lock().unwrap().len(), 3, "from the staged ones");
-        assert_eq!(step.step_tokens(), 12, "three micro-batches of 4 positions");
         step.stage(&CausalLmPerToken { chunk: 0 }, &SingleRank, &mut timer()).unwrap();
         assert_eq!(step.units_counted(), 12, "the units of both steps");
-        assert_eq!(step.step_tokens(), 12, "counted again for the new step");
     }
 
     #[test]
@@ -201,7 +195,6 @@ mod tests {
         let scale = step.stage(&CausalLmMean { chunk: 0 }, &SingleRank, &mut timer()).unwrap();
         assert!(matches!(scale, StepScale::MicroBatches(3)), "{scale:?}");
         assert_eq!(data.asked.lock().unwrap().len(), 1, "only the first, to ask what it counts");
-        assert_eq!(step.step_tokens(), 4, "the first micro-batch's positions");
         for micro in 0..3 {
             assert_eq!(step.next().unwrap().trained_tokens, Some(micro + 1));
             assert_eq!(data.asked.lock().unwrap().len() as i64, micro + 1, "fetched when due");

@@ -15,8 +15,8 @@ use crate::{
     objective::cross_entropy,
 };
 
-/// `[debug] fail_at_step`, `alloc_at_step` and `grad_spike_at`: faults injected
-/// into the loop.
+/// `[debug] fail_at_step`, `alloc_at_step`, `grad_spike_at` and `nonfinite_loss_at`:
+/// faults injected into the loop.
 pub(super) struct Faults {
     fail_at: u64,
     alloc_at: u64,
@@ -25,6 +25,8 @@ pub(super) struct Faults {
     device: Device,
     spike_at: Vec<u64>,
     spike_factor: f64,
+    /// Steps whose loss is made NaN.
+    nan_at: Vec<u64>,
 }
 
 impl Faults {
@@ -37,6 +39,7 @@ impl Faults {
             device,
             spike_at: debug.grad_spike_at.clone(),
             spike_factor: debug.grad_spike_factor,
+            nan_at: debug.nonfinite_loss_at.clone(),
         }
     }
 
@@ -66,6 +69,11 @@ impl Faults {
             let _ = Tensor::f_empty([bytes], (Kind::Uint8, self.device))?;
         }
         Ok(())
+    }
+
+    /// Whether `nonfinite_loss_at` names `step`: its loss is made NaN.
+    pub fn nan_at(&self, step: u64) -> bool {
+        !self.nan_at.is_empty() && self.nan_at.contains(&step)
     }
 
     /// The factor this step's loss is scaled by before backward (the reported loss
@@ -130,7 +138,8 @@ fn host_copy(t: &Tensor) -> Tensor {
 /// another implementation.
 pub(super) struct TensorDump {
     at: Vec<u64>,
-    /// The step's micro-batches, kept as they come.
+    /// The step's micro-batches as they come, then its parameters and gradients
+    /// before the update.
     kept: Vec<(String, Tensor)>,
 }
 
@@ -160,24 +169,22 @@ impl TensorDump {
         Ok(())
     }
 
-    /// Host copies of the parameters and of their gradients as backward left them
-    /// (before the all-reduce and clipping): `param/<name>`, `grad/<name>`.
-    pub fn before_update(params: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
-        let mut out = Vec::new();
+    /// Keeps host copies of the parameters and of their gradients as backward left
+    /// them (before the all-reduce and clipping): `param/<name>`, `grad/<name>`.
+    pub fn keep_before_update(&mut self, params: &[(String, Tensor)]) {
         for (name, p) in params {
-            out.push((format!("param/{name}"), host_copy(&p.detach())));
+            self.kept.push((format!("param/{name}"), host_copy(&p.detach())));
             let g = p.grad();
             if g.defined() {
-                out.push((format!("grad/{name}"), host_copy(&g)));
+                self.kept.push((format!("grad/{name}"), host_copy(&g)));
             }
         }
-        out
     }
 
-    /// Writes `before`, the micro-batches kept and the parameters after the update
-    /// (`updated/<name>`) for `step`.
-    pub fn write(&mut self, step: u64, mut before: Vec<(String, Tensor)>, params: &[(String, Tensor)], run_dir: &Path, rank: u32) -> Result<()> {
-        before.append(&mut self.kept);
+    /// Writes what was kept and the parameters after the update (`updated/<name>`)
+    /// for `step`.
+    pub fn write(&mut self, step: u64, params: &[(String, Tensor)], run_dir: &Path, rank: u32) -> Result<()> {
+        let mut before = std::mem::take(&mut self.kept);
         for (name, p) in params {
             before.push((format!("updated/{name}"), host_copy(&p.detach())));
         }

@@ -84,7 +84,7 @@ impl Evaluator {
         let mut names = Vec::new();
         let mut row_of = |key: BatchKey| -> Result<Tensor> {
             let batch = dataset.batch(Split::Val, key)?.to_device(device, true);
-            let (sum, count) = objective.sum_and_count(learner, &batch, false)?;
+            let (sum, count) = objective.sum_and_count(&mut learner.runner(), &batch, false)?;
             let mut row = vec![sum.loss.f_to_kind(Kind::Double)?, Tensor::from(count.value()).f_to_device(device)?];
             names.clear();
             for (name, value) in sum.metrics {
@@ -159,7 +159,7 @@ mod tests {
         let (mut loss, mut right) = (0.0, 0.0);
         for i in 0..3 {
             let batch = learner.dataset.batch(Split::Val, BatchKey { step: i, micro: 0, first_sample: 0, count: 8, stream: i * 8 }).unwrap();
-            let logits = learner.forward(&batch, false).unwrap();
+            let logits = learner.runner().forward(&batch, false).unwrap();
             loss += cross_entropy(&logits, &batch.targets, Reduction::Mean).unwrap().double_value(&[]) / 3.0;
             right += logits.argmax(-1, false).eq_tensor(&batch.targets).sum(Kind::Double).double_value(&[]);
         }
@@ -179,7 +179,7 @@ mod tests {
         assert_eq!(evaluator.covers(), 26);
         let point = evaluator.run(&mut learner, &Classification, &SingleRank, 3).unwrap();
         let all = learner.dataset.batch(Split::Val, BatchKey { step: 0, micro: 0, first_sample: 0, count: 26, stream: 0 }).unwrap();
-        let logits = learner.forward(&all, false).unwrap();
+        let logits = learner.runner().forward(&all, false).unwrap();
         let loss = cross_entropy(&logits, &all.targets, Reduction::Mean).unwrap().double_value(&[]);
         // float32 batch means added in float64 against one float32 mean: equal to rounding.
         assert!((point.loss - loss).abs() < 1e-6, "{} vs the mean over all 26 rows {loss}", point.loss);
@@ -234,7 +234,7 @@ mod tests {
         let (mut sum, mut tokens, mut means) = (0.0, 0.0, 0.0);
         for i in 0..3 {
             let batch = Uneven.batch(Split::Val, BatchKey { step: i, micro: 0, first_sample: 0, count: 2, stream: i * 2 }).unwrap();
-            let logits = learner.forward(&batch, false).unwrap();
+            let logits = learner.runner().forward(&batch, false).unwrap();
             sum += cross_entropy(&logits, &batch.targets, Reduction::Sum).unwrap().double_value(&[]);
             tokens += batch.trained_tokens.unwrap() as f64;
             means += cross_entropy(&logits, &batch.targets, Reduction::Mean).unwrap().double_value(&[]) / 3.0;

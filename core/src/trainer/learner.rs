@@ -1,5 +1,5 @@
 //! The learner: the model, the data it trains on and what updates it. It is the one
-//! place the trainer calls the model ([`Forward`]), under the run's precision.
+//! place the trainer calls the model ([`Learner::runner`]), under the run's precision.
 
 use std::sync::Arc;
 
@@ -7,10 +7,10 @@ use tch::{nn, Tensor};
 
 use crate::{
     config::Config,
-    data::{Batch, Dataset},
+    data::Dataset,
     error::{Error, Result},
-    model::{Model, ModelInput, ModelOutput, Returns},
-    objective::Forward,
+    model::Model,
+    objective::Runner,
     optim::{self, GradMemory, LrSchedule, Optimizer, ParamSharding, ShardSpec},
 };
 
@@ -107,46 +107,10 @@ impl Learner {
     }
 }
 
-/// The model, run under autocast when the run is in bf16 (the objective computes
-/// its loss in float32: see [`crate::objective::cross_entropy`]).
-impl Forward for Learner {
-    /// A language model's hidden states and output projection (see
-    /// [`Returns::Hidden`]), under autocast like [`Forward::forward`]; `None` when
-    /// the model has no such split (the loss is then computed from the logits).
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
-        if !self.model.supports().hidden {
-            return Ok(None);
-        }
-        match self.output(batch, train, Returns::Hidden)? {
-            // Under bf16 autocast the whole logits' head runs in bf16 (autocast casts the
-            // final norm's float32 output); the chunked loss takes its GEMM dtype from the
-            // states, so they go to it in bf16: in float32 those GEMMs made a Qwen2-0.5B
-            // step on an H200 take twice as long as with the whole logits.
-            ModelOutput::Hidden { states, head } if self.autocast.is_some() => Ok(Some((states.f_to_kind(tch::Kind::BFloat16)?, head))),
-            ModelOutput::Hidden { states, head } => Ok(Some((states, head))),
-            ModelOutput::Logits(_) => Err(Error::Other(format!("model {:?} returned logits when asked for hidden states", self.model.kind()))),
-        }
-    }
-
-    /// The logits of a batch (its packed rows included).
-    fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor> {
-        self.output(batch, train, Returns::Logits)?.logits()
-    }
-}
-
 impl Learner {
-    /// The model's forward over a batch (its packed rows included), under autocast
-    /// when the run is in bf16.
-    pub fn output(&mut self, batch: &Batch, train: bool, returns: Returns) -> Result<ModelOutput> {
-        let model = &mut self.model;
-        if batch.segments.is_some() && !model.supports().segments {
-            return Err(Error::Other(format!("model.kind {:?} cannot train on packed sequences (data.packing = true)", model.kind())));
-        }
-        let mut run = || model.forward(ModelInput::new(&batch.inputs, train).segments(batch.segments.as_ref()).returns(returns));
-        match self.autocast {
-            None => run(),
-            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))?,
-        }
+    /// The model as the objective calls it: under the run's precision.
+    pub fn runner(&mut self) -> Runner<'_> {
+        Runner { model: self.model.as_mut(), autocast: self.autocast }
     }
 }
 
@@ -158,6 +122,7 @@ mod tests {
     use crate::{
         config::{ConfigBuilder, Precision},
         data::{BatchKey, Split},
+        objective::Forward,
     };
 
     fn tiny_gpt(precision: &str) -> Config {
@@ -176,9 +141,9 @@ mod tests {
             assert_eq!(config.train.precision == Precision::Bf16, kind == Kind::BFloat16);
             let mut learner = Learner::for_tests(&config);
             let batch = learner.dataset.batch(Split::Train, BatchKey { step: 1, micro: 0, first_sample: 0, count: 2, stream: 0 }).unwrap();
-            let logits = learner.forward(&batch, false).unwrap();
+            let logits = learner.runner().forward(&batch, false).unwrap();
             assert_eq!((logits.size(), logits.kind()), (vec![2, 8, 256], kind), "{precision}: the logits");
-            let (hidden, weight) = learner.forward_hidden(&batch, false).unwrap().expect("gpt hands out its hidden states");
+            let (hidden, weight) = learner.runner().forward_hidden(&batch, false).unwrap().expect("gpt hands out its hidden states");
             // (The final layer norm runs in float32 under autocast, as PyTorch's.)
             assert_eq!(hidden.size(), [2, 8, 16], "{precision}: the hidden states");
             assert_eq!(weight.size(), [256, 16]);

@@ -5,8 +5,12 @@
 //! - `run_dir`: the run directory's lock, and the guard against starting over in
 //!   a directory that holds checkpoints (`--overwrite` moves them aside);
 //! - `setup`: resume, device, data, model, optimizer, plugins and their schedule;
-//! - `step`: the loop (`train`), one optimizer step (`train_step`), one micro-batch
-//!   (`forward_backward_step`), and what a due step does after the update;
+//! - `step`: the loop (`train`), one optimizer step (`train_step`), and what a due
+//!   step does after the update;
+//! - `step_core`: the core of a step (micro-batches in; forward, objective, backward,
+//!   the non-finite flag, the reduction, clipping and the update; losses and counters
+//!   out, on the device), which is what a CUDA graph captures; `observed`: the timer,
+//!   hooks and `[debug]` tools at its seams in the eager loop;
 //! - `finish`, `summary`, `memory`: the end of the run, however it ended, and
 //!   `summary.json` (with each rank's optimizer and gradient memory);
 //!
@@ -50,6 +54,7 @@ mod learner;
 mod memory;
 mod metrics;
 mod nonfinite;
+mod observed;
 pub(crate) mod payload;
 mod progress;
 mod run;
@@ -60,6 +65,7 @@ mod sharding;
 mod signals;
 mod state;
 mod step;
+mod step_core;
 mod stop;
 mod summary;
 mod tally;

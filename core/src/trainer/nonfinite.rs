@@ -17,15 +17,13 @@ pub(super) struct NonFinite {
     /// Non-finite steps in a row at the last check, and in all.
     pub run: u64,
     pub total: u64,
-    /// `[debug] nonfinite_loss_at`: steps whose loss is made NaN.
-    inject: Vec<u64>,
     policy: NanPolicy,
     max_in_row: u64,
 }
 
 impl NonFinite {
     /// Counters start from a resumed checkpoint's (`run`, `total`).
-    pub fn new(train: &TrainConfig, inject: Vec<u64>, device: Device, start_step: u64, (run, total): (u64, u64)) -> NonFinite {
+    pub fn new(train: &TrainConfig, device: Device, start_step: u64, (run, total): (u64, u64)) -> NonFinite {
         let k = train.nonfinite_check_every.max(1) as i64;
         let ring = Tensor::zeros([k], (Kind::Float, device));
         NonFinite {
@@ -35,20 +33,9 @@ impl NonFinite {
             last_checked: start_step,
             run,
             total,
-            inject,
             policy: train.nan_policy,
             max_in_row: train.max_nonfinite_in_row.max(1),
         }
-    }
-
-    /// Whether fault injection is on at all (one test per step when it is not).
-    pub fn injects(&self) -> bool {
-        !self.inject.is_empty()
-    }
-
-    /// Whether `[debug] nonfinite_loss_at` names `step`.
-    pub fn injected_at(&self, step: u64) -> bool {
-        self.inject.contains(&step)
     }
 
     /// Sets this step's flag to 1.0 when `loss` is NaN or infinite, in one kernel

@@ -295,7 +295,7 @@ impl Run {
             host.load_states(&ckpt.plugin_states, start_step);
         }
         let nonfinite_counts = (restored.nonfinite_run, restored.nonfinite_total);
-        let nonfinite = NonFinite::new(&config.train, config.debug.nonfinite_loss_at.clone(), device, start_step, nonfinite_counts);
+        let nonfinite = NonFinite::new(&config.train, device, start_step, nonfinite_counts);
         let tally = Tally::new(b * accum, restored.samples_seen, restored.tokens_seen);
         if config.auto_loss_chunk() {
             tracing::info!(

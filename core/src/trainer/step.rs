@@ -1,21 +1,21 @@
-//! The loop: `train` runs the steps, `train_step` is one optimizer step,
-//! `forward_backward_step` one micro-batch, and `after_step` what a due step does
-//! after the update, through the run's components (evaluation, metrics,
-//! checkpoints, hooks). A step with nothing due pays one gate check.
+//! The loop: `train` runs the steps, `train_step` is one optimizer step (the step's
+//! core, `step_core`, with the timer, hooks and `[debug]` tools at its seams,
+//! `observed`), and `after_step` what a due step does after the update, through the
+//! run's components (evaluation, metrics, checkpoints, hooks). A step with nothing
+//! due pays one gate check.
 
 use std::time::{Duration, Instant};
 
-use abi_stable::std_types::RSlice;
 use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, Scalar, StepTensors, TensorRef};
-use tch::Tensor;
 
 use super::{
-    debug::TensorDump,
     failure::RunError,
-    hooks::{named, step_context, At},
+    hooks::{step_context, At, HookCall},
     metrics::Sources,
+    observed::Observed,
     run::Run,
     save,
+    step_core::{StepCore, StepInput},
     stop::Stop,
     timing::{Phase, StepTimer},
     Outcome,
@@ -24,7 +24,6 @@ use crate::{
     config::ShardMode,
     error::Result,
     host::{Event, Reach},
-    objective::{add_metrics, Metrics, StepScale},
     panic,
     schedule::{CoreTask, StepPlan},
 };
@@ -88,8 +87,10 @@ impl Run {
         Ok((reached.done < self.env.total_steps).then(|| self.stop.requested()).flatten())
     }
 
-    /// One optimizer step: `accum_steps` micro-batches forward and backward, the
-    /// non-finite flag, the gradient all-reduce, clipping and the update.
+    /// One optimizer step: the step's core ([`StepCore::run`]: `accum_steps`
+    /// micro-batches forward and backward, the non-finite flag, the gradient
+    /// reduction, clipping and the update), with the timer, the due hooks and the
+    /// `[debug]` tools at its seams ([`Observed`]).
     fn train_step(&mut self, step: u64, lr: f64, plan: StepPlan) -> Result<PhaseTimes> {
         if self.learner.reseed {
             tch::manual_seed(self.env.config.run.seed.wrapping_add(step.wrapping_mul(0x9E37_79B9)) as i64);
@@ -101,97 +102,39 @@ impl Run {
             self.call_hook(At { hook: Hook::StepStart, step, micro_batch: 0, lr, phases: timer.phases }, StepTensors::NONE);
             timer.book(Phase::Hooks);
         }
-        self.learner.optimizer.zero_grad()?;
         let scale = self.batches.stage(self.objective.as_ref(), self.dist.as_ref(), &mut timer)?;
         self.tally.step_trained_tokens = self.batches.step_units();
-        let mut step_loss: Option<Tensor> = None;
-        // The objective's metrics, scaled as the loss: empty (no allocation) for
-        // objectives without any.
-        let mut step_metrics = Metrics::new();
-        for micro in 0..accum {
-            let (loss, metrics) = self.forward_backward_step(step, micro, lr, plan, &scale, &mut timer)?;
-            add_metrics(&mut step_metrics, metrics)?;
-            step_loss = Some(match step_loss {
-                None => loss,
-                Some(sum) => sum + loss,
-            });
-        }
-        let mut step_loss = step_loss.expect("at least one micro-batch");
-        // Every micro-batch is fetched now: the positions this step computes.
-        self.tally.step_tokens = self.batches.step_tokens();
-        if plan.has(Hook::AfterBackward) {
-            let tensors = StepTensors { loss: TensorRef::of(&step_loss), ..StepTensors::NONE };
-            self.call_hook(At { hook: Hook::AfterBackward, step, micro_batch: accum - 1, lr, phases: timer.phases }, tensors);
-            timer.book(Phase::Hooks);
-        }
-        let dump = self.dump.at(step).then(|| TensorDump::before_update(&self.learner.params));
-        let found_inf = self.nonfinite.flag(step, &mut step_loss);
-        self.learner.optimizer.reduce_gradients(self.dist.as_mut(), found_inf)?;
-        if self.env.config.optim.grad_clip > 0.0 || detailed {
-            self.tally.last_grad_norm = Some(self.learner.optimizer.clip_grad_norm()?);
-        }
-        self.learner.optimizer.step(lr, Some(found_inf))?;
-        self.learner.optimizer.sync_params(self.dist.as_mut())?;
-        if plan.is_empty() {
-            timer.book(Phase::Optimizer);
-        } else {
-            // A due step reads from the device (loss, flags): the wait is this step's.
-            timer.settle(Phase::Optimizer);
-        }
-        if let Some(before) = dump {
-            self.dump.write(step, before, &self.learner.params, &self.env.run_dir, self.env.rank)?;
+        let core = StepCore {
+            learner: &mut self.learner,
+            objective: self.objective.as_ref(),
+            dist: self.dist.as_mut(),
+            nonfinite: &mut self.nonfinite,
+            grad_clip: self.env.config.optim.grad_clip,
+        };
+        let train_len = core.learner.dataset.train_len();
+        let mut seams = Observed {
+            step,
+            lr,
+            plan,
+            accum,
+            timer: &mut timer,
+            env: &self.env,
+            tally: &mut self.tally,
+            host: &mut self.host,
+            schedule: &self.schedule,
+            faults: &self.faults,
+            dump: &mut self.dump,
+            train_len,
+        };
+        let input = StepInput { step, lr, accum, scale: &scale, grad_norm: detailed };
+        let out = core.run(input, &mut self.batches, &mut seams)?;
+        self.tally.step_tokens = out.tokens;
+        if out.grad_norm.is_some() {
+            self.tally.last_grad_norm = out.grad_norm;
         }
         let (phases, hooks_s) = timer.finish();
-        self.tally.count_step(self.env.world as u64, &phases, hooks_s, step_loss, step_metrics);
+        self.tally.count_step(self.env.world as u64, &phases, hooks_s, out.loss, out.metrics);
         Ok(phases)
-    }
-
-    /// One micro-batch: forward, the `AfterForward` hook when due, backward.
-    /// Returns its (detached, scaled) loss and metrics: the step's are their sums.
-    fn forward_backward_step(
-        &mut self,
-        step: u64,
-        micro: u64,
-        lr: f64,
-        plan: StepPlan,
-        scale: &StepScale,
-        timer: &mut StepTimer,
-    ) -> Result<(Tensor, Metrics)> {
-        let batch = self.batches.next()?;
-        timer.book(Phase::Data);
-        let sum = self.objective.sum(&mut self.learner, &batch, true)?;
-        let (logits, mut loss) = (sum.logits, scale.apply(sum.loss)?);
-        let metrics = sum.metrics.into_iter().map(|(name, value)| Ok((name, scale.apply(value.f_detach()?)?))).collect::<Result<Metrics>>()?;
-        if self.faults.at(step) {
-            self.faults.inject(step)?;
-        }
-        if self.nonfinite.injects() && self.nonfinite.injected_at(step) {
-            loss *= f64::NAN;
-        }
-        if self.dump.at(step) {
-            self.dump.keep_batch(micro, &batch, logits.as_ref())?;
-        }
-        timer.book(Phase::Forward);
-        if plan.has(Hook::AfterForward) {
-            let tensors = StepTensors {
-                loss: TensorRef::of(&loss),
-                // None with train.loss_chunk: the whole logits never exist.
-                logits: logits.as_ref().map_or(TensorRef::NULL, TensorRef::of),
-                labels: TensorRef::of(&batch.targets),
-                dataset_ids: batch.dataset_ids.as_ref().map_or(TensorRef::NULL, TensorRef::of),
-                inputs: TensorRef::of(&batch.inputs),
-            };
-            self.call_hook(At { hook: Hook::AfterForward, step, micro_batch: micro, lr, phases: timer.phases }, tensors);
-            timer.book(Phase::Hooks);
-        }
-        // f_backward: a failure in backward (an activation checkpoint's recompute
-        // running out of memory) ends the run as failed, not as a panic.
-        match self.faults.grad_spike(step) {
-            Some(factor) => (&loss * factor).f_backward()?,
-            None => loss.f_backward()?,
-        }
-        timer.book(Phase::Backward);
-        Ok((loss.detach(), metrics))
     }
 
     /// Everything a due step does after the update, in order. Returns a reason to stop.
@@ -234,19 +177,11 @@ impl Run {
         Ok(stop)
     }
 
-    /// Calls the inline plugins due at `at.hook`. Each gets the tensors its due
-    /// attachments asked for; parameter and gradient handles are gathered only for
-    /// the (rare) calls that asked for them.
+    /// Calls the inline plugins due at `at.hook` (see [`HookCall`]).
     fn call_hook(&mut self, at: At, tensors: StepTensors) {
-        let params = &self.learner.params;
-        let wants_params = self.schedule.due().wants(at.hook, Needs::PARAMS.union(Needs::GRADS));
-        let grads: Vec<Tensor> = if wants_params { params.iter().map(|(_, t)| t.grad()).collect() } else { Vec::new() };
-        let param_refs = if wants_params { named(params.iter().map(|(n, t)| (n, t))) } else { Vec::new() };
-        let grad_refs = if wants_params { named(params.iter().map(|(n, _)| n).zip(&grads)) } else { Vec::new() };
-        let mut ctx = step_context(&self.env, &self.tally, self.learner.dataset.train_len(), at, tensors, &[]);
-        ctx.params = RSlice::from_slice(&param_refs);
-        ctx.grads = RSlice::from_slice(&grad_refs);
-        self.host.dispatch(Event::Step(&ctx), Reach::Due(self.schedule.due()));
+        let train_len = self.learner.dataset.train_len();
+        let mut call = HookCall { env: &self.env, tally: &self.tally, train_len, host: &mut self.host, schedule: &self.schedule };
+        call.call(at, tensors, &self.learner.params);
     }
 
     /// Evaluates, shows and keeps the result, and calls the `Eval` hook with it.

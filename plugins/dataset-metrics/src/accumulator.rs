@@ -7,16 +7,13 @@
 //! cost tens of microseconds in dispatch on the CPU (several percent of a small
 //! model's step); the pass costs a few.
 
+use ptrain_plugin_api::loss::{cross_entropy, IGNORE_INDEX};
 use tch::{Device, Kind, Reduction, Tensor};
 
 /// Rows of the accumulator.
 pub const LOSS: usize = 0;
 pub const CORRECT: usize = 1;
 pub const SAMPLES: usize = 2;
-
-/// The label of a target not trained (the trainer's `ptrain_core::data::IGNORE_INDEX`,
-/// PyTorch's `ignore_index`; a plugin sees only the plugin API).
-const IGNORE_INDEX: i64 = -100;
 
 /// Per-batch scratch, reused while the batch size stays the same.
 struct Scratch {
@@ -25,8 +22,6 @@ struct Scratch {
     rows: Tensor,
     loss: Tensor,
     correct: Tensor,
-    /// `nll_loss` writes float32 only; the loss row is float64.
-    loss_f32: Tensor,
     predicted: Tensor,
 }
 
@@ -39,7 +34,6 @@ impl Scratch {
             loss: rows.f_select(0, LOSS as i64)?,
             correct: rows.f_select(0, CORRECT as i64)?,
             rows,
-            loss_f32: Tensor::f_empty([batch], (Kind::Float, device))?,
             predicted: Tensor::f_empty([batch], (Kind::Int64, device))?,
         })
     }
@@ -120,7 +114,8 @@ impl Accumulator {
         Ok(())
     }
 
-    /// Six kernels and one `[B, C]` temporary, all on the tensors' device.
+    /// The trainer's cross-entropy (plugin-api's, a log-softmax and a gather) and four
+    /// kernels, all on the tensors' device.
     fn add_with_tensor_ops(&mut self, logits: &Tensor, labels: &Tensor, ids: &Tensor) -> Result<(), tch::TchError> {
         let _guard = tch::no_grad_guard();
         let batch = logits.size()[0];
@@ -132,11 +127,10 @@ impl Accumulator {
             self.sums = Some(Tensor::f_zeros([3, self.datasets], (Kind::Double, device))?);
         }
         let (s, sums) = (self.scratch.as_mut().expect("scratch"), self.sums.as_mut().expect("sums"));
-        // As the trainer's loss: log-softmax in float32 (bf16 logits included).
-        let log_probs = logits.f_log_softmax(-1, Kind::Float)?;
-        let _ = log_probs.f_nll_loss_out(&s.loss_f32, labels, None::<Tensor>, Reduction::None, IGNORE_INDEX)?;
-        s.loss.f_copy_(&s.loss_f32)?;
-        let _ = log_probs.f_argmax_out(&s.predicted, -1, false)?;
+        // The trainer's loss, per sample (float32, bf16 logits included).
+        s.loss.f_copy_(&cross_entropy(logits, labels, Reduction::None)?)?;
+        // The log-softmax keeps the logits' order: their argmax is the prediction.
+        let _ = logits.f_argmax_out(&s.predicted, -1, false)?;
         let _ = s.predicted.f_eq_tensor_out(&s.correct, labels)?;
         let _ = sums.f_index_add_(1, ids, &s.rows)?;
         Ok(())
@@ -155,10 +149,11 @@ impl Accumulator {
             self.sums = Some(Tensor::f_zeros([3, self.datasets], (Kind::Double, device))?);
         }
         let labels = labels.f_reshape([-1])?;
-        let log_probs = logits.f_reshape([-1, vocab])?.f_log_softmax(-1, Kind::Float)?;
-        let loss = log_probs.f_nll_loss(&labels, None::<Tensor>, Reduction::None, IGNORE_INDEX)?.f_to_kind(Kind::Double)?;
+        let logits = logits.f_reshape([-1, vocab])?;
+        // The trainer's per-token loss: 0 where not trained.
+        let loss = cross_entropy(&logits, &labels, Reduction::None)?.f_to_kind(Kind::Double)?;
         let trained = labels.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Double)?;
-        let correct = log_probs.f_argmax(-1, false)?.f_eq_tensor(&labels)?.f_to_kind(Kind::Double)?.f_mul(&trained)?;
+        let correct = logits.f_argmax(-1, false)?.f_eq_tensor(&labels)?.f_to_kind(Kind::Double)?.f_mul(&trained)?;
         let rows = Tensor::f_stack(&[loss, correct, trained], 0)?;
         let _ = self.sums.as_mut().expect("sums").f_index_add_(1, &ids.f_reshape([-1])?, &rows)?;
         Ok(())
