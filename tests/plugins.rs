@@ -52,6 +52,12 @@ fn api_minor() -> u64 {
     API_VERSION.split('.').nth(1).and_then(|m| m.parse().ok()).expect("plugin-api's 0.minor.patch")
 }
 
+/// The later patch the fixture announces (tests/fixtures/api-version.rs): this patch + 9.
+fn later_patch() -> String {
+    let patch: u64 = API_VERSION.split('.').nth(2).and_then(|p| p.parse().ok()).expect("plugin-api's 0.minor.patch");
+    format!("0.{}.{}", api_minor(), patch + 9)
+}
+
 #[test]
 fn a_plugin_built_against_another_plugin_api_is_refused_naming_both_versions() {
     let old = fixture("old-api");
@@ -69,7 +75,7 @@ fn a_plugin_built_against_a_later_patch_of_this_plugin_api_loads_and_runs() {
     let patched = fixture("later-patch");
     run_expect(ptrain().args(with_plugins(3, &patched.display().to_string())).arg("--run-dir").arg(dir.path()), 0);
     let s = summary(dir.path());
-    assert_eq!(s["plugins"]["later-patch"]["built_against"], format!("0.{}.9", api_minor()), "{s}");
+    assert_eq!(s["plugins"]["later-patch"]["built_against"], later_patch(), "{s}");
     assert_eq!(s["plugins"]["later-patch"]["ended_at"], 3, "{s}");
 }
 

@@ -96,6 +96,11 @@ impl HostServices {
         self.gate.lower();
     }
 
+    /// The run's gate, which these services lower.
+    pub fn gate(&self) -> Arc<Gate> {
+        self.gate.clone()
+    }
+
     /// Makes the loop look at its stop conditions on the next step.
     pub fn wake(&self) {
         self.gate.lower();
