@@ -5,11 +5,9 @@ use std::{io::IsTerminal, process::ExitCode};
 
 use clap::Args;
 use ptrain_core::data::{
-    instruct::{
-        show::{self, Marks},
-        InstructData,
-    },
+    instruct::{self, InstructData},
     preference::{self, PreferenceData},
+    text::show::{self, Marks},
     token_cache::Tokenizing,
 };
 
@@ -155,7 +153,7 @@ fn instruction(config: &ptrain_core::Config, json: bool) -> anyhow::Result<ExitC
 fn show(config: &ptrain_core::Config, n: usize) -> anyhow::Result<ExitCode> {
     let marks = marks();
     let limit = ptrain_core::data::seq_len(config) as usize + 1;
-    for row in show::first_rows(config, n)? {
+    for row in instruct::show::first_rows(config, n)? {
         let e = &row.shown.encoded;
         let trained = e.trained.iter().skip(1).filter(|&&t| t).count();
         outln!("--- {} {}: {} tokens, {} trained", row.place.file.display(), row.place.at, e.ids.len(), trained);

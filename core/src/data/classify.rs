@@ -215,8 +215,7 @@ impl Dataset for Classification {
             targets: Tensor::f_from_slice(&labels)?,
             dataset_ids: Some(Tensor::f_from_slice(&ids)?),
             segments: None,
-            trained_tokens: None,
-            reference: None,
+            payload: super::Payload::None,
             samples: b as i64,
             tokens: b as i64,
         })

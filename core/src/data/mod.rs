@@ -9,11 +9,11 @@
 
 pub mod chat_template;
 mod classify;
-mod grid;
 pub mod instruct;
 pub mod loader;
 pub mod preference;
 pub mod reader;
+pub mod text;
 pub mod token_cache;
 pub mod tokenize;
 mod tokens;
@@ -47,15 +47,44 @@ pub struct Batch {
     pub dataset_ids: Option<Tensor>,
     /// Packed sequences: where each row lies (`None`: one sequence per sample).
     pub segments: Option<Segments>,
-    /// Instruction data: the targets that are not [`IGNORE_INDEX`], counted on the
-    /// host, which [`crate::objective::CausalLmPerToken`] divides the step's loss by
-    /// (all micro-batches, all ranks) before any forward. `None` for other data.
-    pub trained_tokens: Option<i64>,
-    /// Preference pairs with `dpo.precompute_reference`: the reference model's
-    /// log-probability of each completion, `[2B]` float32 (chosen, then rejected).
-    pub reference: Option<Tensor>,
+    /// What the batch carries for its objective; the trainer moves it with the batch.
+    pub payload: Payload,
     pub samples: i64,
     pub tokens: i64,
+}
+
+/// What a batch carries for its objective beyond inputs and targets: the data says
+/// it, the objective reads it, and the trainer never looks inside (it moves it to
+/// the device with the batch).
+#[derive(Debug, Default)]
+pub enum Payload {
+    #[default]
+    None,
+    /// Instruction data: the targets that are not [`IGNORE_INDEX`], counted on the
+    /// host, which [`crate::objective::CausalLmPerToken`] divides the step's loss by
+    /// (all micro-batches, all ranks) before any forward.
+    TrainedTokens(i64),
+    /// Preference pairs: each pair's index `[B]` int64 among the dataset's pairs (the
+    /// training ones, then the held-out ones), by which DPO finds the reference's
+    /// log-probabilities it precomputed ([`crate::objective::Dpo`]).
+    Pairs(Tensor),
+}
+
+impl Payload {
+    /// The trained targets of instruction data, if the batch counts them.
+    pub fn trained_tokens(&self) -> Option<i64> {
+        match self {
+            Payload::TrainedTokens(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    fn map(self, f: impl FnOnce(Tensor) -> Tensor) -> Payload {
+        match self {
+            Payload::Pairs(ids) => Payload::Pairs(f(ids)),
+            other => other,
+        }
+    }
 }
 
 impl Batch {
@@ -77,7 +106,7 @@ impl Batch {
             targets: pin(self.targets),
             dataset_ids: self.dataset_ids.map(pin),
             segments: self.segments.map(|s| s.map(pin)),
-            reference: self.reference.map(pin),
+            payload: self.payload.map(pin),
             ..self
         }
     }
@@ -93,7 +122,7 @@ impl Batch {
             targets: move_(self.targets),
             dataset_ids: self.dataset_ids.map(move_),
             segments: self.segments.map(|s| s.map(move_)),
-            reference: self.reference.map(move_),
+            payload: self.payload.map(move_),
             ..self
         }
     }

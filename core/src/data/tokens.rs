@@ -221,8 +221,7 @@ impl Dataset for TokenWindows {
             targets: all.f_narrow(1, 1, t as i64)?.f_contiguous()?,
             dataset_ids: None,
             segments: None,
-            trained_tokens: None,
-            reference: None,
+            payload: super::Payload::None,
             samples: b as i64,
             tokens: (b * t) as i64,
         })

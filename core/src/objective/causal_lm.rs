@@ -22,7 +22,7 @@ pub struct CausalLmMean {
 /// Instruction data: rows differ in length and in how many of their tokens are
 /// trained, so the step's loss is the sum over its trained tokens divided by their
 /// number in the whole step (each batch counts them on the host:
-/// [`Batch::trained_tokens`]).
+/// [`crate::data::Payload::TrainedTokens`]).
 pub struct CausalLmPerToken {
     /// `train.loss_chunk` (0: the whole logits).
     pub chunk: i64,
@@ -65,8 +65,8 @@ impl Objective for CausalLmPerToken {
     }
 
     fn count(&self, batch: &Batch) -> Result<Count> {
-        let trained = batch.trained_tokens.ok_or_else(|| {
-            Error::Other("the per-token loss of instruction data needs batches that count their trained tokens (Batch::trained_tokens)".into())
+        let trained = batch.payload.trained_tokens().ok_or_else(|| {
+            Error::Other("the per-token loss of instruction data needs batches that count their trained tokens (Payload::TrainedTokens)".into())
         })?;
         Ok(Count::Units(trained.max(0) as u64))
     }

@@ -37,7 +37,7 @@ use super::{
 };
 use crate::{
     config::{Config, DpoLoss},
-    data::{Batch, Dataset},
+    data::{Batch, Dataset, Payload},
     error::{Error, Result},
     model::Model,
 };
@@ -47,9 +47,17 @@ pub struct Dpo {
     loss: DpoLoss,
     /// `train.loss_chunk` (0: the whole logits).
     chunk: i64,
-    /// Run from `sum(&self)`: behind a lock (one step at a time takes it). `None`
-    /// when precomputed: the batches carry the reference's log-probabilities.
-    reference: Option<Mutex<Reference>>,
+    reference: ReferenceLogps,
+}
+
+/// Where the reference's log-probabilities of a batch come from.
+enum ReferenceLogps {
+    /// The reference model, run from `sum(&self)`: behind a lock (one step at a time takes it).
+    Live(Mutex<Reference>),
+    /// `dpo.precompute_reference`: every pair's, `[pairs, 2]` on the device (chosen,
+    /// rejected; the training pairs, then the held-out ones), found by the pairs'
+    /// indices the batches carry.
+    Precomputed(Tensor),
 }
 
 /// A pair's chosen and rejected halves of `[2B]` row values.
@@ -67,22 +75,26 @@ impl Dpo {
         let reference = match config.dpo.precompute_reference {
             true => {
                 let data = dataset.preference().ok_or_else(|| Error::Other("dpo.precompute_reference needs preference data".into()))?;
-                precompute(config, policy, vars, dataset, data)?;
-                None
+                ReferenceLogps::Precomputed(precompute(config, policy, vars, dataset, data)?)
             }
-            false => Some(Mutex::new(Reference::build(config, vars, dataset)?)),
+            false => ReferenceLogps::Live(Mutex::new(Reference::build(config, vars, dataset)?)),
         };
         Ok(Dpo { beta: config.dpo.beta, loss: config.dpo.loss, chunk: config.loss_chunk(), reference })
     }
 
     /// The batch's reference log-probabilities: precomputed, or the reference's.
+    /// `[2B]`: the chosen completions', then the rejected ones'.
     fn reference_logps(&self, policy: &mut dyn Forward, batch: &Batch) -> Result<Tensor> {
-        if let Some(precomputed) = &batch.reference {
-            return Ok(precomputed.shallow_clone());
+        match (&self.reference, &batch.payload) {
+            (ReferenceLogps::Precomputed(all), Payload::Pairs(ids)) => Ok(all.f_index_select(0, ids)?.f_transpose(0, 1)?.f_reshape([-1])?),
+            (ReferenceLogps::Precomputed(_), _) => {
+                Err(Error::Other("DPO's precomputed reference needs batches of preference pairs that name their pairs".into()))
+            }
+            (ReferenceLogps::Live(reference), _) => {
+                let mut reference = reference.lock().map_err(|_| Error::Other("the DPO reference model's lock is poisoned".into()))?;
+                reference.logps(policy, batch, self.chunk)
+            }
         }
-        let reference = self.reference.as_ref().ok_or_else(|| Error::Other("a batch without the precomputed reference log-probabilities".into()))?;
-        let mut reference = reference.lock().map_err(|_| Error::Other("the DPO reference model's lock is poisoned".into()))?;
-        reference.logps(policy, batch, self.chunk)
     }
 
     /// Each pair's loss `[B]` from its log-ratios (policy minus reference) and,

@@ -1,14 +1,15 @@
 //! `dpo.precompute_reference = true`: the reference's log-probabilities of every
 //! training and held-out pair, computed once before training (in the order the
-//! pairs are stored, `data.batch_size` at a time) and handed to the data, whose
-//! batches then carry them ([`crate::data::Batch::reference`]); the reference model
-//! is freed after. The losses equal the live reference's. Stored beside the token
-//! cache ([`stored`]): a later run of the same pairs, model and reference reads
-//! them back and never loads the reference.
+//! pairs are stored, `data.batch_size` at a time) and kept by the objective, which
+//! finds a batch's by the pairs' indices its batches carry
+//! ([`crate::data::Payload::Pairs`]); the reference model is freed after. The losses
+//! equal the live reference's. Stored beside the token cache ([`stored`]): a later
+//! run of the same pairs, model and reference reads them back and never loads the
+//! reference.
 
 use std::time::Instant;
 
-use tch::{nn, Device};
+use tch::{nn, Device, Tensor};
 
 use super::{stored, Reference, Runner};
 use crate::{
@@ -18,13 +19,14 @@ use crate::{
     model::Model,
 };
 
-/// Sets the reference log-probabilities of every pair of `data` (training and
-/// held-out): the stored ones of an earlier run of the same pairs, model and
-/// reference ([`stored`]), without loading the reference; else computed with the
-/// reference `config` names (`policy` is the model about to be trained, its
-/// parameters in `vars`, for a reference that is the policy with its adapters off),
-/// stored, and the reference model freed.
-pub fn precompute(config: &Config, policy: &mut dyn Model, vars: &nn::VarStore, dataset: &dyn Dataset, data: &PreferenceData) -> Result<()> {
+/// The reference log-probabilities of every pair of `data`, `[pairs, 2]` float32
+/// (chosen, rejected) on the device, the training pairs then the held-out ones: the
+/// stored ones of an earlier run of the same pairs, model and reference
+/// ([`stored`]), without loading the reference; else computed with the reference
+/// `config` names (`policy` is the model about to be trained, its parameters in
+/// `vars`, for a reference that is the policy with its adapters off), stored, and
+/// the reference model freed.
+pub fn precompute(config: &Config, policy: &mut dyn Model, vars: &nn::VarStore, dataset: &dyn Dataset, data: &PreferenceData) -> Result<Tensor> {
     let device = vars.device();
     let file = stored::file(config, data, device);
     let pairs = data.len(Split::Train) + data.len(Split::Val);
@@ -49,8 +51,8 @@ pub fn precompute(config: &Config, policy: &mut dyn Model, vars: &nn::VarStore, 
         }
     };
     let [train, val] = logps;
-    data.set_reference(Split::Train, train)?;
-    data.set_reference(Split::Val, val)
+    let values: Vec<f32> = train.iter().chain(&val).flatten().copied().collect();
+    Ok(Tensor::f_from_slice(&values)?.f_view([-1, 2])?.f_to_device(device)?)
 }
 
 /// The reference log-probabilities of every pair of `data`, training then

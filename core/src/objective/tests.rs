@@ -35,7 +35,15 @@ impl Forward for Linear {
 
 fn batch(targets: Tensor, trained_tokens: Option<i64>) -> Batch {
     let samples = targets.size()[0];
-    Batch { inputs: targets.zeros_like(), targets, dataset_ids: None, segments: None, trained_tokens, reference: None, samples, tokens: 0 }
+    Batch {
+        inputs: targets.zeros_like(),
+        targets,
+        dataset_ids: None,
+        segments: None,
+        payload: trained_tokens.map_or(crate::data::Payload::None, crate::data::Payload::TrainedTokens),
+        samples,
+        tokens: 0,
+    }
 }
 
 /// Next tokens of `rows` x `t` positions, the first `untrained[r]` of row r ignored.

@@ -148,8 +148,7 @@ mod tests {
                 targets: tokens,
                 dataset_ids: None,
                 segments: None,
-                trained_tokens: Some(trained),
-                reference: None,
+                payload: crate::data::Payload::TrainedTokens(trained),
                 samples: 1,
                 tokens: 4,
             })
@@ -181,7 +180,7 @@ mod tests {
         let scale = step.stage(&CausalLmPerToken { chunk: 0 }, &SingleRank, &mut timer()).unwrap();
         assert_eq!(data.asked.lock().unwrap().len(), 3, "every micro-batch fetched to count its units");
         assert!(matches!(scale, StepScale::Host(f) if f == 1.0 / 6.0), "1 + 2 + 3 trained tokens: {scale:?}");
-        let micros: Vec<u64> = (0..3).map(|_| step.next().unwrap().trained_tokens.unwrap() as u64 - 1).collect();
+        let micros: Vec<u64> = (0..3).map(|_| step.next().unwrap().payload.trained_tokens().unwrap() as u64 - 1).collect();
         assert_eq!(micros, [0, 1, 2], "served in order");
         assert_eq!(data.asked.lock().unwrap().len(), 3, "from the staged ones");
         step.stage(&CausalLmPerToken { chunk: 0 }, &SingleRank, &mut timer()).unwrap();
@@ -196,7 +195,7 @@ mod tests {
         assert!(matches!(scale, StepScale::MicroBatches(3)), "{scale:?}");
         assert_eq!(data.asked.lock().unwrap().len(), 1, "only the first, to ask what it counts");
         for micro in 0..3 {
-            assert_eq!(step.next().unwrap().trained_tokens, Some(micro + 1));
+            assert_eq!(step.next().unwrap().payload.trained_tokens(), Some(micro + 1));
             assert_eq!(data.asked.lock().unwrap().len() as i64, micro + 1, "fetched when due");
         }
         assert_eq!(step.units_counted(), 0, "no units");

@@ -206,7 +206,15 @@ mod tests {
             let trained = 2 + 3 * key.step as i64;
             let _ = targets.narrow(0, trained, 16 - trained).fill_(IGNORE_INDEX);
             let targets = targets.view([2, 8]);
-            Ok(Batch { inputs, targets, dataset_ids: None, segments: None, trained_tokens: Some(trained), reference: None, samples: 2, tokens: 16 })
+            Ok(Batch {
+                inputs,
+                targets,
+                dataset_ids: None,
+                segments: None,
+                payload: crate::data::Payload::TrainedTokens(trained),
+                samples: 2,
+                tokens: 16,
+            })
         }
         fn dataset_names(&self) -> Vec<String> {
             Vec::new()
@@ -236,7 +244,7 @@ mod tests {
             let batch = Uneven.batch(Split::Val, BatchKey { step: i, micro: 0, first_sample: 0, count: 2, stream: i * 2 }).unwrap();
             let logits = learner.runner().forward(&batch, false).unwrap();
             sum += cross_entropy(&logits, &batch.targets, Reduction::Sum).unwrap().double_value(&[]);
-            tokens += batch.trained_tokens.unwrap() as f64;
+            tokens += batch.payload.trained_tokens().unwrap() as f64;
             means += cross_entropy(&logits, &batch.targets, Reduction::Mean).unwrap().double_value(&[]) / 3.0;
         }
         assert!((point.loss - sum / tokens).abs() < 1e-6, "{} vs {}", point.loss, sum / tokens);

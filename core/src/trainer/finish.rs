@@ -8,16 +8,20 @@
 //! newest), no collectives (the other ranks may not be here), and device reads
 //! that may fail again are caught; the plugins' end and the summary as always.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use ptrain_plugin_api::CheckpointReason;
 use tch::{Device, Kind, Tensor};
 
 use super::{
+    ending::Ending,
     failure::RunError,
     memory::MemoryFigures,
     run::Run,
-    stop::Stop,
+    stop::{Stop, StopControl},
     summary::{PhaseSummary, Summary},
     Outcome,
 };
@@ -29,36 +33,34 @@ use crate::{
     schedule::StepPlan,
 };
 
+/// Whether a signal came: from the end on, one ends the waits (the plugins' drain,
+/// the other ranks).
+fn signalled(stop: &StopControl) -> Box<dyn Fn() -> bool + '_> {
+    match &stop.signals {
+        Some(signals) => Box::new(signals.draining()),
+        None => Box::new(|| false),
+    }
+}
+
+/// What the end read from the device: the first and last loss, and the memory held.
+type EndFigures = (Option<f64>, Option<f64>, MemoryFigures);
+
 impl Run {
+    /// Ends the run, however it ended: the end's work (an emergency save, the last
+    /// metrics, the figures), the plugins' end, the summary, and the ranks'
+    /// agreement around rank 0's writing it.
     pub(super) fn finish(mut self, last_step: u64, stop: Option<Stop>, started: Instant) -> Result<Outcome> {
-        let (mut status, mut exit_code, stop_reason, last_save) = match &stop {
-            None => ("completed", 0, None, None),
-            Some(Stop::Signal(sig)) => ("interrupted", 128 + sig, Some(format!("signal {sig}")), Some(CheckpointReason::Interrupted)),
-            // A plugin that decides training is done (early stopping) ends the run
-            // normally: the final checkpoint is an end-of-run save.
-            Some(Stop::Requested(r)) if !r.failure => ("stopped", 0, Some(r.to_string()), Some(CheckpointReason::End)),
-            Some(Stop::Requested(r)) => ("stopped", 1, Some(r.to_string()), Some(CheckpointReason::Interrupted)),
-            Some(Stop::NonFinite(r)) => ("nonfinite", 1, Some(r.clone()), Some(CheckpointReason::NonFinite)),
-            Some(Stop::Failed(e)) => ("failed", 1, Some(e.to_string()), None),
-        };
-        let mut error = match &stop {
-            Some(Stop::Failed(e)) => Some(e.clone()),
-            _ => None,
-        };
+        let mut ending = Ending::of(&stop);
         // The other ranks of a failed run may be anywhere: no more collectives.
-        let mut collective = error.is_none();
-        let stopped_by = match &stop {
-            Some(Stop::Requested(r)) if !r.plugin.is_empty() => Some(r.plugin.clone()),
-            _ => None,
-        };
-        if let (Some(reason), None) = (&stop_reason, &error) {
+        let mut collective = ending.error.is_none();
+        if let (Some(reason), None) = (&ending.stop_reason, &ending.error) {
             self.metrics.progress.println(&format!("stopping after step {last_step}: {reason}"));
         }
         // The end's own work (the last save and metrics, the figures read from the
         // device, the collectives) fails like a step: an error or a panic in it (a
         // libtorch error, a collective that timed out) fails the run, and the rest
         // of the end still happens: the plugins' end and the summary.
-        let read = panic::catching(|| self.end_work(last_step, last_save, stop.is_some(), collective));
+        let read = panic::catching(|| self.end_work(last_step, ending.last_save, stop.is_some(), collective));
         self.batches.stop();
         let device = self.env.device;
         let failed_at_end = match read {
@@ -66,44 +68,55 @@ impl Run {
             Ok(Err(e)) => Err(RunError::from_error(&e, last_step, device)),
             Err(panic) => Err(RunError::from_panic(panic, last_step, device)),
         };
-        let (first_loss, final_loss, memory) = match failed_at_end {
+        let figures = match failed_at_end {
             Ok(figures) => figures,
             Err(mut cause) => {
                 cause.message = format!("at the end of the run, after step {last_step}: {}", cause.message);
                 tracing::error!("{}", cause.message);
-                if error.is_none() {
-                    // A signal's run stays interrupted (exit 130/143); any other fails.
-                    if status != "interrupted" {
-                        (status, exit_code) = ("failed", 1);
-                    }
-                    error = Some(cause);
-                }
+                ending.fail_at_end(cause);
                 collective = false;
                 self.figures_after_failure()
             }
         };
         let wall_s = started.elapsed().as_secs_f64();
         self.metrics.progress.finish();
+        let plugins = self.end_plugins(last_step, &mut ending, wall_s, figures.1);
+        let summary = self.summary(last_step, ending, figures, wall_s, plugins);
+        self.record(summary, collective, last_step)
+    }
+
+    /// The plugins' end (workers drain their queues, within `run.shutdown_timeout_s`
+    /// or until a signal), and the exit code it decides: a critical plugin failed or
+    /// given up on fails a completed run, any plugin under `run.strict_plugins`
+    /// makes it exit 3.
+    fn end_plugins(&mut self, last_step: u64, ending: &mut Ending, wall_s: f64, final_loss: Option<f64>) -> BTreeMap<String, serde_json::Value> {
         let final_eval_loss = self.tally.evals.last().map(|e| e.loss);
         let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
         let scalars = scalars.into_iter().filter_map(|(name, v)| Some((name.to_string(), v?))).collect();
-        let end = RunEndData { step: last_step, exit_code, wall_s, scalars };
+        let end = RunEndData { step: last_step, exit_code: ending.exit_code, wall_s, scalars };
         let shutdown = Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s);
-        // From here on a signal ends the waits (the plugins' drain, the other ranks).
-        let signalled: Box<dyn Fn() -> bool + '_> = match &self.stop.signals {
-            Some(signals) => Box::new(signals.draining()),
-            None => Box::new(|| false),
-        };
-        let plugin_summaries = self.host.run_end(end, shutdown, &*signalled);
+        let summaries = self.host.run_end(end, shutdown, &*signalled(&self.stop));
         // Decided after the plugins' end, which may fail too; the plugins saw how training
         // went. A plugin given up on at the end counts as failed.
         let plugin_failed = !self.host.failures().is_empty() || !self.host.abandoned().is_empty();
-        let exit_code = match exit_code {
+        ending.exit_code = match ending.exit_code {
             // A critical plugin failed or was given up on in its end, after training.
             0 if self.host.critical_lost() => 1,
             0 if self.env.config.run.strict_plugins && plugin_failed => super::EXIT_PLUGIN_FAILED,
             code => code,
         };
+        summaries
+    }
+
+    /// The run's record as this rank knows it.
+    fn summary(
+        &self,
+        last_step: u64,
+        ending: Ending,
+        (first_loss, final_loss, memory): EndFigures,
+        wall_s: f64,
+        plugins: BTreeMap<String, serde_json::Value>,
+    ) -> Summary {
         let (env, tally) = (&self.env, &self.tally);
         let steps = last_step - env.start_step;
         let samples = steps * tally.step_samples * env.world as u64;
@@ -113,16 +126,17 @@ impl Run {
         let data_rows = self.learner.dataset.row_counts();
         // Instruction data: the units its objective counted are its trained tokens.
         let trained_tokens = data_rows.as_ref().map(|_| self.batches.units_counted());
-        let summary = Summary {
+        let per_s = |n: f64| n / wall_s.max(1e-9);
+        Summary {
             epochs: tally.samples_seen as f64 / self.learner.dataset.train_len().max(1) as f64,
             trained_tokens,
-            trained_tokens_per_s: trained_tokens.map(|t| t as f64 / wall_s.max(1e-9)),
+            trained_tokens_per_s: trained_tokens.map(|t| per_s(t as f64)),
             data_rows,
-            status: status.into(),
-            exit_code,
-            stop_reason,
-            error,
-            stopped_by,
+            status: ending.status.into(),
+            exit_code: ending.exit_code,
+            stop_reason: ending.stop_reason,
+            error: ending.error,
+            stopped_by: ending.stopped_by,
             steps,
             start_step: env.start_step,
             last_step,
@@ -131,12 +145,12 @@ impl Run {
             tokens,
             wall_s,
             setup_s: env.setup_s,
-            steps_per_s: steps as f64 / wall_s.max(1e-9),
-            samples_per_s: samples as f64 / wall_s.max(1e-9),
-            tokens_per_s: tokens as f64 / wall_s.max(1e-9),
+            steps_per_s: per_s(steps as f64),
+            samples_per_s: per_s(samples as f64),
+            tokens_per_s: per_s(tokens as f64),
             first_loss,
             final_loss,
-            final_eval_loss,
+            final_eval_loss: tally.evals.last().map(|e| e.loss),
             evals: tally.evals.clone(),
             phase_times: PhaseSummary {
                 data_s: p.data_s,
@@ -171,14 +185,18 @@ impl Run {
             abandoned_plugins: self.host.abandoned().clone(),
             plugin_stalls: self.host.stalls(),
             queue_drops: self.host.queue_drops(),
-            plugins: plugin_summaries,
+            plugins,
             parts: Vec::new(),
-        };
-        let mut summary = summary;
-        let mut exit_code = exit_code;
-        // Every rank has finished its end (saves waited for, plugins ended) before rank
-        // 0 writes the record: a rank that never got there fails the run, named in it.
+        }
+    }
+
+    /// Writes the record: every rank has finished its end (saves waited for, plugins
+    /// ended) before rank 0 writes it, and no rank leaves before it has; a rank that
+    /// never got there fails the run, named in it.
+    fn record(self, mut summary: Summary, collective: bool, last_step: u64) -> Result<Outcome> {
+        let env = &self.env;
         let end_timeout = Duration::from_secs(env.config.dist.end_timeout_s);
+        let signalled = signalled(&self.stop);
         let agreed = collective && env.world > 1 && {
             match self.dist.end_arrive(end_timeout, &*signalled) {
                 Ok(()) => true,
@@ -189,8 +207,7 @@ impl Run {
                     if summary.status != "interrupted" {
                         summary.status = "failed".into();
                     }
-                    exit_code = if exit_code == 0 { 1 } else { exit_code };
-                    summary.exit_code = exit_code;
+                    summary.exit_code = summary.exit_code.max(1);
                     summary.error.get_or_insert(RunError { kind: "error".into(), message, location: None, step: last_step });
                     false
                 }
@@ -199,26 +216,24 @@ impl Run {
         if env.config.debug.dump_params && collective {
             self.dump_params()?;
         }
-        let mut summary = summary.with_parts(&env.run_dir.join("summary.json"), env.unix_start);
+        let path = env.run_dir.join("summary.json");
+        let mut summary = summary.with_parts(&path, env.unix_start);
         // A summary that cannot be written (a full or read-only disk) loses the run's
         // record: the CLI then prints its essentials, and the run does not exit 0.
         let summary_error = match env.rank {
-            0 => {
-                let path = env.run_dir.join("summary.json");
-                summary.write(&path).map_err(|e| Error::writing(&path)(e).to_string()).err()
-            }
+            0 => summary.write(&path).map_err(|e| Error::writing(&path)(e).to_string()).err(),
             _ => None,
         };
-        if summary_error.is_some() && exit_code == 0 {
-            exit_code = 1;
+        if summary_error.is_some() && summary.exit_code == 0 {
             summary.exit_code = 1;
         }
+        let mut exit_code = summary.exit_code;
         // No rank leaves before rank 0 has written (one rank alone has no one to wait for).
         if agreed {
             if let Err(e) = self.dist.end_release(end_timeout, &*signalled) {
                 // Rank 0's record is written (or its failure reported); this rank fails.
                 tracing::error!("at the end of the run: {e}");
-                exit_code = if exit_code == 0 { 1 } else { exit_code };
+                exit_code = exit_code.max(1);
             }
         }
         Ok(Outcome { summary, run_dir: self.env.run_dir.clone(), exit_code, summary_error })

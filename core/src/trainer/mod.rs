@@ -45,6 +45,7 @@
 mod batches;
 mod clock;
 mod debug;
+mod ending;
 mod eval;
 mod failure;
 mod finish;

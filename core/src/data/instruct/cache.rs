@@ -16,11 +16,10 @@ use std::{
 };
 
 use memmap2::Mmap;
-use sha2::{Digest, Sha256};
 
-use super::encode::Encoded;
+use crate::data::text::encode::Encoded;
 use crate::{
-    data::{reader::Place, token_cache::hex, tokenize::TOKENIZERS_VERSION},
+    data::reader::Place,
     error::{Error, Result},
 };
 
@@ -135,24 +134,6 @@ impl RowStore {
 
 pub fn meta_path(file: &Path) -> PathBuf {
     file.with_extension("rows.json")
-}
-
-/// The cache file for a source: its name, and a key over `parts` and the contents
-/// of `files`.
-pub fn cache_file(dir: &Path, stem: &str, parts: &[&str], files: &[PathBuf]) -> Result<PathBuf> {
-    let mut key = Sha256::new();
-    for part in [SCHEME, TOKENIZERS_VERSION].iter().chain(parts) {
-        key.update(part.as_bytes());
-        key.update([0]);
-    }
-    for file in files {
-        let mut reader = std::fs::File::open(file).map_err(io(file))?;
-        std::io::copy(&mut reader, &mut key).map_err(io(file))?;
-        key.update(file.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
-        key.update([0]);
-    }
-    let stem: String = stem.chars().filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c)).collect();
-    Ok(dir.join(format!("{}-{}.rows", if stem.is_empty() { "data" } else { &stem }, &hex(&key.finalize())[..16])))
 }
 
 /// Writes rows as they come, to a temporary file renamed into place at the end.

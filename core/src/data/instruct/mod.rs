@@ -1,37 +1,35 @@
 //! Instruction data (`data.kind = "chat"` or `"prompt_completion"`): rows read
-//! from the files people have ([`crate::data::reader`]), made into conversations
-//! ([`shape`], [`messages`]), encoded once with their trained-token masks
-//! ([`encode`], on every core and cached by [`source`] and [`cache`]), mixed
-//! ([`mix`]), read in epochs, one row per sequence padded to the longest of the
-//! micro-batch, or packed ([`pack`]) with positions restarting at each row and
+//! from the files people have ([`crate::data::reader`]), made into conversations or
+//! prompts and completions ([`shape`]), encoded once with their trained-token masks
+//! (the text layer's encoder, on every core, cached by [`source`] and [`cache`]),
+//! mixed ([`mix`]), read in epochs, one row per sequence padded to the longest of
+//! the micro-batch, or packed ([`pack`]) with positions restarting at each row and
 //! attention kept within it. See docs/instruction-data.md.
 
 mod cache;
-pub mod encode;
-pub mod messages;
 mod mix;
 pub(crate) mod pack;
 pub mod shape;
 pub mod show;
 pub mod source;
-mod words;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use self::{
     cache::Meta,
     mix::{RowCounts, SourceCounts},
 };
-use self::{
-    cache::RowStore,
-    encode::Encoder,
-    pack::{EpochOrder, Samples},
-    shape::Shaper,
-    source::SourceSpec,
+use self::{cache::RowStore, pack::Samples};
+use super::{
+    text::{
+        self,
+        grid::{Grid, Place},
+        order::EpochOrder,
+    },
+    token_cache, Batch, BatchKey, Dataset, Payload, Split,
 };
-use super::{chat_template, grid::Grid, token_cache, tokenize, Batch, BatchKey, Dataset, Split};
 use crate::{
-    config::{Config, DataKind, TrainOn},
+    config::Config,
     error::{Error, Result},
 };
 
@@ -58,108 +56,94 @@ fn bad(path: &Path, message: String) -> Error {
     Error::Data { path: path.to_owned(), message }
 }
 
-/// The encoder the configuration describes, and the settings besides the files
-/// that change what it produces (for cache keys).
-pub fn encoder(config: &Config) -> Result<(Encoder, Vec<String>)> {
+/// The training and held-out rows of `sources` as the configuration mixes them:
+/// each fitted to `seq_len + 1` tokens (`data.overflow`), its held-out share split
+/// off (`data.val_fraction`, unless `has_val`), then weighted (`[[data.datasets]]`
+/// weights, `data.weight_by`); and what was found, counted.
+fn mixed(sources: &[Source], config: &Config, seq_len: usize, has_val: bool) -> Result<(Vec<pack::Entry>, Vec<pack::Entry>, RowCounts)> {
     let data = &config.data;
-    let tokenizer_path = PathBuf::from(&data.tokenizer);
-    let tokenizer = tokenize::load_tokenizer(&tokenizer_path)?;
-    let dir = tokenizer_path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let template = chat_template::ChatTemplate::find(&dir)?;
-    if data.kind == DataKind::Chat && template.is_none() {
-        return Err(bad(&dir.join("tokenizer_config.json"), "data.kind = \"chat\" needs a chat template, and this tokenizer has none (no `chat_template` in tokenizer_config.json, no chat_template.jinja)".into()));
+    let mut counts = RowCounts::default();
+    let mut kept_per_source = Vec::new();
+    let mut val = Vec::new();
+    for (s, source) in sources.iter().enumerate() {
+        let weight = data.datasets.iter().find(|d| d.name == source.name).map_or(1.0, |d| d.weight);
+        let mut c = mix::SourceCounts { name: source.name.clone(), weight, ..Default::default() };
+        let kept = mix::fit(&source.store, s as u16, seq_len, data.overflow, &mut counts, &mut c);
+        if kept.is_empty() {
+            let why = source.store.meta.first_untrained.as_deref().map(|f| format!("; the first left out: {f}")).unwrap_or_default();
+            return Err(bad(
+                Path::new(&source.store.meta.source),
+                format!("no row is left to train on (every row is too long or has no trained token{why})"),
+            ));
+        }
+        let (t, v) = mix::hold_out(kept, if has_val { 0.0 } else { data.val_fraction });
+        val.extend(v);
+        counts.sources.push(c);
+        kept_per_source.push(t);
     }
-    let eos = if data.eos_token.is_empty() { chat_template::eos_token(&dir) } else { data.eos_token.clone() };
-    let train_on = match (data.train_on, data.kind) {
-        (TrainOn::Auto, DataKind::Chat) => TrainOn::Assistant,
-        (TrainOn::Auto, _) => TrainOn::Completion,
-        (t, _) => t,
-    };
-    let template_hash = hash_files(&[dir.join("tokenizer_config.json"), dir.join("chat_template.jinja"), tokenizer_path.clone()]);
-    // A template that writes today's date renders differently tomorrow.
-    let date = if template.as_ref().is_some_and(|t| t.uses_date) { chrono::Local::now().format("%Y-%m-%d").to_string() } else { String::new() };
-    let key = vec![format!("{:?}", data.kind), format!("{train_on:?}"), eos.clone(), template_hash, date];
-    Ok((Encoder::new(tokenizer, template, train_on, eos), key))
+    let trained: Vec<u64> = kept_per_source.iter().map(|rows| rows.iter().map(|e| e.trained as u64).sum()).collect();
+    let weights: Vec<f64> = counts.sources.iter().map(|c| c.weight).collect();
+    let copies = mix::copies(data.weight_by, &weights, &trained);
+    let mut train = Vec::new();
+    for (s, rows) in kept_per_source.into_iter().enumerate() {
+        counts.sources[s].copies = copies[s];
+        train.extend(mix::weighted(rows, copies[s], config.run.seed, s as u64));
+    }
+    mix::shares(&train, &mut counts.sources);
+    Ok((train, val, counts))
 }
 
-/// Every source the configuration names, in order: `data.path` ("train"), each
-/// `[[data.datasets]]` entry, then `data.val_path` ("val").
-pub fn sources(config: &Config) -> Vec<SourceSpec> {
+/// Says what the rows held and what became of them.
+fn say_counts(counts: &RowCounts, sources: &[Source], training_sources: usize, config: &Config, (samples, seq_len): (usize, usize)) {
     let data = &config.data;
-    let spec = |name: &str, path: &str, d: Option<&crate::config::DatasetSpec>| SourceSpec {
-        name: name.into(),
-        path: path.into(),
-        format: d.and_then(|d| d.format).unwrap_or(data.format),
-        shaper: Shaper {
-            kind: data.kind,
-            columns: d.and_then(|d| d.columns.clone()).unwrap_or_else(|| data.columns.clone()),
-            ignore: d.and_then(|d| d.ignore_columns.clone()).unwrap_or_else(|| data.ignore_columns.clone()),
-        },
-    };
-    let mut out = Vec::new();
-    if !data.path.is_empty() {
-        out.push(spec("train", &data.path, None));
+    tracing::info!(
+        "data: {} rows; {} truncated, {} dropped as longer than {} tokens, {} dropped with no trained token; {} training {} (data.packing = {})",
+        counts.rows,
+        counts.truncated,
+        counts.dropped_too_long,
+        seq_len + 1,
+        counts.dropped_untrained,
+        samples,
+        if data.packing { "sequences" } else { "rows" },
+        data.packing
+    );
+    for s in sources.iter().filter_map(|s| s.store.meta.first_untrained.as_ref().map(|f| (s, f))) {
+        tracing::info!("data: {}: {} rows with no trained token, the first: {}", s.0.name, s.0.store.meta.untrained, s.1);
     }
-    out.extend(data.datasets.iter().map(|d| spec(&d.name, &d.path, Some(d))));
-    if !data.val_path.is_empty() {
-        out.push(spec("val", &data.val_path, None));
+    for c in counts.sources.iter().filter(|_| training_sources > 1) {
+        tracing::info!(
+            "data: {}: {} rows kept of {}, {} tokens, {} trained; weight {} ({:?}): {:.3} copies, {:.1}% of an epoch's trained tokens",
+            c.name,
+            c.kept,
+            c.rows,
+            c.tokens,
+            c.trained_tokens,
+            c.weight,
+            data.weight_by,
+            c.copies,
+            100.0 * c.epoch_trained_share
+        );
     }
-    out
 }
 
 impl InstructData {
     pub fn from_config(config: &Config, seq_len: i64) -> Result<InstructData> {
         let data = &config.data;
-        let (encoder, key) = encoder(config)?;
+        let (encoder, key) = text::encoder(config)?;
         let key: Vec<&str> = key.iter().map(String::as_str).collect();
         let cache_dir = token_cache::cache_dir(config);
-        let specs = sources(config);
+        let specs = text::sources(config);
         let has_val = !data.val_path.is_empty();
         let mut sources = Vec::new();
         for spec in &specs {
             let store = source::prepare(spec, &encoder, &key, &cache_dir)?;
-            if store.meta.max_id as i64 >= config.model.vocab_size {
-                return Err(bad(
-                    &store.path,
-                    format!(
-                        "token id {} is beyond the model's vocabulary (model.vocab_size = {}): the tokenizer does not match the model",
-                        store.meta.max_id, config.model.vocab_size
-                    ),
-                ));
-            }
+            text::check_vocab(store.meta.max_id, config, &store.path)?;
             sources.push(Source { name: spec.name.clone(), store });
         }
         let val_store = if has_val { sources.pop().map(|s| s.store) } else { None };
 
         let seq_len = seq_len as usize;
-        let mut counts = RowCounts::default();
-        let mut kept_per_source = Vec::new();
-        let mut val = Vec::new();
-        for (s, source) in sources.iter().enumerate() {
-            let weight = data.datasets.iter().find(|d| d.name == source.name).map_or(1.0, |d| d.weight);
-            let mut c = mix::SourceCounts { name: source.name.clone(), weight, ..Default::default() };
-            let kept = mix::fit(&source.store, s as u16, seq_len, data.overflow, &mut counts, &mut c);
-            if kept.is_empty() {
-                let why = source.store.meta.first_untrained.as_deref().map(|f| format!("; the first left out: {f}")).unwrap_or_default();
-                return Err(bad(
-                    Path::new(&source.store.meta.source),
-                    format!("no row is left to train on (every row is too long or has no trained token{why})"),
-                ));
-            }
-            let (t, v) = mix::hold_out(kept, if has_val { 0.0 } else { data.val_fraction });
-            val.extend(v);
-            counts.sources.push(c);
-            kept_per_source.push(t);
-        }
-        let trained: Vec<u64> = kept_per_source.iter().map(|rows| rows.iter().map(|e| e.trained as u64).sum()).collect();
-        let weights: Vec<f64> = counts.sources.iter().map(|c| c.weight).collect();
-        let copies = mix::copies(data.weight_by, &weights, &trained);
-        let mut train = Vec::new();
-        for (s, rows) in kept_per_source.into_iter().enumerate() {
-            counts.sources[s].copies = copies[s];
-            train.extend(mix::weighted(rows, copies[s], config.run.seed, s as u64));
-        }
-        mix::shares(&train, &mut counts.sources);
+        let (train, mut val, counts) = mixed(&sources, config, seq_len, has_val)?;
         let training_sources = sources.len();
         if let Some(store) = val_store {
             let s = sources.len() as u16;
@@ -178,34 +162,7 @@ impl InstructData {
         } else {
             (Samples::singles(train), Samples::singles(val))
         };
-        tracing::info!(
-            "data: {} rows; {} truncated, {} dropped as longer than {} tokens, {} dropped with no trained token; {} training {} (data.packing = {})",
-            counts.rows,
-            counts.truncated,
-            counts.dropped_too_long,
-            seq_len + 1,
-            counts.dropped_untrained,
-            train.len(),
-            if data.packing { "sequences" } else { "rows" },
-            data.packing
-        );
-        for s in sources.iter().filter_map(|s| s.store.meta.first_untrained.as_ref().map(|f| (s, f))) {
-            tracing::info!("data: {}: {} rows with no trained token, the first: {}", s.0.name, s.0.store.meta.untrained, s.1);
-        }
-        for c in counts.sources.iter().filter(|_| training_sources > 1) {
-            tracing::info!(
-                "data: {}: {} rows kept of {}, {} tokens, {} trained; weight {} ({:?}): {:.3} copies, {:.1}% of an epoch's trained tokens",
-                c.name,
-                c.kept,
-                c.rows,
-                c.tokens,
-                c.trained_tokens,
-                c.weight,
-                data.weight_by,
-                c.copies,
-                100.0 * c.epoch_trained_share
-            );
-        }
+        say_counts(&counts, &sources, training_sources, config, (train.len(), seq_len));
         Ok(InstructData {
             seq_len,
             packing: data.packing,
@@ -237,42 +194,16 @@ impl InstructData {
             let mut at = i * t;
             for (k, entry) in samples.get(sample).iter().enumerate() {
                 let row = self.sources[entry.source as usize].store.row(entry.row as usize);
-                for p in 0..entry.positions() {
-                    g.inputs[at] = row.id(p) as i64;
-                    if row.trained(p + 1) {
-                        g.targets[at] = row.id(p + 1) as i64;
-                        trained += 1;
-                    }
-                    g.positions[at] = p as i64;
-                    g.rows[at] = if self.cross_talk { 1 } else { k as i64 + 1 };
-                    sources[at] = entry.source as i64;
-                    at += 1;
-                }
+                let place = Place { position: 0, row: if self.cross_talk { 1 } else { k as i64 + 1 } };
+                let (end, n) = g.write_row(at, entry.len as usize, |p| row.id(p), |p| row.trained(p), place);
+                sources[at..end].fill(entry.source as i64);
+                (at, trained) = (end, trained + n);
             }
             g.pad(i, at);
         }
-        Ok(Batch {
-            inputs: g.tensor(&g.inputs)?,
-            targets: g.tensor(&g.targets)?,
-            dataset_ids: if self.named { Some(g.tensor(&sources)?) } else { None },
-            segments: if self.packing { Some(g.segments(None)?) } else { None },
-            trained_tokens: Some(trained),
-            reference: None,
-            samples: b as i64,
-            tokens: (b * t) as i64,
-        })
+        let segments = self.packing.then(|| g.segments(None)).transpose()?;
+        g.batch(b, segments, self.named.then_some(&sources[..]), Payload::TrainedTokens(trained))
     }
-}
-
-/// A short hash of files' contents (missing files count as empty).
-fn hash_files(paths: &[PathBuf]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for p in paths {
-        h.update(std::fs::read(p).unwrap_or_default());
-        h.update([0]);
-    }
-    token_cache::hex(&h.finalize()[..8])
 }
 
 impl Dataset for InstructData {

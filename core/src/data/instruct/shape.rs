@@ -5,59 +5,22 @@
 //! completion (strings, or message lists rendered with the template). `tools` and
 //! `chat_template_kwargs` go to the template. A column that is neither read nor
 //! passed to the template is an error naming it, unless `data.ignore_columns`
-//! lists it: nothing a row holds is dropped silently.
-
-use std::sync::Arc;
+//! lists it: nothing a row holds is dropped silently. (The rows' reading settings,
+//! [`Shaper`], are the text layer's; making a row an [`Example`] is instruction data's.)
 
 use minijinja::{value::ValueKind, Value};
 
-use super::messages::{self, get, kind_name};
 use crate::{
-    config::{ColumnMap, DataKind},
-    data::reader::Record,
+    config::DataKind,
+    data::{
+        reader::Record,
+        text::{
+            chat::{Chat, Example, KWARGS},
+            messages::{self, get, kind_name},
+            Shaper,
+        },
+    },
 };
-
-/// What a template renders for one row.
-#[derive(Debug, Clone)]
-pub struct Chat {
-    pub messages: Vec<Value>,
-    /// The tool schemas (`none`: the row has none).
-    pub tools: Value,
-    /// `chat_template_kwargs`: more variables for the template.
-    pub kwargs: Vec<(Arc<str>, Value)>,
-}
-
-impl Chat {
-    pub fn conversation(&self) -> crate::data::chat_template::Conversation<'_> {
-        crate::data::chat_template::Conversation { messages: &self.messages, tools: &self.tools, kwargs: &self.kwargs }
-    }
-}
-
-/// A row ready to encode.
-#[derive(Debug, Clone)]
-pub enum Example {
-    Chat(Chat),
-    /// Message lists: the first `prompt` messages are the prompt.
-    Conversation {
-        chat: Chat,
-        prompt: usize,
-    },
-    /// Plain text: the completion is followed by the EOS token.
-    Text {
-        prompt: String,
-        completion: String,
-    },
-}
-
-/// How rows of one source are read.
-#[derive(Debug, Clone)]
-pub struct Shaper {
-    pub kind: DataKind,
-    pub columns: ColumnMap,
-    pub ignore: Vec<String>,
-}
-
-const KWARGS: &str = "chat_template_kwargs";
 
 impl Shaper {
     /// The example `record` holds; the error says what is wrong with it (the
@@ -85,7 +48,7 @@ impl Shaper {
                 if !messages.iter().any(|m| get(m, "role").and_then(|r| r.as_str().map(|r| r == "assistant")).unwrap_or(false)) {
                     return Err(format!("`{}` has no assistant message: nothing to train on", used[0]));
                 }
-                (Example::Chat(self.chat(record, messages)?), used)
+                (Example::Chat(Chat::read(record, c, messages)?), used)
             }
             _ => self.prompt_completion(record)?,
         };
@@ -101,25 +64,6 @@ impl Shaper {
             ));
         }
         Ok(example)
-    }
-
-    fn chat(&self, record: &Record, messages: Vec<Value>) -> Result<Chat, String> {
-        Ok(Chat { messages, tools: self.tools(record)?, kwargs: kwargs(record)? })
-    }
-
-    /// The tool schemas: a list (as it is), or a JSON string of one (parsed, as
-    /// TRL does); `none` when absent or null.
-    fn tools(&self, record: &Record) -> Result<Value, String> {
-        let column = &self.columns.tools;
-        let Some(tools) = record.get(column) else { return Ok(Value::from(())) };
-        let tools = match tools.as_str() {
-            Some(text) => serde_json::from_str::<Value>(text).map_err(|e| format!("`{column}` is a string that is not JSON: {e}"))?,
-            None => tools.clone(),
-        };
-        match tools.kind() {
-            ValueKind::Seq | ValueKind::None => Ok(tools),
-            _ => Err(format!("`{column}` is {}, not a list of tool schemas", kind_name(&tools))),
-        }
     }
 
     /// Alpaca: `history` pairs, then one user turn (instruction and input joined
@@ -178,21 +122,12 @@ impl Shaper {
                 let mut all = messages::messages(prompt, &c.prompt, c)?;
                 let prompt_len = all.len();
                 all.extend(messages::messages(completion, &c.completion, c)?);
-                Example::Conversation { chat: self.chat(record, all)?, prompt: prompt_len }
+                Example::Conversation { chat: Chat::read(record, c, all)?, prompt: prompt_len }
             }
             _ => return Err(format!("`{}` and `{}` must both be strings or both be message lists", c.prompt, c.completion)),
         };
         Ok((example, used))
     }
-}
-
-/// `chat_template_kwargs`: an object of extra template variables (TRL's column).
-fn kwargs(record: &Record) -> Result<Vec<(Arc<str>, Value)>, String> {
-    let Some(value) = record.get(KWARGS).filter(|v| !v.is_none()) else { return Ok(Vec::new()) };
-    if value.kind() != ValueKind::Map {
-        return Err(format!("`{KWARGS}` is {}, not an object", kind_name(value)));
-    }
-    Ok(messages::keys(value).into_iter().map(|k| (Arc::from(k.as_str()), get(value, &k).unwrap_or(Value::from(())))).collect())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! chosen and rejected ids as [`super::encode`] made them (before any truncation,
 //! which `data.max_seq_len` and `dpo.truncation_mode` apply when a run reads them),
 //! with a `.pairs.json` beside it saying what it holds. The key is instruction
-//! rows' ([`instruct::source::cache_file`]): the files' contents, the tokenizer, its
+//! rows' ([`sources::cache_file`]): the files' contents, the tokenizer, its
 //! configuration (the chat template), the EOS token and the columns, so unchanged
 //! pairs are encoded once, by `ptrain tokenize` or the first run.
 //!
@@ -16,8 +16,11 @@ use std::path::{Path, PathBuf};
 use super::{encode, encode::EncodedPair, rows};
 use crate::{
     data::{
-        instruct::{encode::Encoder, source, source::SourceSpec},
         reader::Rows,
+        text::{
+            encode::Encoder,
+            sources::{self, SourceSpec},
+        },
         token_cache,
         tokenize::TOKENIZERS_VERSION,
     },
@@ -113,7 +116,7 @@ impl PairFile {
 /// the settings besides the files and the reading that change the encoding.
 pub fn prepare(spec: &SourceSpec, encoder: &Encoder, key_parts: &[&str], dir: &Path) -> Result<(PairFile, Vec<EncodedPair>)> {
     let parts: Vec<&str> = [SCHEME].into_iter().chain(key_parts.iter().copied()).collect();
-    let (shards, file) = source::cache_file(spec, &parts, dir, "pairs")?;
+    let (shards, file) = sources::cache_file(spec, &parts, dir, "pairs")?;
     if let Some(cached) = PairFile::open(&file) {
         tracing::info!("data: reusing {} for {} ({} pairs)", file.display(), spec.path, cached.1.len());
         return Ok(cached);
@@ -127,7 +130,7 @@ pub fn prepare(spec: &SourceSpec, encoder: &Encoder, key_parts: &[&str], dir: &P
     };
     let (columns, ignore) = (&spec.shaper.columns, &spec.shaper.ignore);
     let mut pairs = Vec::new();
-    source::encode_all(
+    sources::encode_all(
         &spec.name,
         Rows::shards(shards, ignore),
         |record| rows::shape(record, columns, ignore).and_then(|pair| encode::encode(encoder, &pair)),

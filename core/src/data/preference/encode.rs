@@ -10,7 +10,7 @@
 //! BOS or EOS is doubled (TRL #1930, axolotl #1616).
 
 use super::rows::Pair;
-use crate::data::instruct::encode::{Encoded, Encoder, Shown};
+use crate::data::text::encode::{Encoded, Encoder, Shown};
 
 /// A pair's ids: the shared prompt, then each completion.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

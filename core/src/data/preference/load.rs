@@ -9,7 +9,7 @@ use super::{bad, cache, encode::EncodedPair, PreferenceData};
 use crate::{
     config::{Config, TruncationMode},
     data::{
-        instruct::{self, pack::EpochOrder, source::SourceSpec},
+        text::{self, order::EpochOrder, SourceSpec},
         token_cache,
     },
     error::Result,
@@ -54,7 +54,7 @@ pub(super) fn trained(prompt: usize, completion: usize, limit: usize, keep_end: 
 impl PreferenceData {
     pub fn from_config(config: &Config, seq_len: i64) -> Result<PreferenceData> {
         let data = &config.data;
-        let (encoder, key) = instruct::encoder(config)?;
+        let (encoder, key) = text::encoder(config)?;
         let key: Vec<&str> = key.iter().map(String::as_str).collect();
         let dir = token_cache::cache_dir(config);
         let limit = seq_len as usize + 1;
@@ -63,16 +63,7 @@ impl PreferenceData {
         let mut files = Vec::new();
         let mut fit = |spec: &SourceSpec| -> Result<Vec<EncodedPair>> {
             let (file, pairs) = cache::prepare(spec, &encoder, &key, &dir)?;
-            let vocab = config.model.vocab_size;
-            if file.meta.max_id as i64 >= vocab {
-                return Err(bad(
-                    Path::new(&spec.path),
-                    format!(
-                        "token id {} is beyond the model's vocabulary (model.vocab_size = {vocab}): the tokenizer does not match the model",
-                        file.meta.max_id
-                    ),
-                ));
-            }
+            text::check_vocab(file.meta.max_id, config, Path::new(&spec.path))?;
             // A data.val_path naming the training file: its pairs are counted once.
             let counted = files.iter().any(|(_, f): &(String, super::cache::PairFile)| f.meta.source == file.meta.source);
             files.push((spec.name.clone(), file));
@@ -85,7 +76,7 @@ impl PreferenceData {
             }
             Ok(kept)
         };
-        let specs = instruct::sources(config);
+        let specs = text::sources(config);
         let train_spec = specs.iter().find(|s| s.name == "train").ok_or_else(|| bad(Path::new(""), "preference data reads data.path".into()))?;
         let mut train = fit(train_spec)?;
         let val = match specs.iter().find(|s| s.name == "val") {
@@ -119,7 +110,6 @@ impl PreferenceData {
             order: EpochOrder::new(config.run.seed, train.len()),
             train,
             val,
-            reference: Default::default(),
             counts,
             files,
         })

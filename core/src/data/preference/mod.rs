@@ -15,7 +15,7 @@ mod pack;
 pub mod rows;
 pub mod show;
 
-use std::{path::Path, sync::OnceLock};
+use std::path::Path;
 
 use tch::Tensor;
 
@@ -25,7 +25,13 @@ pub use self::{
     load::PairCounts,
     pack::{CHOSEN, REJECTED},
 };
-use super::{grid::Grid, instruct, Batch, BatchKey, Dataset, Split};
+use super::{
+    text::{
+        grid::{Grid, Place},
+        order::EpochOrder,
+    },
+    Batch, BatchKey, Dataset, Payload, Split,
+};
 use crate::error::{Error, Result};
 
 pub struct PreferenceData {
@@ -38,10 +44,7 @@ pub struct PreferenceData {
     cross_talk: bool,
     train: Vec<EncodedPair>,
     val: Vec<EncodedPair>,
-    /// `dpo.precompute_reference`: each training and held-out pair's reference
-    /// log-probabilities (chosen, rejected), set once before training.
-    reference: [OnceLock<Vec<[f32; 2]>>; 2],
-    order: instruct::pack::EpochOrder,
+    order: EpochOrder,
     /// What the pairs hold, and which were left out.
     pub counts: PairCounts,
     /// Each source's name and cache file.
@@ -108,20 +111,13 @@ impl PreferenceData {
         }
     }
 
-    /// Sets the reference log-probabilities (chosen, rejected) of every pair of
-    /// `split`, in order; batches carry them from then on.
-    pub fn set_reference(&self, split: Split, logps: Vec<[f32; 2]>) -> Result<()> {
-        if logps.len() != self.len(split) {
-            return Err(Error::Other(format!("{} reference log-probabilities for {} pairs", logps.len(), self.len(split))));
-        }
-        self.reference[split as usize].set(logps).map_err(|_| Error::Other("the reference log-probabilities are already set".into()))
-    }
-
-    /// The precomputed reference log-probabilities of `picks`, `[2B]`, if set.
-    fn reference_of(&self, split: Split, picks: &[usize]) -> Result<Option<Tensor>> {
-        let Some(all) = self.reference[split as usize].get() else { return Ok(None) };
-        let values: Vec<f32> = [0, 1].iter().flat_map(|&k| picks.iter().map(move |&p| all[p][k])).collect();
-        Ok(Some(Tensor::f_from_slice(&values)?))
+    /// Each of `picks`' index among the dataset's pairs (the training ones, then
+    /// the held-out ones): the payload by which DPO finds a pair's precomputed
+    /// reference log-probabilities.
+    fn pair_ids(&self, split: Split, picks: &[usize]) -> Result<Payload> {
+        let offset = if split == Split::Train { 0 } else { self.train.len() };
+        let ids: Vec<i64> = picks.iter().map(|&p| (offset + p) as i64).collect();
+        Ok(Payload::Pairs(Tensor::f_from_slice(&ids)?))
     }
 
     /// `picks`' pairs as `2B` rows: the chosen ones, then the rejected ones.
@@ -139,23 +135,9 @@ impl PreferenceData {
         let t = rows.iter().map(|(ids, _)| ids.len().saturating_sub(1)).max().unwrap_or(1).max(1);
         let mut g = Grid::new(2 * b, t);
         for (r, (ids, mask)) in rows.iter().enumerate() {
-            for p in 0..ids.len().saturating_sub(1) {
-                g.inputs[r * t + p] = ids[p] as i64;
-                if mask[p + 1] {
-                    g.targets[r * t + p] = ids[p + 1] as i64;
-                }
-            }
+            g.write_row(r * t, ids.len(), |p| ids[p], |p| mask[p], Place { position: 0, row: 0 });
         }
-        Ok(Batch {
-            inputs: g.tensor(&g.inputs)?,
-            targets: g.tensor(&g.targets)?,
-            dataset_ids: None,
-            segments: None,
-            trained_tokens: None,
-            reference: self.reference_of(split, picks)?,
-            samples: b as i64,
-            tokens: (2 * b * t) as i64,
-        })
+        g.batch(b, None, None, self.pair_ids(split, picks)?)
     }
 }
 

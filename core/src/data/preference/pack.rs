@@ -9,7 +9,10 @@
 
 use super::PreferenceData;
 use crate::{
-    data::{grid::Grid, Batch, Split},
+    data::{
+        text::grid::{Grid, Place},
+        Batch, Split,
+    },
     error::Result,
 };
 
@@ -54,25 +57,14 @@ impl PreferenceData {
             // place of the prompt's row): a test shows it is caught.
             let rejected_sees = if cross_talk { CHOSEN } else { PROMPT };
             for (answer, row, sees) in [(chosen, CHOSEN, PROMPT), (rejected, REJECTED, rejected_sees)] {
-                for k in 0..answer.len().saturating_sub(1) {
-                    g.inputs[at] = answer[k] as i64;
-                    // Every answer token but the prompt's is the completion's.
-                    g.targets[at] = answer[k + 1] as i64;
-                    (g.positions[at], g.rows[at], prefix[at]) = ((shared.len() + k) as i64, row, sees);
-                    at += 1;
-                }
+                // Every answer token but the prompt's is the completion's.
+                let (end, _) = g.write_row(at, answer.len(), |k| answer[k], |_| true, Place { position: shared.len() as i64, row });
+                prefix[at..end].fill(sees);
+                at = end;
             }
             g.pad(i, at);
         }
-        Ok(Batch {
-            inputs: g.tensor(&g.inputs)?,
-            targets: g.tensor(&g.targets)?,
-            dataset_ids: None,
-            segments: Some(g.segments(Some(&prefix))?),
-            trained_tokens: None,
-            reference: self.reference_of(split, picks)?,
-            samples: b as i64,
-            tokens: (b * t) as i64,
-        })
+        let segments = g.segments(Some(&prefix))?;
+        g.batch(b, Some(segments), None, self.pair_ids(split, picks)?)
     }
 }

@@ -10,15 +10,13 @@ use minijinja::{value::ValueKind, Value};
 use crate::{
     config::ColumnMap,
     data::{
-        instruct::{
-            messages::{self, kind_name},
-            shape::Chat,
-        },
         reader::Record,
+        text::{
+            chat::{Chat, KWARGS},
+            messages::{self, kind_name},
+        },
     },
 };
-
-const KWARGS: &str = "chat_template_kwargs";
 
 /// A pair ready to encode.
 #[derive(Debug, Clone)]
@@ -67,7 +65,7 @@ pub fn shape(record: &Record, columns: &ColumnMap, ignore: &[String]) -> Result<
             let prompt = messages::messages(p, &columns.prompt, columns)?;
             let chosen = messages::messages(chosen, "chosen", columns)?;
             let rejected = messages::messages(rejected, "rejected", columns)?;
-            Pair::Conversation { chat: chat(record, columns, prompt)?, chosen, rejected }
+            Pair::Conversation { chat: Chat::read(record, columns, prompt)?, chosen, rejected }
         }
         (None, true) => {
             let (c, r) = (list(chosen, "chosen")?, list(rejected, "rejected")?);
@@ -79,7 +77,7 @@ pub fn shape(record: &Record, columns: &ColumnMap, ignore: &[String]) -> Result<
             let prompt = messages::messages(&prompt, "chosen", columns)?;
             let chosen = messages::messages(&Value::from(c[shared..].to_vec()), "chosen", columns)?;
             let rejected = messages::messages(&Value::from(r[shared..].to_vec()), "rejected", columns)?;
-            Pair::Conversation { chat: chat(record, columns, prompt)?, chosen, rejected }
+            Pair::Conversation { chat: Chat::read(record, columns, prompt)?, chosen, rejected }
         }
     };
     check(&pair)?;
@@ -97,27 +95,6 @@ fn list(v: &Value, column: &str) -> Result<Vec<Value>, String> {
         ValueKind::Seq => Ok(v.try_iter().map_err(|e| e.to_string())?.collect()),
         _ => Err(format!("`{column}` is {}, not a list of messages", kind_name(v))),
     }
-}
-
-fn chat(record: &Record, columns: &ColumnMap, prompt: Vec<Value>) -> Result<Chat, String> {
-    let tools = match record.get(&columns.tools) {
-        None => Value::from(()),
-        Some(t) => match t.as_str() {
-            Some(text) => serde_json::from_str::<Value>(text).map_err(|e| format!("`{}` is a string that is not JSON: {e}", columns.tools))?,
-            None => t.clone(),
-        },
-    };
-    if !matches!(tools.kind(), ValueKind::Seq | ValueKind::None | ValueKind::Undefined) {
-        return Err(format!("`{}` is {}, not a list of tool schemas", columns.tools, kind_name(&tools)));
-    }
-    let kwargs = match record.get(KWARGS).filter(|v| !v.is_none()) {
-        None => Vec::new(),
-        Some(v) if v.kind() == ValueKind::Map => {
-            messages::keys(v).into_iter().map(|k| (k.as_str().into(), messages::get(v, &k).unwrap_or(Value::from(())))).collect()
-        }
-        Some(v) => return Err(format!("`{KWARGS}` is {}, not an object", kind_name(v))),
-    };
-    Ok(Chat { messages: prompt, tools, kwargs })
 }
 
 /// The leading messages `chosen` and `rejected` share (TRL's `extract_prompt` on

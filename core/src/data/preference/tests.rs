@@ -2,7 +2,7 @@ use super::*;
 use crate::data::IGNORE_INDEX;
 
 fn data(seq_len: usize, keep_end: bool, pairs: Vec<EncodedPair>) -> PreferenceData {
-    let order = instruct::pack::EpochOrder::new(1, pairs.len());
+    let order = crate::data::text::order::EpochOrder::new(1, pairs.len());
     PreferenceData {
         seq_len,
         keep_end,
@@ -10,7 +10,6 @@ fn data(seq_len: usize, keep_end: bool, pairs: Vec<EncodedPair>) -> PreferenceDa
         cross_talk: false,
         train: pairs,
         val: Vec::new(),
-        reference: Default::default(),
         order,
         counts: Default::default(),
         files: Vec::new(),

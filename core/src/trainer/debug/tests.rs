@@ -37,7 +37,7 @@ fn a_dump_holds_the_batches_their_token_losses_and_the_parameters_around_the_upd
     let params = [("w".to_string(), w)];
     let inputs = Tensor::from_slice(&[1i64, 2, 3]).view([1, 3]);
     let targets = Tensor::from_slice(&[2i64, 3, crate::data::IGNORE_INDEX]).view([1, 3]);
-    let batch = Batch { inputs, targets, dataset_ids: None, segments: None, trained_tokens: Some(2), reference: None, samples: 1, tokens: 3 };
+    let batch = Batch { inputs, targets, dataset_ids: None, segments: None, payload: crate::data::Payload::TrainedTokens(2), samples: 1, tokens: 3 };
     let logits = Tensor::zeros([1, 3, 4], (Kind::Float, Device::Cpu));
     dump.keep_batch(0, &batch, Some(&logits)).unwrap();
     dump.keep_before_update(&params);

@@ -3,7 +3,10 @@ use std::{path::Path, sync::Arc};
 use minijinja::Value;
 
 use super::*;
-use crate::data::reader::{At, Place};
+use crate::{
+    config::ColumnMap,
+    data::reader::{At, Place},
+};
 
 fn record(json: &str) -> Record {
     let columns = crate::data::reader::tests_support::parse(json);

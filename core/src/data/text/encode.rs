@@ -32,7 +32,7 @@ use std::collections::HashSet;
 use tokenizers::Tokenizer;
 
 use super::{
-    shape::{Chat, Example},
+    chat::{Chat, Example},
     words::WordIds,
 };
 use crate::{config::TrainOn, data::chat_template::ChatTemplate};
