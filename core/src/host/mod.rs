@@ -17,6 +17,7 @@
 //!   hook ([`Reach::Declared`]). Worker plugins attach to `Metrics` and `Checkpoint`
 //!   only.
 
+mod attach;
 mod deferred;
 mod dispatch;
 mod event;
@@ -30,7 +31,7 @@ mod worker;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
-use ptrain_plugin_api::{Hook, Outbox, PluginBox, StepWindows, Threading};
+use ptrain_plugin_api::{Hook, Outbox, PluginBox, Threading};
 use serde::Serialize;
 
 pub use dispatch::Reach;
@@ -49,7 +50,7 @@ use self::{
 use crate::{
     config::{explain_option_error, KeyOrigins, PluginSettings},
     error::{Error, Result},
-    schedule::{Cadence, Owner, SlotSpec},
+    schedule::SlotSpec,
 };
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -101,6 +102,30 @@ impl Instance {
     }
 }
 
+/// A created plugin's runner (on the training thread, or its worker thread with its
+/// queue) and what the watchdog watches of it. A critical plugin's stall fails the run
+/// (it may never return).
+fn start(
+    name: &str,
+    plugin: PluginBox,
+    threading: Threading,
+    settings: &PluginSettings,
+    services: &Arc<HostServices>,
+) -> std::result::Result<(Runner, Arc<Watched>), abi_stable::std_types::RString> {
+    let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
+    let critical = settings.critical.then(|| services.clone());
+    let timer = worker::timer(&plugin, threading)?;
+    Ok(match threading {
+        Threading::Inline => (Runner::Inline(plugin), Watched::new(name, hook_warn, None, critical)),
+        Threading::Worker => {
+            let queue = Arc::new(BoundedQueue::new(settings.queue, settings.on_full));
+            let waiting = queue.clone();
+            let watched = Watched::new(name, hook_warn, Some(Box::new(move || waiting.len())), critical);
+            (Runner::Worker(Worker::spawn(name, plugin, queue, timer, watched.clone(), services.clone())), watched)
+        }
+    })
+}
+
 pub struct PluginHost {
     instances: Vec<Instance>,
     /// What inline plugins emitted since the run last took it
@@ -149,7 +174,7 @@ impl PluginHost {
             .collect::<Result<Vec<_>>>()?;
         loader::claim_tables(&libraries, tables)?;
         for (request, lib, path) in libraries {
-            let d = lib.descriptor;
+            let d = &lib.descriptor;
             let name = d.name.as_str().to_string();
             if host.instances.iter().any(|i| i.info.name == name) {
                 return Err(Error::Plugin { name, message: "requested twice".into() });
@@ -159,84 +184,36 @@ impl PluginHost {
             let names: Vec<&str> = d.attachments.iter().map(|a| a.name.as_str()).collect();
             // A plugin whose first attachment has no cadence (run start) takes the
             // cadence keys of its table as its own options (the trace's `every`).
-            let primary = d.attachments.first().filter(|a| a.hook.is_scheduled()).map(|a| a.cadence);
+            let scheduled = attach::primary(d).is_some();
             let worker = d.threading == Threading::Worker;
-            let mut settings = PluginSettings::parse(&name, table, &names, primary.is_some(), worker).map_err(|e| origins.locate(e))?;
+            let mut settings = PluginSettings::parse(&name, table, &names, scheduled, worker).map_err(|e| origins.locate(e))?;
             // The plugin's own default (`Descriptor::critical`), unless its table says.
             if !table.contains_key("critical") {
                 settings.critical = d.critical;
             }
             let refused = |e: abi_stable::std_types::RString| Error::Plugin {
                 name: name.clone(),
-                message: explain_option_error(&name, e.as_str(), &names, primary.is_some(), worker, origins),
+                message: explain_option_error(&name, e.as_str(), &names, scheduled, worker, origins),
             };
             let index = host.instances.len();
-            let mut declared = 0;
-            for a in d.attachments.iter() {
-                // Run start and end reach every plugin: an attachment to them (as
-                // plugins once declared) means nothing.
-                if a.hook.is_lifecycle() {
-                    continue;
-                }
-                if d.threading == Threading::Worker && !matches!(a.hook, Hook::Metrics | Hook::Checkpoint) {
-                    tracing::warn!("plugin `{name}`: worker plugins cannot attach to {}; ignored", a.hook.name());
-                    continue;
-                }
-                declared |= a.hook.bit();
-                let cadence = match a.hook {
-                    // Due exactly when the run evaluates.
-                    Hook::Eval => Cadence::NEVER.with_eval(),
-                    _ => {
-                        // The first attachment, and those declared with its cadence (they
-                        // run together with it: health's AfterBackward and StepEnd), follow
-                        // the table's cadence keys.
-                        let base = if primary == Some(a.cadence) { settings.primary.apply(a.cadence) } else { a.cadence };
-                        let cadence = settings.attachments.get(a.name.as_str()).map_or(base, |o| o.apply(base));
-                        if cadence.is_never() && !a.cadence.is_never() {
-                            tracing::warn!(
-                                "plugin `{name}`: attachment `{}` is never due with these settings (every = 0 and every_secs = 0 switch those off)",
-                                a.name
-                            );
-                        }
-                        cadence
-                    }
-                };
-                slots.push(SlotSpec { owner: Owner::Plugin(index), hook: a.hook, cadence, needs: a.needs, windows: StepWindows::NONE });
-            }
-            let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
+            let (plugin_slots, declared) = attach::slots(d, index, &name, &settings);
+            slots.extend(plugin_slots);
             let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
-            // A critical plugin's stall fails the run (it may never return).
-            let critical = settings.critical.then(|| services.clone());
-            let mut watched = Watched::new(&name, hook_warn, None, critical.clone());
-            let runner = if runs_here {
-                let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
-                let windows = plugin.step_windows().into_result().map_err(refused)?;
-                let timer = worker::timer(&plugin, d.threading).map_err(refused)?;
-                if !windows.is_none() {
-                    let steps = [Hook::StepStart, Hook::AfterForward, Hook::AfterBackward, Hook::StepEnd];
-                    for slot in slots.iter_mut().filter(|s| s.owner == Owner::Plugin(index) && steps.contains(&s.hook)) {
-                        slot.windows = windows;
+            let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
+            let (runner, watched) = match runs_here {
+                true => {
+                    let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
+                    let windows = plugin.step_windows().into_result().map_err(refused)?;
+                    if !windows.is_none() {
+                        attach::set_windows(&mut slots, index, windows);
                     }
+                    start(&name, plugin, d.threading, &settings, &services).map_err(refused)?
                 }
-                match d.threading {
-                    Threading::Inline => Runner::Inline(plugin),
-                    Threading::Worker => {
-                        let queue = Arc::new(BoundedQueue::new(settings.queue, settings.on_full));
-                        let waiting = queue.clone();
-                        watched = Watched::new(&name, hook_warn, Some(Box::new(move || waiting.len())), critical);
-                        Runner::Worker(Worker::spawn(&name, plugin, queue, timer, watched.clone(), services.clone()))
-                    }
-                }
-            } else {
-                Runner::Absent
+                false => (Runner::Absent, Watched::new(&name, hook_warn, None, settings.critical.then(|| services.clone()))),
             };
+            let threading = if d.threading == Threading::Inline { "inline" } else { "worker" };
             host.instances.push(Instance {
-                info: LoadedInfo {
-                    name,
-                    version: d.version.as_str().to_string(),
-                    path: path.canonicalize().unwrap_or(path),
-                    threading: if d.threading == Threading::Inline { "inline" } else { "worker" },
-                },
+                info: LoadedInfo { name, version: d.version.as_str().to_string(), path: path.canonicalize().unwrap_or(path), threading },
                 runner,
                 failed: false,
                 detached: None,

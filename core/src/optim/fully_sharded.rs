@@ -97,73 +97,9 @@ impl FullySharded {
             Some(o) => (o.master.shallow_clone(), o.grads.shallow_clone()),
             None => (master.shallow_clone(), grads.shallow_clone()),
         };
-        // (weight decay, name, offset in the chunks, length) of each owned trainable piece.
-        let mut pieces = Vec::new();
-        let mut saved_units = Vec::new();
-        let (mut units, mut at) = (Vec::with_capacity(cut.len()), 0i64);
-        for (u, CutUnit { trained, frozen }) in cut.into_iter().enumerate() {
-            let (mut parts, mut grad_shard) = (Vec::new(), None);
-            if let Some((members, mut part)) = trained {
-                if u > 0 {
-                    gather_in(&mut part, with.gather_kind, spec.rank)?;
-                }
-                let layout = &part.layout;
-                let owned = layout.range(spec.rank);
-                for piece in layout.pieces(owned.clone()) {
-                    let (name, shape) = &members[piece.param];
-                    pieces.push((shape.len() >= 2, name.clone(), at + (piece.flat_offset - owned.start) as i64, piece.len as i64));
-                }
-                let chunk = layout.chunk as i64;
-                let entries = members.iter().zip(&layout.params).map(|((name, shape), &(offset, _))| ParamEntry {
-                    name: name.clone(),
-                    shape: shape.clone(),
-                    offset,
-                });
-                saved_units.push(UnitLayout { chunk: layout.chunk, params: entries.collect() });
-                grad_shard = Some(grads.narrow(0, at, chunk));
-                parts.push(part);
-                at += chunk;
-            }
-            parts.extend(frozen.into_iter().map(|(_, part)| part));
-            if parts.is_empty() {
-                return Err(Error::Other(format!("dist.shard = \"parameters\": block {} has no parameters", u as i64 - 1)));
-            }
-            units.push(Unit::new(parts, grad_shard));
-        }
-        if at != total {
-            return Err(Error::Other(format!("parameter sharding: the units' chunks hold {at} elements, the master chunks {total}")));
-        }
-        let mut groups = Vec::new();
-        for decay in [true, false] {
-            let mine: Vec<_> = pieces.iter().filter(|p| p.0 == decay).collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let list = |t: &Tensor| TensorList::new(mine.iter().map(|p| t.narrow(0, p.2, p.3)).collect());
-            let of_kind = |k: &str| state.iter().find(|(name, _)| *name == k).map_or_else(|| TensorList::new(Vec::new()), |(_, t)| list(t));
-            groups.push(Group {
-                weight_decay: if decay { config.weight_decay } else { 0.0 },
-                names: mine.iter().map(|p| p.1.clone()).collect(),
-                params: list(&updated),
-                grads: list(&updated_grads),
-                exp_avgs: of_kind("exp_avg"),
-                exp_avg_sqs: of_kind("exp_avg_sq"),
-                momentum: of_kind("momentum"),
-                steps: TensorList::repeat(&step, mine.len()),
-            });
-        }
-        let element = Kind::Float.elt_size_in_bytes() as u64;
-        // A unit's whole gradient: in its gathered dtype, and beside it the float32
-        // copy its reduction takes when that dtype is another.
-        let whole = |u: &Unit| {
-            let kind = u.parts[0].full.kind();
-            let bytes = kind.elt_size_in_bytes() as u64 + if kind == Kind::Float { 0 } else { element };
-            u.grad_shard.as_ref().map_or(0, |_| u.parts[0].layout.padded() * bytes)
-        };
-        let largest_block = units.iter().skip(1).map(whole).max().unwrap_or(0);
-        let unit0 = units.first().map_or(0, whole);
-        let peak_gradient_bytes = total as u64 * element + unit0 + largest_block.max(unit0);
-        let gathered_block_bytes = units.iter().skip(1).map(|u| u.parts.iter().map(|p| p.gathered_bytes()).sum()).max().unwrap_or(0);
+        let (units, pieces, saved_units) = units_of(cut, &grads, with.gather_kind, spec.rank, total)?;
+        let groups = groups(config, &pieces, &state, (&updated, &updated_grads), &step);
+        let (peak_gradient_bytes, gathered_block_bytes) = gradient_figures(&units, total);
         let held: Vec<Tensor> = units.iter().filter(|u| u.grad_shard.is_some()).map(|u| u.parts[0].shard.shallow_clone()).collect();
         let mut units = Units::new(units, with.collectives, spec.rank, with.reshard_after_forward)?;
         units.release_all()?;
@@ -188,6 +124,99 @@ impl FullySharded {
             gathered_block_bytes,
         })
     }
+}
+
+/// An owned trainable piece of the chunks: (weight decay, name, offset, length).
+type Piece = (bool, String, i64, i64);
+
+/// The units of the cut model, each gathering its parts (unit 0's whole, the blocks'
+/// gathered when they run) with its slice of the gradient chunks; the owned trainable
+/// pieces; and the units' layouts as checkpoints record them.
+fn units_of(cut: Vec<CutUnit>, grads: &Tensor, gather_kind: Kind, rank: u32, total: i64) -> Result<(Vec<Unit>, Vec<Piece>, Vec<UnitLayout>)> {
+    let mut pieces = Vec::new();
+    let mut saved_units = Vec::new();
+    let (mut units, mut at) = (Vec::with_capacity(cut.len()), 0i64);
+    for (u, CutUnit { trained, frozen }) in cut.into_iter().enumerate() {
+        let (mut parts, mut grad_shard) = (Vec::new(), None);
+        if let Some((members, mut part)) = trained {
+            if u > 0 {
+                gather_in(&mut part, gather_kind, rank)?;
+            }
+            let layout = &part.layout;
+            let owned = layout.range(rank);
+            for piece in layout.pieces(owned.clone()) {
+                let (name, shape) = &members[piece.param];
+                pieces.push((shape.len() >= 2, name.clone(), at + (piece.flat_offset - owned.start) as i64, piece.len as i64));
+            }
+            let chunk = layout.chunk as i64;
+            let entries = members.iter().zip(&layout.params).map(|((name, shape), &(offset, _))| ParamEntry {
+                name: name.clone(),
+                shape: shape.clone(),
+                offset,
+            });
+            saved_units.push(UnitLayout { chunk: layout.chunk, params: entries.collect() });
+            grad_shard = Some(grads.narrow(0, at, chunk));
+            parts.push(part);
+            at += chunk;
+        }
+        parts.extend(frozen.into_iter().map(|(_, part)| part));
+        if parts.is_empty() {
+            return Err(Error::Other(format!("dist.shard = \"parameters\": block {} has no parameters", u as i64 - 1)));
+        }
+        units.push(Unit::new(parts, grad_shard));
+    }
+    if at != total {
+        return Err(Error::Other(format!("parameter sharding: the units' chunks hold {at} elements, the master chunks {total}")));
+    }
+    Ok((units, pieces, saved_units))
+}
+
+/// The fused optimizer's groups over the owned pieces (with weight decay, without):
+/// views into the updated chunks (`updated`: parameters, gradients) and the state.
+fn groups(
+    config: &OptimConfig,
+    pieces: &[Piece],
+    state: &[(&'static str, Tensor)],
+    (updated, updated_grads): (&Tensor, &Tensor),
+    step: &Tensor,
+) -> Vec<Group> {
+    let mut groups = Vec::new();
+    for decay in [true, false] {
+        let mine: Vec<_> = pieces.iter().filter(|p| p.0 == decay).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let list = |t: &Tensor| TensorList::new(mine.iter().map(|p| t.narrow(0, p.2, p.3)).collect());
+        let of_kind = |k: &str| state.iter().find(|(name, _)| *name == k).map_or_else(|| TensorList::new(Vec::new()), |(_, t)| list(t));
+        groups.push(Group {
+            weight_decay: if decay { config.weight_decay } else { 0.0 },
+            names: mine.iter().map(|p| p.1.clone()).collect(),
+            params: list(updated),
+            grads: list(updated_grads),
+            exp_avgs: of_kind("exp_avg"),
+            exp_avg_sqs: of_kind("exp_avg_sq"),
+            momentum: of_kind("momentum"),
+            steps: TensorList::repeat(step, mine.len()),
+        });
+    }
+    groups
+}
+
+/// Gradient bytes at a step's high point, and the largest block's gathered bytes.
+fn gradient_figures(units: &[Unit], total: i64) -> (u64, u64) {
+    let element = Kind::Float.elt_size_in_bytes() as u64;
+    // A unit's whole gradient: in its gathered dtype, and beside it the float32
+    // copy its reduction takes when that dtype is another.
+    let whole = |u: &Unit| {
+        let kind = u.parts[0].full.kind();
+        let bytes = kind.elt_size_in_bytes() as u64 + if kind == Kind::Float { 0 } else { element };
+        u.grad_shard.as_ref().map_or(0, |_| u.parts[0].layout.padded() * bytes)
+    };
+    let largest_block = units.iter().skip(1).map(whole).max().unwrap_or(0);
+    let unit0 = units.first().map_or(0, whole);
+    let peak = total as u64 * element + unit0 + largest_block.max(unit0);
+    let gathered = units.iter().skip(1).map(|u| u.parts.iter().map(|p| p.gathered_bytes()).sum()).max().unwrap_or(0);
+    (peak, gathered)
 }
 
 impl Optimizer for FullySharded {

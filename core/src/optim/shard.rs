@@ -58,6 +58,59 @@ pub struct Sharded {
     peak_gradient_bytes: u64,
 }
 
+/// One flat buffer laid out as `layout` holding every parameter: each parameter (every
+/// handle to it: model, var store, trainer) now lives in it.
+fn flatten(params: &[(String, Tensor)], layout: &FlatLayout, kind: Kind, device: tch::Device) -> Tensor {
+    let flat_params = Tensor::zeros([layout.padded() as i64], (kind, device));
+    tch::no_grad(|| {
+        for ((_, p), &(offset, n)) in params.iter().zip(&layout.params) {
+            let view = flat_params.narrow(0, offset as i64, n as i64).view(p.size().as_slice());
+            view.shallow_clone().copy_(p);
+            p.shallow_clone().set_data(&view);
+        }
+    });
+    flat_params
+}
+
+/// The fused optimizer's groups over this rank's pieces of the flat buffers (with
+/// weight decay, without): views into the flat parameters (from offset 0), the owned
+/// gradients and the state (from `owned.start`).
+fn groups(
+    config: &OptimConfig,
+    params: &[(String, Tensor)],
+    layout: &FlatLayout,
+    owned: &std::ops::Range<u64>,
+    [flat_params, owned_grads]: [&Tensor; 2],
+    state: &[(&'static str, Tensor)],
+    step: &Tensor,
+) -> Vec<Group> {
+    // A view of `t` where a piece starting at flat offset `at` lies, `t` starting at `base`.
+    let piece_of = |t: &Tensor, base: u64, at: u64, n: u64| t.narrow(0, (at - base) as i64, n as i64);
+    let mut groups = Vec::new();
+    for decay in [true, false] {
+        let pieces: Vec<_> = layout.pieces(owned.clone()).into_iter().filter(|p| (params[p.param].1.dim() >= 2) == decay).collect();
+        if pieces.is_empty() {
+            continue;
+        }
+        let list = |f: &dyn Fn(u64, u64) -> Tensor| TensorList::new(pieces.iter().map(|p| f(p.flat_offset, p.len)).collect());
+        let of_kind = |k: &str| match state.iter().find(|(name, _)| *name == k) {
+            Some((_, t)) => list(&|at, n| piece_of(t, owned.start, at, n)),
+            None => TensorList::new(Vec::new()),
+        };
+        groups.push(Group {
+            weight_decay: if decay { config.weight_decay } else { 0.0 },
+            names: pieces.iter().map(|p| params[p.param].0.clone()).collect(),
+            params: list(&|at, n| piece_of(flat_params, 0, at, n)),
+            grads: list(&|at, n| piece_of(owned_grads, owned.start, at, n)),
+            exp_avgs: of_kind("exp_avg"),
+            exp_avg_sqs: of_kind("exp_avg_sq"),
+            momentum: of_kind("momentum"),
+            steps: TensorList::repeat(step, pieces.len()),
+        });
+    }
+    groups
+}
+
 impl Sharded {
     /// An optimizer for this rank's slice only. The parameters move into one flat
     /// buffer; `params` must be sorted by name.
@@ -76,16 +129,7 @@ impl Sharded {
         }
         let numels: Vec<u64> = params.iter().map(|(_, p)| p.numel() as u64).collect();
         let layout = FlatLayout::new(&numels, spec.world);
-        let flat_params = Tensor::zeros([layout.padded() as i64], (kind, device));
-        tch::no_grad(|| {
-            for ((_, p), &(offset, n)) in params.iter().zip(&layout.params) {
-                let view = flat_params.narrow(0, offset as i64, n as i64).view(p.size().as_slice());
-                view.shallow_clone().copy_(p);
-                // The parameter (every handle to it: model, var store, trainer) now
-                // lives in the flat buffer.
-                p.shallow_clone().set_data(&view);
-            }
-        });
+        let flat_params = flatten(params, &layout, kind, device);
         let live = TensorList::new(params.iter().map(|(_, p)| p.shallow_clone()).collect());
         let owned = layout.range(spec.rank);
         let len = (owned.end - owned.start) as i64;
@@ -103,30 +147,7 @@ impl Sharded {
             (None, None) => unreachable!("one gradient buffer exists"),
         };
         let state: Vec<(&'static str, Tensor)> = state_kinds(config).iter().map(|&k| (k, Tensor::zeros([len], (kind, device)))).collect();
-        // A view of `t` where a piece starting at flat offset `at` lies, `t` starting at `base`.
-        let piece_of = |t: &Tensor, base: u64, at: u64, n: u64| t.narrow(0, (at - base) as i64, n as i64);
-        let mut groups = Vec::new();
-        for decay in [true, false] {
-            let pieces: Vec<_> = layout.pieces(owned.clone()).into_iter().filter(|p| (params[p.param].1.dim() >= 2) == decay).collect();
-            if pieces.is_empty() {
-                continue;
-            }
-            let list = |f: &dyn Fn(u64, u64) -> Tensor| TensorList::new(pieces.iter().map(|p| f(p.flat_offset, p.len)).collect());
-            let of_kind = |k: &str| match state.iter().find(|(name, _)| *name == k) {
-                Some((_, t)) => list(&|at, n| piece_of(t, owned.start, at, n)),
-                None => TensorList::new(Vec::new()),
-            };
-            groups.push(Group {
-                weight_decay: if decay { config.weight_decay } else { 0.0 },
-                names: pieces.iter().map(|p| params[p.param].0.clone()).collect(),
-                params: list(&|at, n| piece_of(&flat_params, 0, at, n)),
-                grads: list(&|at, n| piece_of(&owned_grads, owned.start, at, n)),
-                exp_avgs: of_kind("exp_avg"),
-                exp_avg_sqs: of_kind("exp_avg_sq"),
-                momentum: of_kind("momentum"),
-                steps: TensorList::repeat(&step, pieces.len()),
-            });
-        }
+        let groups = groups(config, params, &layout, &owned, [&flat_params, &owned_grads], &state, &step);
         let stats = Tensor::zeros([2], (Kind::Float, device));
         Ok(Sharded {
             config: config.clone(),
