@@ -165,13 +165,8 @@ impl PluginHost {
         };
         let mut slots = Vec::new();
         // Every library is checked, and every table claimed, before any plugin is created.
-        let libraries = requests
-            .iter()
-            .map(|request| {
-                let path = loader::resolve(request)?;
-                Ok((request, loader::load(&path)?, path))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let libraries = requests.iter().map(|request| loader::resolve(request).and_then(|path| Ok((request, loader::load(&path)?, path))));
+        let libraries = libraries.collect::<Result<Vec<_>>>()?;
         loader::claim_tables(&libraries, tables)?;
         for (request, lib, path) in libraries {
             let d = &lib.descriptor;
