@@ -22,10 +22,10 @@ fn dpo_py(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
     support_py("dpo.py", args)
 }
 
-/// A tokenizer, a policy, a reference and pairs of every form, in `dir`.
+/// A tokenizer, a policy, a reference and pairs of every form, in `dir` (a copy of the
+/// suite's shared fixture).
 fn made(dir: &Path, pairs: usize) -> PathBuf {
-    dpo_py(&[&"make", &dir, &pairs.to_string(), &"3"]);
-    dir.to_path_buf()
+    fixture::copy("dpo.py", &["make", fixture::OUT, &pairs.to_string(), "3"], dir)
 }
 
 /// A one-thread CPU DPO run's arguments on `data` (also its held-out file: nothing
