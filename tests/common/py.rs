@@ -2,7 +2,7 @@
 //! through one fork server, tests/support/pyserver.py: it imports torch, transformers,
 //! TRL and the rest once and forks a child per command, which then runs the real helper
 //! as `python ARGS...` would, in this process's working directory and environment. A
-//! fresh interpreter spends 2 to 5 s of CPU importing them; the suite runs a few hundred
+//! fresh interpreter spends 1.5 to 5 s of CPU importing them; the suite runs a few hundred
 //! such commands, in parallel test processes that share the server.
 //!
 //! The server is started by the first test that needs it (under a file lock, so one
