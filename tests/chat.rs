@@ -20,11 +20,10 @@ fn chat_py(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
     support_py("chat.py", args)
 }
 
-/// A tokenizer with a ChatML template, a random Qwen2 of its vocabulary and rows.
+/// A tokenizer with a ChatML template, a random Qwen2 of its vocabulary and rows (a
+/// copy of the suite's shared fixture).
 fn chat_model(dir: &Path, rows: usize) -> PathBuf {
-    let model = dir.join("model");
-    chat_py(&[&"make", &model, &rows.to_string(), &"1"]);
-    model
+    fixture::copy("chat.py", &["make", fixture::OUT, &rows.to_string(), "1"], &dir.join("model"))
 }
 
 /// Settings of a one-thread CPU run of `kind` data from `file` on `model`.

@@ -33,7 +33,7 @@ fn losses(run: &Path) -> Vec<(u64, Option<f64>)> {
 }
 
 fn python_report(dirs: &[&Path]) -> serde_json::Value {
-    let out = python().arg("tests/support/compare_checkpoints.py").args(dirs).output().unwrap();
+    let out = py::cmd().arg("tests/support/compare_checkpoints.py").args(dirs).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -129,7 +129,7 @@ fn first_batch(dir: &std::path::Path, sets: &[String]) -> (Vec<Vec<i64>>, f64) {
     let script = "import json, sys\nfrom safetensors.torch import load_file\np = load_file(sys.argv[1])\n\
                   rows = [i + [t[-1]] for i, t in zip(p['inputs'].tolist(), p['targets'].tolist())]\n\
                   print(json.dumps({'rows': rows, 'loss': p['loss'].item()}))";
-    let out = python().args(["-c", script]).arg(&probe).output().unwrap();
+    let out = py::cmd().args(["-c", script]).arg(&probe).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     (serde_json::from_value(v["rows"].clone()).unwrap(), v["loss"].as_f64().unwrap())
@@ -231,7 +231,7 @@ fn bad_jsonl_rows_are_refused_with_the_line_number() {
 fn a_torchscript_module_from_python_trains() {
     let dir = run_dir();
     let module = dir.path().join("classifier.pt");
-    let status = python().arg("tests/support/make_torchscript.py").arg(&module).args(["32", "4"]).status().unwrap();
+    let status = py::cmd().arg("tests/support/make_torchscript.py").arg(&module).args(["32", "4"]).status().unwrap();
     assert!(status.success());
     let out_dir = dir.path().join("run");
     run_expect(

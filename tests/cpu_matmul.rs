@@ -1,7 +1,8 @@
 //! `run.cpu_matmul`: oneDNN's float32 CPU products (`"auto"`, the default) give the
 //! losses and gradients of ATen's (`"aten"`, as PyTorch runs them) to float32 rounding,
 //! for a Qwen2 (q/k/v biases, a tied head, the chunked loss; full fine-tuning and LoRA)
-//! and for gpt; and a bad value exits 2 naming the key.
+//! and for gpt, with oneDNN's primitives executed only under `"auto"`; and a bad value
+//! exits 2 naming the key.
 
 mod common;
 
@@ -12,20 +13,35 @@ use common::{
     *,
 };
 
-/// Two steps with `matmul` (`aten` or `auto`), gradients dumped at step 1.
-fn run(dir: &Path, name: &str, matmul: &str, sets: &[&str]) -> PathBuf {
+/// Two steps with `matmul` (`aten` or `auto`), gradients dumped at step 1, under
+/// `ONEDNN_VERBOSE=1` (libtorch's oneDNN prints a line per primitive it executes);
+/// returns the run directory and the oneDNN products executed: the inner-product and
+/// matmul primitives.
+fn run(dir: &Path, name: &str, matmul: &str, sets: &[&str]) -> (PathBuf, usize) {
     let run_dir = dir.join(format!("{name}-{matmul}"));
     let mut cmd = ptrain();
-    cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "2", "--run-dir"]).arg(&run_dir);
+    cmd.env("ONEDNN_VERBOSE", "1").args(["run", "--quiet", "--device", "cpu", "--steps", "2", "--run-dir"]).arg(&run_dir);
     for set in sets.iter().copied().chain([&*format!("run.cpu_matmul={matmul}"), "debug.dump_tensors_at=[1]", "run.threads=1"]) {
         cmd.args(["--set", set]);
     }
-    run_expect(&mut cmd, 0);
-    run_dir
+    let out = run_expect(&mut cmd, 0);
+    // `onednn_verbose,v1,primitive,exec,cpu,inner_product,...` (oneDNN 3; 2 wrote
+    // `onednn_verbose,exec,cpu,...`).
+    let products = stdout(&out)
+        .lines()
+        .filter(|l| l.starts_with("onednn_verbose,") && l.contains(",exec,") && (l.contains(",inner_product,") || l.contains(",matmul,")))
+        .count();
+    (run_dir, products)
 }
 
 fn same_as_aten(dir: &Path, name: &str, sets: &[&str]) {
-    let (aten, onednn) = (run(dir, name, "aten", sets), run(dir, name, "auto", sets));
+    let ((aten, aten_products), (onednn, onednn_products)) = (run(dir, name, "aten", sets), run(dir, name, "auto", sets));
+    // The setting took effect, seen in what ran: `auto` computes its products with
+    // oneDNN's primitives, `aten` with none (MKL's sgemm behind at::linear, as PyTorch).
+    // Not in the last bits of the results: on some CPUs (AVX-512) oneDNN's jit gemm
+    // sums in MKL's order, and the two agree bit for bit.
+    assert_eq!(aten_products, 0, "{name}: run.cpu_matmul = \"aten\" executed {aten_products} oneDNN products");
+    assert!(onednn_products > 0, "{name}: run.cpu_matmul = \"auto\" executed no oneDNN product: were its kernels used?");
     let (a, b) = (summary(&aten), summary(&onednn));
     for key in ["first_loss", "final_loss", "final_eval_loss"] {
         let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
@@ -33,10 +49,15 @@ fn same_as_aten(dir: &Path, name: &str, sets: &[&str]) {
     }
     let dump = |d: &Path| d.join("tensors-step1.rank0.safetensors");
     let v = support_py("chat.py", &[&"compare-grads", &dump(&aten), &dump(&onednn)]);
-    let (rel, abs, tensors) = (v["max_rel"].as_f64().unwrap(), v["max_abs"].as_f64().unwrap(), v["tensors"].as_u64().unwrap());
+    let (rel, tensors) = (v["max_rel"].as_f64().unwrap(), v["tensors"].as_u64().unwrap());
+    // The same sums in another order. A float32 sum of n terms reordered moves by about
+    // sqrt(n) x 2^-24 of its terms' magnitude (random-walk rounding; n x 2^-24 at worst);
+    // the largest sums here (a weight gradient over a batch's positions) have n of a few
+    // hundred: ~1e-6 of a gradient's largest entry, and 1e-5 leaves a factor 10 for the
+    // two layers they pass back through (seen on an AVX-512 AMD EPYC: 5e-7 for qwen2, 0 for
+    // gpt, whose orders agree there). A wrong product (a transposed or missing term) is
+    // off by far more.
     assert!(tensors > 3 && rel <= 1e-5, "{name}: gradients differ by {rel} relative over {tensors} tensors");
-    // The setting took effect: the sums run in another order, so some last bit differs.
-    assert!(abs > 0.0, "{name}: oneDNN's gradients are ATen's bit for bit: were its kernels used?");
 }
 
 #[test]

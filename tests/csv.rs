@@ -11,7 +11,7 @@ fn read_with_pandas(path: &std::path::Path) -> Value {
     let script = "import json, sys\nimport pandas as pd\ndf = pd.read_csv(sys.argv[1])\n\
                   print(json.dumps({'columns': list(df.columns), 'dtypes': {c: str(t) for c, t in df.dtypes.items()},\n\
                   'values': {c: [None if pd.isna(v) else float(v) for v in df[c]] for c in df.columns}}))";
-    let out = python().args(["-c", script]).arg(path).output().unwrap();
+    let out = py::cmd().args(["-c", script]).arg(path).output().unwrap();
     assert!(out.status.success(), "pandas.read_csv failed:\n{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }

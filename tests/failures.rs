@@ -72,7 +72,7 @@ fn an_injected_libtorch_error_fails_the_run_cleanly() {
     assert!(s["phase_times"]["forward_s"].as_f64().unwrap() > 0.0, "the phases so far: {s}");
     assert_eq!(s["plugins"]["jsonl"]["lines"], 4, "the sinks ended (RunEnd) and drained: {s}");
     assert_eq!(jsonl_steps(&run), vec![1, 2, 3, 4]);
-    let tb = python().arg("tests/support/tb_read.py").arg(run.join("tensorboard")).output().unwrap();
+    let tb = py::cmd().arg("tests/support/tb_read.py").arg(run.join("tensorboard")).output().unwrap();
     assert!(tb.status.success(), "{}", String::from_utf8_lossy(&tb.stderr));
     let tb: Value = serde_json::from_slice(&tb.stdout).unwrap();
     let tb_steps: Vec<u64> = tb["scalars"]["train/loss"].as_array().unwrap().iter().map(|p| p[0].as_u64().unwrap()).collect();
@@ -100,7 +100,7 @@ fn out_of_memory_names_the_size_the_peak_and_the_knobs() {
 fn a_torchscript_model_that_raises_fails_the_run_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let module = dir.path().join("raising.pt");
-    let status = python().arg("tests/support/make_torchscript.py").arg(&module).args(["32", "4", "5"]).status().unwrap();
+    let status = py::cmd().arg("tests/support/make_torchscript.py").arg(&module).args(["32", "4", "5"]).status().unwrap();
     assert!(status.success());
     let run = dir.path().join("run");
     let cmd = |steps: &str| {
@@ -118,7 +118,7 @@ fn a_torchscript_model_that_raises_fails_the_run_cleanly() {
     assert_eq!(error["step"], 5, "{error}");
     assert!(error["message"].as_str().unwrap().contains("the module raises in training forward pass 5"), "{error}");
     assert_eq!(jsonl_steps(&run), vec![1, 2, 3, 4]);
-    let tb = python().arg("tests/support/tb_read.py").arg(run.join("tensorboard")).output().unwrap();
+    let tb = py::cmd().arg("tests/support/tb_read.py").arg(run.join("tensorboard")).output().unwrap();
     let tb: Value = serde_json::from_slice(&tb.stdout).unwrap();
     assert_eq!(tb["scalars"]["train/loss"].as_array().unwrap().len(), 4, "{tb}");
     // The resumed run's module counts from 1 again: steps 5 to 8 are its calls 1 to 4.

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{plugin_path, ptrain, python, read_jsonl, run_expect, stderr, summary, tiny_gpt};
+use common::{plugin_path, ptrain, py, read_jsonl, run_expect, stderr, summary, tiny_gpt};
 
 /// An MLP 24 -> 40 -> 16 -> 5 on 12-sample micro-batches, 3 per optimizer step.
 const MLP: &[&str] = &[
@@ -119,7 +119,7 @@ fn a_model_that_cannot_describe_itself_is_profiled() {
     let (script, module) = (dir.path().join("make.py"), dir.path().join("m.pt"));
     // TorchScript reads the module's source, so it must come from a file.
     std::fs::write(&script, SCRIPTED).unwrap();
-    assert!(python().arg(&script).arg(&module).status().unwrap().success());
+    assert!(py::cmd().arg(&script).arg(&module).status().unwrap().success());
     let run_dir = dir.path().join("run");
     let (rows, s) =
         mlp_run(&run_dir, &["--set", "model.kind=\"torchscript\"", "--set", &format!("model.torchscript.path={:?}", module.display().to_string())]);

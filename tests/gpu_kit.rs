@@ -7,7 +7,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{build_dir, repo};
+use common::{build_dir, py, repo};
 
 const MIB: u64 = 1 << 20;
 
@@ -68,7 +68,9 @@ fn the_bundle_is_small_and_its_validation_passes_on_the_cpu() {
         assert!(bundle.join(file).exists(), "{file} is missing from the bundle");
     }
 
-    let python = std::env::var_os("PTRAIN_PYTHON").map(std::path::PathBuf::from).unwrap_or_else(|| repo().join(".venv/bin/python"));
+    // The venv's Python behind the tests' fork server (tests/common/py.rs): the kit's
+    // helpers (transformers, torchrun, its JSON readers) skip importing torch each time.
+    let python = py::wrapper(dir.path());
     let out = dir.path().join("out");
     let validated = Command::new(bundle.join("gpu/validate.sh"))
         .args(["--device", "cpu", "--python"])
@@ -125,7 +127,7 @@ fn the_lent_device_script_runs_its_steps_on_the_cpu() {
     let packed =
         Command::new(repo().join("scripts/bundle.sh")).arg("--no-build").arg(&bundle).env("PTRAIN_RELEASE_DIR", build_dir()).output().unwrap();
     assert!(packed.status.success(), "bundle.sh failed:\n{}", String::from_utf8_lossy(&packed.stderr));
-    let python = std::env::var_os("PTRAIN_PYTHON").map(std::path::PathBuf::from).unwrap_or_else(|| repo().join(".venv/bin/python"));
+    let python = py::wrapper(dir.path());
     let out = dir.path().join("out");
     let ran = Command::new("bash")
         .arg(bundle.join("gpu/lent.sh"))

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{plugin_path, ptrain, python, read_jsonl, run_expect, stderr, summary, tiny_gpt};
+use common::{plugin_path, ptrain, py, read_jsonl, run_expect, stderr, summary, tiny_gpt};
 
 const FIGURES: [&str; 5] = ["grad_norm", "param_norm", "update_ratio", "grad_zero_frac", "grad_nonfinite_frac"];
 
@@ -24,7 +24,7 @@ fn row(run: &Path, step: u64) -> serde_json::Value {
 /// the tensors dumped at those steps.
 fn assert_matches_reference(run: &Path, steps: &[u64], depth: u64) {
     let files: Vec<String> = steps.iter().map(|s| run.join(format!("tensors-step{s}.rank0.safetensors")).display().to_string()).collect();
-    let out = python().arg("tests/support/health_reference.py").args(files.iter().map(|f| format!("{f}:{depth}"))).output().unwrap();
+    let out = py::cmd().arg("tests/support/health_reference.py").args(files.iter().map(|f| format!("{f}:{depth}"))).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let reference: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let groups = summary(run)["plugins"]["health"]["groups"].clone();

@@ -11,7 +11,7 @@ use std::{
     process::Output,
 };
 
-use common::{hf::*, *};
+use common::{fixture::OUT, hf::*, *};
 
 fn tokenize(extra: &[String], log_info: bool) -> Output {
     let mut cmd = ptrain();
@@ -39,8 +39,8 @@ fn cached(cache: &Path, stem: &str) -> PathBuf {
 fn a_gpt2_from_transformers_computes_the_same_logits_and_first_loss() {
     let dir = tempfile::tempdir().unwrap();
     let (model, tokens) = (dir.path().join("gpt2"), dir.path().join("tokens.bin"));
-    hf(&[&"make-model", &model]);
-    hf(&[&"make-tokens", &tokens, &"20000"]);
+    made_dir(&["make-model", OUT], &model);
+    made_file(&["make-tokens", "{out}/tokens.bin", "20000"], &tokens);
     // The same model, as the hub cache stores it: models--org--name/snapshots/<rev>/ of symlinks.
     let repo = dir.path().join("hub/models--local--tiny-gpt2");
     std::fs::create_dir_all(repo.join("snapshots/0123abcd")).unwrap();
@@ -82,9 +82,9 @@ fn a_fine_tuned_gpt2_exports_to_a_model_transformers_loads_without_warnings() {
     let dir = tempfile::tempdir().unwrap();
     let (model, text, tok) = (dir.path().join("gpt2"), dir.path().join("text.txt"), dir.path().join("tok/tokenizer.json"));
     std::fs::create_dir_all(tok.parent().unwrap()).unwrap();
-    hf(&[&"make-model", &model]);
-    hf(&[&"make-text", &text, &"6000", &"7"]);
-    hf(&[&"train-tokenizer", &text, &tok, &"400"]);
+    made_dir(&["make-model", OUT], &model);
+    made_file(&["make-text", "{out}/text.txt", "6000", "7"], &text);
+    made_file(&["train-tokenizer", &s(&text), "{out}/tokenizer.json", "400"], &tok);
     let run_dir = dir.path().join("runs/ft");
     let set =
         [format!("model.init_from={}", s(&model)), format!("data.tokenizer={}", s(&tok)), "data.kind=text".into(), format!("data.path={}", s(&text))];
@@ -113,7 +113,7 @@ fn a_fine_tuned_gpt2_exports_to_a_model_transformers_loads_without_warnings() {
     assert_eq!(report["tokenizer_matches"], true, "{report}");
     // The probe is the batch the run evaluated last: same loss.
     let eval = summary(&run_dir)["final_eval_loss"].as_f64().unwrap();
-    let probe_loss = python()
+    let probe_loss = py::cmd()
         .args(["-c", "import sys; from safetensors.torch import load_file; print(load_file(sys.argv[1])['loss'].item())"])
         .arg(&probe)
         .output()
@@ -126,8 +126,8 @@ fn tokenized_ids_equal_the_python_tokenizers_and_the_cache_is_reused() {
     let dir = tempfile::tempdir().unwrap();
     let (text, tok) = (dir.path().join("text.txt"), dir.path().join("tokenizer.json"));
     // ~1.2 MB: several pieces, so the cuts between them are exercised.
-    hf(&[&"make-text", &text, &"30000", &"1"]);
-    hf(&[&"train-tokenizer", &text, &tok, &"400"]);
+    made_file(&["make-text", "{out}/text.txt", "30000", "1"], &text);
+    made_file(&["train-tokenizer", &s(&text), "{out}/tokenizer.json", "400"], &tok);
     let set = |run: &str| {
         let mut a = vec!["--quiet".to_string(), "--steps".into(), "2".into(), "--run-dir".into(), s(&dir.path().join(run))];
         a.extend(small(&[format!("data.tokenizer={}", s(&tok)), "data.kind=text".into(), format!("data.path={}", s(&text))]));
@@ -161,19 +161,19 @@ fn prefix_space_word_level_and_jsonl_tokenizers_match_python() {
     let cache = dir.path().join("cache");
     let cache_key = format!("data.tokens_cache={}", s(&cache));
     let (text, rows) = (dir.path().join("text.txt"), dir.path().join("rows.jsonl"));
-    hf(&[&"make-text", &text, &"12000", &"2"]);
-    hf(&[&"make-jsonl", &rows, &"1500", &"3"]);
+    made_file(&["make-text", "{out}/text.txt", "12000", "2"], &text);
+    made_file(&["make-jsonl", "{out}/rows.jsonl", "1500", "3"], &rows);
 
     // A prefix space on every input: cuts would change the ids, so the file is one piece.
     let spaced = dir.path().join("spaced.json");
-    hf(&[&"train-tokenizer", &text, &spaced, &"300", &"--prefix-space"]);
+    made_file(&["train-tokenizer", &s(&text), "{out}/tokenizer.json", "300", "--prefix-space"], &spaced);
     tokenize(&[format!("data.tokenizer={}", s(&spaced)), "data.kind=text".into(), format!("data.path={}", s(&text)), cache_key.clone()], false);
     let ids = hf(&[&"check-ids", &spaced, &text, &cached(&cache, "text")]);
     assert_eq!(ids["equal"], true, "{ids}");
 
     // JSONL rows, each encoded alone and followed by the end-of-text token.
     let bpe = dir.path().join("bpe.json");
-    hf(&[&"train-tokenizer", &text, &bpe, &"300"]);
+    made_file(&["train-tokenizer", &s(&text), "{out}/tokenizer.json", "300"], &bpe);
     let set = [
         format!("data.tokenizer={}", s(&bpe)),
         "data.kind=jsonl".into(),
@@ -187,7 +187,7 @@ fn prefix_space_word_level_and_jsonl_tokenizers_match_python() {
 
     // Over 65536 ids: uint32 tokens, which a run then trains on.
     let (words, wtext) = (dir.path().join("words.json"), dir.path().join("words.txt"));
-    hf(&[&"make-wordlevel", &words, &wtext, &"70000"]);
+    made_dir(&["make-wordlevel", "{out}/words.json", "{out}/words.txt", "70000"], dir.path());
     let set = [format!("data.tokenizer={}", s(&words)), "data.kind=text".into(), format!("data.path={}", s(&wtext)), cache_key.clone()];
     tokenize(&set, false);
     let file = cached(&cache, "words");
@@ -207,10 +207,10 @@ fn bad_hugging_face_inputs_exit_2_naming_the_path_and_the_cause() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let model = d.join("gpt2");
-    hf(&[&"make-model", &model]);
+    made_dir(&["make-model", OUT], &model);
     let text = d.join("text.txt");
     let words = d.join("words.json");
-    hf(&[&"make-wordlevel", &words, &text, &"1000"]);
+    made_dir(&["make-wordlevel", "{out}/words.json", "{out}/text.txt", "1000"], d);
     let refused = |what: &str, sets: &[String], needles: &[&str]| {
         let run_dir = d.join(format!("run-{}", what.replace(' ', "-")));
         let mut cmd = ptrain();

@@ -64,8 +64,7 @@ fn first_loss(model: &Path, data: &str, rows: u64, cache: &Path, run_dir: &Path)
 #[test]
 fn every_form_encodes_to_the_rows_transformers_and_trl_give() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    support_py("chat.py", &[&"make", &model, &"12", &"3"]);
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, "12", "3"], &dir.path().join("model"));
     let forms = dir.path().join("forms");
     forms_py(&[&"forms", &model, &"8", &forms]);
     let cache = dir.path().join("cache");
@@ -194,8 +193,8 @@ fn tool_rows_render_as_transformers_and_train_calls_never_results() {
 #[test]
 fn bad_input_is_named_by_file_row_and_column() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    support_py("chat.py", &[&"make", &model, &"4", &"5"]);
+    // Any chat model: the suite's shared one (tests/lora.rs's).
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, "40", "3"], &dir.path().join("model"));
     let cache = dir.path().join("cache");
     let good = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}"#;
     let refused = |data: &str, extra: &[&str]| -> String {

@@ -52,8 +52,8 @@ fn lines(out: &std::process::Output) -> Vec<serde_json::Value> {
 #[test]
 fn weights_by_tokens_share_the_trained_tokens_and_every_source_is_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    support_py("chat.py", &[&"make", &model, &"4", &"1"]);
+    // Any chat model (its tokenizer and template): the suite's shared one (tests/lora.rs's).
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, "40", "3"], &dir.path().join("model"));
     let mut shares = Vec::new();
     for by in ["rows", "tokens"] {
         let config = mix_config(dir.path(), &model, by);
@@ -88,8 +88,7 @@ fn weights_by_tokens_share_the_trained_tokens_and_every_source_is_counted() {
 #[test]
 fn show_prints_rows_as_the_model_sees_them_with_run_flags() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    support_py("chat.py", &[&"make", &model, &"6", &"2"]);
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, "40", "3"], &dir.path().join("model"));
     let data = model.join("chat.jsonl");
     let first: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&data).unwrap().lines().next().unwrap()).unwrap();
     let answer = first["messages"].as_array().unwrap().iter().find(|m| m["role"] == "assistant").unwrap()["content"].as_str().unwrap().to_string();

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{hf::*, *};
+use common::{fixture::OUT, hf::*, *};
 
 const FAMILIES: [&str; 4] = ["llama", "qwen2", "qwen3", "mistral"];
 
@@ -19,9 +19,9 @@ const FAMILIES: [&str; 4] = ["llama", "qwen2", "qwen3", "mistral"];
 fn family_model(dir: &Path, family: &str) -> (PathBuf, Vec<String>) {
     let model = dir.join(family);
     match family {
-        "qwen3" => drop(hf(&[&"make-llama", &family, &model, &"-", &"--bf16-sharded"])),
-        _ => drop(hf(&[&"make-llama", &family, &model])),
-    }
+        "qwen3" => made_dir(&["make-llama", family, OUT, "-", "--bf16-sharded"], &model),
+        _ => made_dir(&["make-llama", family, OUT], &model),
+    };
     if family == "llama" {
         edit_config(&model, |j| {
             let mut rope = j.remove("rope_parameters").unwrap();
@@ -34,7 +34,7 @@ fn family_model(dir: &Path, family: &str) -> (PathBuf, Vec<String>) {
     }
     let tokens = dir.join("tokens.bin");
     if !tokens.exists() {
-        hf(&[&"make-tokens", &tokens, &"20000"]);
+        made_file(&["make-tokens", "{out}/tokens.bin", "20000"], &tokens);
     }
     (model.clone(), vec!["data.kind=tokens".into(), format!("data.path={}", s(&tokens)), format!("model.init_from={}", s(&model))])
 }
@@ -77,11 +77,10 @@ fn each_family_computes_transformers_logits_and_losses_in_fp32_and_bf16() {
 fn tokenized_family(dir: &Path, family: &str) -> (PathBuf, PathBuf) {
     let (text, tok) = (dir.join("text.txt"), dir.join("tok.json"));
     if !tok.exists() {
-        hf(&[&"make-text", &text, &"6000", &"7"]);
-        hf(&[&"train-tokenizer", &text, &tok, &"400"]);
+        made_file(&["make-text", "{out}/text.txt", "6000", "7"], &text);
+        made_file(&["train-tokenizer", &s(&text), "{out}/tok.json", "400"], &tok);
     }
-    let model = dir.join(format!("{family}-tok"));
-    hf(&[&"make-llama", &family, &model, &tok]);
+    let model = made_dir(&["make-llama", family, OUT, &s(&tok)], &dir.join(format!("{family}-tok")));
     (model, text)
 }
 
@@ -154,7 +153,7 @@ fn generate(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
 fn greedy_generation_matches_transformers_generate_for_each_family_and_gpt2() {
     let dir = tempfile::tempdir().unwrap();
     let gpt2 = dir.path().join("gpt2");
-    hf(&[&"make-model", &gpt2]);
+    made_dir(&["make-model", OUT], &gpt2);
     let mut models: Vec<(String, PathBuf)> = FAMILIES.iter().map(|f| (f.to_string(), tokenized_family(dir.path(), f).0)).collect();
     models.push(("gpt2".into(), gpt2));
     for (name, model) in &models {

@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    hf::{close, hf, s, support_py},
+    hf::{close, hf, made_dir, made_file, s, support_py},
     *,
 };
 
@@ -28,9 +28,7 @@ fn sets(pairs: &[&str]) -> Vec<String> {
 /// A random Qwen2 (64 wide, 2 layers, tied, GQA 4:2) with a ChatML tokenizer and
 /// chat rows (chat.py's), in `dir/model`.
 fn qwen2(dir: &Path) -> PathBuf {
-    let model = dir.join("model");
-    support_py("chat.py", &[&"make", &model, &"40", &"3"]);
-    model
+    fixture::copy("chat.py", &["make", fixture::OUT, "40", "3"], &dir.join("model"))
 }
 
 /// A LoRA run on chat rows of `model` (packed), on the CPU with one thread.
@@ -138,8 +136,8 @@ fn peft_loads_the_exported_adapters_and_transformers_the_merged_model_with_ptrai
 fn gpt2_adapters_on_conv1d_layers_load_into_peft_and_merge() {
     let dir = tempfile::tempdir().unwrap();
     let (model, tokens) = (dir.path().join("gpt2"), dir.path().join("tokens.bin"));
-    hf(&[&"make-model", &model]);
-    hf(&[&"make-tokens", &tokens, &"20000"]);
+    made_dir(&["make-model", fixture::OUT], &model);
+    made_file(&["make-tokens", "{out}/tokens.bin", "20000"], &tokens);
     let run_dir = dir.path().join("gpt2-lora");
     let args = [
         ["--device", "cpu"].map(String::from).to_vec(),
@@ -193,7 +191,7 @@ fn a_resumed_lora_run_repeats_the_uninterrupted_one_and_refuses_another_base() {
     };
     assert_eq!(losses(&whole).len(), 3);
     assert_eq!(losses(&resumed), losses(&whole), "the resumed run's losses, bit for bit");
-    let out = python().arg("tests/support/compare_checkpoints.py").arg(newest_checkpoint(&whole)).arg(newest_checkpoint(&resumed)).output().unwrap();
+    let out = py::cmd().arg("tests/support/compare_checkpoints.py").arg(newest_checkpoint(&whole)).arg(newest_checkpoint(&resumed)).output().unwrap();
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     assert!(report["model_equal"] == true && report["optimizer_equal"] == true, "the final adapters and their state: {report}");
 
@@ -221,7 +219,7 @@ fn a_resumed_lora_run_repeats_the_uninterrupted_one_and_refuses_another_base() {
                   data = json.dumps(s).encode()\nopen(f'{dst}/state.json', 'wb').write(data)\nm = json.load(open(f'{dst}/manifest.json'))\n\
                   f = next(f for f in m['files'] if f['path'] == 'state.json')\nf['size'], f['crc32'] = len(data), zlib.crc32(data)\n\
                   json.dump(m, open(f'{dst}/manifest.json', 'w'))\n";
-    assert!(python().args(["-c", script]).arg(newest_checkpoint(&part)).arg(&earlier).status().unwrap().success());
+    assert!(py::cmd().args(["-c", script]).arg(newest_checkpoint(&part)).arg(&earlier).status().unwrap().success());
     let from_earlier = dir.path().join("from-earlier");
     let mut cmd = ptrain();
     cmd.args(["run", "--plugins", "jsonl", "--steps", "6", "--resume"]).arg(&earlier).arg("--run-dir").arg(&from_earlier);

@@ -19,8 +19,7 @@ fn sets(pairs: &[&str]) -> Vec<String> {
 /// A random Qwen2 with a ChatML tokenizer and chat rows (chat.py's), trained 8 LoRA
 /// steps into `dir/run`; returns (model, run).
 fn lora_run(dir: &Path) -> (PathBuf, PathBuf) {
-    let model = dir.join("model");
-    support_py("chat.py", &[&"make", &model, &"40", &"3"]);
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, "40", "3"], &dir.join("model"));
     let run_dir = dir.join("run");
     let mut cmd = ptrain();
     cmd.args(["run", "--quiet", "--device", "cpu", "--plugins", "checkpoint", "--steps", "8", "--run-dir"]).arg(&run_dir);

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::{
-    hf::{chat_model, hf, s, support_py},
+    hf::{chat_model, made_dir, made_file, s, support_py},
     *,
 };
 
@@ -55,10 +55,8 @@ fn chunked_loss_equals_the_whole_logits_for_text_and_instruction_data() {
         &sets(&["model.kind=llama", &init, "data.kind=chat", &data, &cache, "data.packing=true", "data.batch_size=2", "train.eval_batches=1"]),
     );
     // llama (untied head) on token windows.
-    let llama = dir.path().join("llama");
-    hf(&[&"make-llama", &"llama", &llama]);
-    let tokens = dir.path().join("tokens.bin");
-    hf(&[&"make-tokens", &tokens, &"5000"]);
+    let llama = made_dir(&["make-llama", "llama", fixture::OUT], &dir.path().join("llama"));
+    let tokens = made_file(&["make-tokens", "{out}/tokens.bin", "5000"], &dir.path().join("tokens.bin"));
     let (init, data) = (format!("model.init_from={}", s(&llama)), format!("data.path={}", s(&tokens)));
     same_with_and_without_chunks(
         dir.path(),

@@ -172,7 +172,7 @@ impl Server {
 
     /// The run as the Python client reads it, with the history of `keys`.
     fn query(&self, run_id: &str, keys: &[&str]) -> Value {
-        let out = python().arg(repo().join("tests/support/mlflow_query.py")).arg(self.uri()).arg(run_id).args(keys).output().unwrap();
+        let out = py::cmd().arg(repo().join("tests/support/mlflow_query.py")).arg(self.uri()).arg(run_id).args(keys).output().unwrap();
         assert!(out.status.success(), "mlflow_query.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).unwrap()
     }

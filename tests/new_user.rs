@@ -3,7 +3,10 @@
 
 mod common;
 
-use common::{hf::hf, *};
+use common::{
+    hf::{made_dir, made_file},
+    *,
+};
 
 #[test]
 fn a_sequence_longer_than_the_models_context_is_refused_naming_both_values() {
@@ -45,8 +48,8 @@ fn export_refuses_a_run_whose_tokenizer_is_gone_unless_told_to_go_without() {
     let (text, tok_dir) = (dir.path().join("text.txt"), dir.path().join("tok"));
     std::fs::create_dir_all(&tok_dir).unwrap();
     let tok = tok_dir.join("tokenizer.json");
-    hf(&[&"make-text", &text, &"2000", &"3"]);
-    hf(&[&"train-tokenizer", &text, &tok, &"300"]);
+    made_file(&["make-text", "{out}/text.txt", "2000", "3"], &text);
+    made_file(&["train-tokenizer", &text.display().to_string(), "{out}/tokenizer.json", "300"], &tok);
     // A chat template the way transformers 5 saves it: its own file beside the tokenizer.
     let template = "{% for m in messages %}{{ m['content'] }}{% endfor %}";
     std::fs::write(tok_dir.join("chat_template.jinja"), template).unwrap();
@@ -82,7 +85,7 @@ fn a_misspelt_plugin_table_is_refused_before_any_weight_is_read_and_by_ptrain_co
     // Weights that cannot be read: only reading them would fail.
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("gpt2");
-    hf(&[&"make-model", &model]);
+    made_dir(&["make-model", fixture::OUT], &model);
     std::fs::write(model.join("model.safetensors"), b"not safetensors").unwrap();
     let init = format!("model.init_from={}", model.display());
     let out = run_expect(
@@ -112,8 +115,7 @@ fn a_misspelt_plugin_table_is_refused_before_any_weight_is_read_and_by_ptrain_co
 #[test]
 fn a_train_on_that_does_not_fit_the_data_kind_names_the_values_as_a_file_spells_them() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    common::hf::support_py("chat.py", &[&"make", &model, &"30", &"2"]);
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, "30", "2"], &dir.path().join("model"));
     let tokenizer = format!("data.tokenizer={}", common::hf::s(&model.join("tokenizer.json")));
     let sets = ["data.kind=\"prompt_completion\"", &tokenizer, "data.path=\"rows.jsonl\"", "data.train_on=\"last_assistant\""];
     let out = run_expect(ptrain().arg("config").args(sets.iter().flat_map(|s| ["--set", s])), 2);

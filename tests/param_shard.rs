@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{hf::*, ranks::*, *};
+use common::{fixture::OUT, hf::*, ranks::*, *};
 
 /// A tiny gpt or llama of three blocks, `steps` steps, every step's loss in
 /// metrics.jsonl; `extra` settings on top.
@@ -234,7 +234,7 @@ fn a_checkpoint_of_whole_weights_resumes_parameter_sharded_on_two_ranks() {
                   data = open(f'{dst}/model.safetensors', 'rb').read()\nm = json.load(open(f'{dst}/manifest.json'))\n\
                   f = next(f for f in m['files'] if f['path'] == 'model.safetensors')\nf['size'], f['crc32'] = len(data), zlib.crc32(data)\n\
                   json.dump(m, open(f'{dst}/manifest.json', 'w'))\n";
-    assert!(python().args(["-c", script]).arg(&original).arg(&altered).status().unwrap().success());
+    assert!(py::cmd().args(["-c", script]).arg(&original).arg(&altered).status().unwrap().success());
     let out = resumable(2, 6, 6, "parameters", &d("refused"), &["--resume", altered.to_str().unwrap()], 2);
     let err = stderr(&out);
     assert!(err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("shape"), "{err}");
@@ -247,8 +247,8 @@ fn a_checkpoint_of_whole_weights_resumes_parameter_sharded_on_two_ranks() {
 fn a_parameter_sharded_run_exports_to_what_transformers_loads_with_equal_logits() {
     let dir = tempfile::tempdir().unwrap();
     let (model, tokens) = (dir.path().join("qwen2"), dir.path().join("tokens.bin"));
-    hf(&[&"make-llama", &"qwen2", &model]);
-    hf(&[&"make-tokens", &tokens, &"20000"]);
+    made_dir(&["make-llama", "qwen2", OUT], &model);
+    made_file(&["make-tokens", "{out}/tokens.bin", "20000"], &tokens);
     let run_dir = dir.path().join("run");
     let sets =
         ["data.kind=tokens".to_string(), format!("data.path={}", s(&tokens)), format!("model.init_from={}", s(&model)), "dist.timeout_s=30".into()];
@@ -293,17 +293,14 @@ fn a_parameter_sharded_run_exports_to_what_transformers_loads_with_equal_logits(
 fn a_parameter_sharded_run_initialised_from_transformers_follows_the_unsharded_one() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.bin");
-    hf(&[&"make-tokens", &tokens, &"20000"]);
-    let models: [(&str, &[&dyn AsRef<std::ffi::OsStr>]); 3] =
-        [("gpt2", &[&"make-model"]), ("qwen2", &[&"make-llama", &"qwen2"]), ("llama-bf16", &[&"make-llama", &"llama"])];
+    made_file(&["make-tokens", "{out}/tokens.bin", "20000"], &tokens);
+    let models: [(&str, &[&str]); 3] = [
+        ("gpt2", &["make-model", OUT]),
+        ("qwen2", &["make-llama", "qwen2", OUT]),
+        ("llama-bf16", &["make-llama", "llama", OUT, "-", "--bf16-sharded"]),
+    ];
     for (name, make) in models {
-        let model = dir.path().join(name);
-        let mut args = make.to_vec();
-        args.push(&model);
-        if name == "llama-bf16" {
-            args.extend([&"-" as &dyn AsRef<std::ffi::OsStr>, &"--bf16-sharded"]);
-        }
-        hf(&args);
+        let model = made_dir(make, &dir.path().join(name));
         let train = |shard: &str| {
             let run_dir = dir.path().join(format!("{name}-{shard}"));
             let sets = [
@@ -372,19 +369,16 @@ fn lora_base(checkpoint: &Path) -> String {
 #[test]
 fn lora_on_a_pretrained_base_is_sharded_while_built_and_follows_the_unsharded_run() {
     /// A model's name, its `hf.py` arguments, its precision setting and the loss tolerance.
-    type Case<'a> = (&'a str, &'a [&'a dyn AsRef<std::ffi::OsStr>], &'a str, f64);
+    type Case<'a> = (&'a str, &'a [&'a str], &'a str, f64);
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.bin");
-    hf(&[&"make-tokens", &tokens, &"20000"]);
+    made_file(&["make-tokens", "{out}/tokens.bin", "20000"], &tokens);
     let models: [Case; 2] = [
-        ("qwen2", &[&"make-llama", &"qwen2"], "train.precision=\"fp32\"", 1e-5),
-        ("llama-bf16", &[&"make-llama", &"llama", &"-", &"--bf16-sharded"], "train.precision=\"bf16\"", 1e-4),
+        ("qwen2", &["make-llama", "qwen2", OUT], "train.precision=\"fp32\"", 1e-5),
+        ("llama-bf16", &["make-llama", "llama", OUT, "-", "--bf16-sharded"], "train.precision=\"bf16\"", 1e-4),
     ];
     for (name, make, precision, tolerance) in models {
-        let model = dir.path().join(name);
-        let mut args = make.to_vec();
-        args.insert(2, &model);
-        hf(&args);
+        let model = made_dir(make, &dir.path().join(name));
         let train = |shard: &str, steps: &str, extra: &[&str]| {
             let run_dir = dir.path().join(format!("{name}-{shard}-{steps}"));
             let mut sets = vec![
@@ -461,9 +455,9 @@ fn lora_on_a_drawn_base_is_digested_and_sharded_while_built() {
 #[test]
 fn lora_under_parameters_loads_its_shard_of_the_base_never_the_whole_model() {
     let dir = tempfile::tempdir().unwrap();
-    let (model, tokens) = (dir.path().join("llama"), dir.path().join("tokens.bin"));
-    hf(&[&"make-llama", &"llama", &model, &"-", &"--large"]);
-    hf(&[&"make-tokens", &tokens, &"20000"]);
+    // About 400 MB: the shared fixture itself, only read.
+    let model = fixture::shared("hf.py", &["make-llama", "llama", OUT, "-", "--large"]);
+    let tokens = made_file(&["make-tokens", "{out}/tokens.bin", "20000"], &dir.path().join("tokens.bin"));
     let run = |shard: &str| {
         let run_dir = dir.path().join(shard);
         let mut sets = vec![
@@ -521,7 +515,7 @@ fn offloading_the_optimizer_trains_and_saves_exactly_as_without() {
                       f = f'checkpoints/step-00000006/optimizer-rank{r:05}-of-00002.safetensors'\n    \
                       x, y = (load_file(f'{d}/{f}') for d in sys.argv[1:])\n    \
                       assert x.keys() == y.keys() and all(x[k].equal(y[k]) for k in x), f\n";
-        python().args(["-c", script]).arg(d(a)).arg(d(b)).output().unwrap().status.success()
+        py::cmd().args(["-c", script]).arg(d(a)).arg(d(b)).output().unwrap().status.success()
     };
     assert!(same("offloaded", "clipped"), "the same chunks and state saved");
     assert!(!same("kept", "clipped"), "clipping changes the update (the comparison can fail)");
@@ -580,7 +574,7 @@ fn a_bf16_parameter_sharded_checkpoint_holds_float32_masters_and_resumes() {
                   parts = sorted(glob.glob(sys.argv[1] + '/optimizer-rank*.safetensors'))\nassert len(parts) == 2, parts\n\
                   for p in parts:\n    with safe_open(p, 'pt') as f:\n        \
                   assert f.get_slice('params').get_dtype() == 'F32', p\n";
-    let out = python().args(["-c", script]).arg(&step2).output().unwrap();
+    let out = py::cmd().args(["-c", script]).arg(&step2).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let resume = ["--resume", step2.to_str().unwrap()];
     resumable(2, 6, 4, "parameters", &d("two"), &[bf16[0], bf16[1], resume[0], resume[1]], 0);

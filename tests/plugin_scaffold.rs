@@ -1,8 +1,9 @@
 //! What a third-party author does, from nothing: `ptrain plugins new` for both kinds into
 //! a temporary directory outside the checkout, `cargo build --release` and `cargo test
 //! --release` there without ptrain's scripts/env.sh (the scaffold's .cargo/config.toml is
-//! all it needs), the same for the two complete examples of docs/plugins.md, then one run
-//! that loads all four by name through PTRAIN_PLUGIN_PATH, the sinks writing what the
+//! all it needs), the same for the two complete examples of docs/plugins.md and for the
+//! source of the checkout's example crate (examples/plugin-entropy), then one run that
+//! loads the first four by name through PTRAIN_PLUGIN_PATH, the sinks writing what the
 //! inline plugins emitted.
 //!
 //! The crates build in a plugin build cache of their own (`$PTRAIN_HOME/plugin-build`,
@@ -58,6 +59,25 @@ fn snapshot(dir: &Path, names: &[String]) -> BTreeMap<PathBuf, (u64, SystemTime)
         }
     }
     files
+}
+
+/// A manifest's `[dependencies]`: each name with its version requirement and features
+/// (not where a path dependency lies).
+fn dependencies(manifest: &Path) -> BTreeMap<String, (Option<String>, Vec<String>)> {
+    let text: toml::Table = std::fs::read_to_string(manifest).unwrap().parse().unwrap();
+    let deps = text["dependencies"].as_table().unwrap_or_else(|| panic!("{}: no [dependencies]", manifest.display()));
+    deps.iter()
+        .map(|(name, spec)| {
+            let version = spec.as_str().or_else(|| spec.get("version").and_then(|v| v.as_str())).map(String::from);
+            let mut features: Vec<String> = spec
+                .get("features")
+                .and_then(|f| f.as_array())
+                .map(|f| f.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default();
+            features.sort();
+            (name.clone(), (version, features))
+        })
+        .collect()
 }
 
 /// The code block of docs/plugins.md that follows the line `marker`.
@@ -116,6 +136,15 @@ fn both_kinds_and_the_docs_examples_build_outside_the_checkout_and_run_together(
     std::fs::write(tsv.join("src/lib.rs"), docs_example("<!-- complete sink example -->")).unwrap();
     build_verbose(&zeros);
     build_verbose(&tsv);
+    // The example crate of the checkout (examples/plugin-entropy, which tests/plugins.rs
+    // loads from the workspace's build) builds on its own too: its dependencies are an
+    // inline crate's, so its source in one is the example built outside the workspace.
+    let entropy = new_plugin("entropy", &[]);
+    let example = repo().join("examples/plugin-entropy");
+    assert_eq!(dependencies(&example.join("Cargo.toml")), dependencies(&entropy.join("Cargo.toml")), "the example's dependencies are a scaffold's");
+    std::fs::copy(example.join("src/lib.rs"), entropy.join("src/lib.rs")).unwrap();
+    build_verbose(&entropy);
+    assert!(entropy.join("target/release/libptrain_plugin_entropy.so").is_file());
 
     // All four by name, through a colon-separated PTRAIN_PLUGIN_PATH.
     let search: Vec<String> = [&inline, &sink, &zeros, &tsv].iter().map(|c| c.join("target/release").display().to_string()).collect();

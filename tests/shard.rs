@@ -144,7 +144,7 @@ for p in parts:
     lengths.append(t["exp_avg"].numel())
 print(json.dumps({"numel": numel, "total": sum(lengths), "parts": len(parts), "format": m["format"]}))
 "#;
-    let out = python().args(["-c", script]).arg(checkpoint).output().unwrap();
+    let out = py::cmd().args(["-c", script]).arg(checkpoint).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["numel"], report["total"], "{report}");

@@ -11,9 +11,9 @@ use common::{hf::*, *};
 /// tokenizers beside it, and text to train on.
 fn model_with_tokenizer(root: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let (model, text) = (root.join("init/gpt2"), root.join("text.txt"));
-    hf(&[&"make-model", &model]);
-    hf(&[&"make-text", &text, &"3000", &"5"]);
-    hf(&[&"train-tokenizer", &text, &model.join("tokenizer.json"), &"300"]);
+    made_dir(&["make-model", fixture::OUT], &model);
+    made_file(&["make-text", "{out}/text.txt", "3000", "5"], &text);
+    made_file(&["train-tokenizer", &s(&text), "{out}/tokenizer.json", "300"], &model.join("tokenizer.json"));
     (model, text)
 }
 
@@ -63,8 +63,8 @@ fn a_checkpoint_needs_no_init_from_folder_for_logits_export_and_resume() {
 fn init_from_without_a_tokenizer_is_refused_unless_the_data_is_said_to_be_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let (model, text) = (dir.path().join("gpt2"), dir.path().join("text.txt"));
-    hf(&[&"make-model", &model]);
-    hf(&[&"make-text", &text, &"2000", &"3"]);
+    made_dir(&["make-model", fixture::OUT], &model);
+    made_file(&["make-text", "{out}/text.txt", "2000", "3"], &text);
     let mut args = fine_tune(&model, &text, 2);
     args.retain(|a| a != "checkpoint" && a != "--plugins");
     let refused = run_expect(ptrain().args(&args).arg("--run-dir").arg(dir.path().join("refused")), 2);
@@ -105,7 +105,7 @@ fn relative_paths_in_a_config_file_are_relative_to_its_folder() {
     let dir = tempfile::tempdir().unwrap();
     let folder = dir.path().join("project");
     std::fs::create_dir_all(folder.join("data")).unwrap();
-    hf(&[&"make-text", &folder.join("data/text.txt"), &"2000", &"3"]);
+    made_file(&["make-text", "{out}/text.txt", "2000", "3"], &folder.join("data/text.txt"));
     std::fs::write(folder.join("run.toml"), "[data]\nkind = \"text\"\npath = \"data/text.txt\"\n[run]\nrun_dir = \"runs/one\"\n").unwrap();
     // Run from the repository, not from the file's folder.
     run_expect(ptrain().args(tiny_gpt(2)).arg("--config").arg(folder.join("run.toml")), 0);

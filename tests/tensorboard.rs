@@ -20,7 +20,7 @@ struct Read {
 }
 
 fn tb_read(logdir: &Path) -> Read {
-    let out = python().arg(repo().join("tests/support/tb_read.py")).arg(logdir).output().expect("run python");
+    let out = py::cmd().arg(repo().join("tests/support/tb_read.py")).arg(logdir).output().expect("run python");
     assert!(out.status.success(), "tb_read.py failed: {}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("tb_read.py prints JSON");
     let pairs = |v: &Value| v.as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].clone())).collect::<Vec<_>>();

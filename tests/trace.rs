@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{plugin_path, ptrain, python, run_expect, stderr, summary, tiny_gpt};
+use common::{plugin_path, ptrain, py, run_expect, stderr, summary, tiny_gpt};
 
 fn files(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
@@ -32,7 +32,7 @@ fn windows_become_traces_that_hta_and_json_load_read() {
     let traces = dir.path().join("traces");
     assert_eq!(files(&traces), ["step-10.rank0.pt.trace.json", "step-4.rank0.pt.trace.json"]);
     let paths: Vec<String> = ["step-4", "step-10"].iter().map(|s| traces.join(format!("{s}.rank0.pt.trace.json")).display().to_string()).collect();
-    let out = python().arg("tests/support/trace_check.py").args(&paths).output().unwrap();
+    let out = py::cmd().arg("tests/support/trace_check.py").args(&paths).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for (path, steps) in paths.iter().zip([[4, 5, 6], [10, 11, 12]]) {

@@ -1,9 +1,12 @@
 //! The Hugging Face side of the tests: tests/support/hf.py (the real `transformers`
 //! and `tokenizers`), and the settings of the small runs they compare.
 
-use std::path::Path;
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+};
 
-use super::python;
+use super::{fixture, py};
 
 /// Runs a tests/support/hf.py command; returns its last output line as JSON, if any.
 pub fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
@@ -13,7 +16,9 @@ pub fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
 /// Runs a command of the Python helper `tests/support/<script>`; returns its last
 /// output line as JSON (null when it prints nothing).
 pub fn support_py(script: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
-    let out = python().arg(format!("tests/support/{script}")).args(args.iter().map(|a| a.as_ref())).output().expect("spawn python");
+    let path = format!("tests/support/{script}");
+    let argv: Vec<&OsStr> = std::iter::once(OsStr::new(&path)).chain(args.iter().map(|a| a.as_ref())).collect();
+    let out = py::output(&argv);
     assert!(
         out.status.success(),
         "{script} {:?} failed:\n{}",
@@ -22,6 +27,18 @@ pub fn support_py(script: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_j
     );
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines().last().map(|l| serde_json::from_str(l).expect("the helper prints JSON")).unwrap_or(serde_json::Value::Null)
+}
+
+/// `hf.py ARGS` made once for the suite (a shared fixture, tests/common/fixture.rs),
+/// `{out}` standing for the directory it writes; a copy of it at `to`.
+pub fn made_dir(args: &[&str], to: &Path) -> PathBuf {
+    fixture::copy("hf.py", args, to)
+}
+
+/// `hf.py ARGS` made once for the suite, writing the one file `{out}/NAME`; a copy of
+/// it at `to`.
+pub fn made_file(args: &[&str], to: &Path) -> PathBuf {
+    fixture::file("hf.py", args, to)
 }
 
 pub fn s(p: &Path) -> String {
@@ -45,12 +62,11 @@ pub fn close(a: f64, b: f64, tol: f64, what: &str) {
     assert!((a - b).abs() <= tol, "{what}: {a} vs {b} (tolerance {tol})");
 }
 
-/// `chat.py make DIR/model ROWS SEED`: a tiny random Qwen2 with ChatML and its chat rows,
+/// `chat.py make DIR/model ROWS SEED` (a copy of the shared fixture): a tiny random Qwen2 with ChatML and its chat rows,
 /// and the settings that train on them: `model.init_from`, `data.path` and `data.tokens_cache`
 /// (under `dir`).
 pub fn chat_model(dir: &Path, rows: u32, seed: u32) -> [String; 3] {
-    let model = dir.join("model");
-    support_py("chat.py", &[&"make", &model, &rows.to_string(), &seed.to_string()]);
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, &rows.to_string(), &seed.to_string()], &dir.join("model"));
     [
         format!("model.init_from={}", s(&model)),
         format!("data.path={}", s(&model.join("chat.jsonl"))),

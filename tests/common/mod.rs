@@ -2,7 +2,9 @@
 //! (and the venv's Python for the upstream readers) and read what it wrote.
 #![allow(dead_code)]
 
+pub mod fixture;
 pub mod hf;
+pub mod py;
 pub mod ranks;
 
 use std::{

@@ -195,16 +195,19 @@ mod tests {
         assert!(!Evaluator::new(&whole, Some(0), 0, 1, Device::Cpu).unwrap().enabled());
     }
 
-    /// Language-model rows of 8 tokens; evaluation batch i trains 2 + 3 i of its 16 targets.
+    /// Evaluation batch i: two rows of 8 tokens, of whose 16 targets the first 2 + 3 i
+    /// are trained, all of them the token `[255, 128, 0][i]`.
     struct Uneven;
+
+    const TARGETS: [i64; 3] = [255, 128, 0];
 
     impl Dataset for Uneven {
         fn batch(&self, _split: Split, key: BatchKey) -> Result<Batch> {
             tch::manual_seed(key.step as i64);
             let inputs = Tensor::randint(256, [2, 8], (Kind::Int64, Device::Cpu));
-            let targets = Tensor::randint(256, [16], (Kind::Int64, Device::Cpu));
             let trained = 2 + 3 * key.step as i64;
-            let _ = targets.narrow(0, trained, 16 - trained).fill_(IGNORE_INDEX);
+            let targets = Tensor::full([16], IGNORE_INDEX, (Kind::Int64, Device::Cpu));
+            let _ = targets.narrow(0, 0, trained).fill_(TARGETS[key.step as usize]);
             let targets = targets.view([2, 8]);
             Ok(Batch {
                 inputs,
@@ -227,13 +230,36 @@ mod tests {
         }
     }
 
+    /// A language model whose logits are `bias` at every position whatever the input:
+    /// a target `t` costs `logsumexp(bias) - bias[t]`, the same on every CPU.
+    struct Fixed {
+        bias: Tensor,
+    }
+
+    impl crate::model::Model for Fixed {
+        fn forward(&mut self, input: crate::model::ModelInput) -> Result<crate::model::ModelOutput> {
+            let (b, t) = input.tokens.size2()?;
+            Ok(crate::model::ModelOutput::Logits(self.bias.f_view([1, 1, 256])?.f_expand([b, t, 256], false)?))
+        }
+        fn task(&self) -> crate::model::Task {
+            crate::model::Task::LanguageModel
+        }
+        fn kind(&self) -> &str {
+            "fixed"
+        }
+        fn uses_randomness(&self) -> bool {
+            false
+        }
+    }
+
     #[test]
     fn instruction_data_is_the_sum_over_every_trained_token_over_their_number() {
-        let config =
-            config(&["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=8", "data.batch_size=2", "train.eval_batches=3"]);
+        let config = config(&["data.batch_size=2", "train.eval_batches=3"]);
         let vs = tch::nn::VarStore::new(Device::Cpu);
+        // bias[j] = j / 32: token 255 costs lse - 7.97, token 128 lse - 4, token 0 lse.
+        let bias = vs.root().var_copy("bias", &(Tensor::arange(256, (Kind::Float, Device::Cpu)) / 32.0));
         let dataset: std::sync::Arc<dyn Dataset> = std::sync::Arc::new(Uneven);
-        let model = crate::model::build(&config, &vs, dataset.as_ref()).unwrap();
+        let model = Box::new(Fixed { bias: bias.shallow_clone() });
         let mut learner = Learner::new(vs, model, dataset, &config, None, crate::optim::GradMemory::Released, 1).unwrap();
         let point = Evaluator::new(&config, learner.dataset.val_len(), 0, 1, Device::Cpu)
             .unwrap()
@@ -248,7 +274,17 @@ mod tests {
             means += cross_entropy(&logits, &batch.targets, Reduction::Mean).unwrap().double_value(&[]) / 3.0;
         }
         assert!((point.loss - sum / tokens).abs() < 1e-6, "{} vs {}", point.loss, sum / tokens);
-        assert!((point.loss - means).abs() > 1e-4, "not the mean of the batches' means ({means})");
+        // The same, from the costs above: (2 x token 255 + 5 x token 128 + 8 x token 0) / 15.
+        let lse = Vec::<f64>::try_from(bias.to_kind(Kind::Double).logsumexp([0], false).view([1])).unwrap()[0];
+        let cost = |t: i64| lse - t as f64 / 32.0;
+        let expected = (2.0 * cost(255) + 5.0 * cost(128) + 8.0 * cost(0)) / 15.0;
+        // float32 logits and losses: within 1e-5 of the float64 value.
+        assert!((point.loss - expected).abs() < 1e-5, "{} vs {expected}", point.loss);
+        // The batches' means differ (by construction: a batch's trained tokens are all one
+        // target) and weigh by their tokens, so the mean of the batches' means is
+        // (cost(255) + cost(128) + cost(0)) / 3, lse - 3.99 against lse - 2.40.
+        assert!((means - (cost(255) + cost(128) + cost(0)) / 3.0).abs() < 1e-5, "{means}");
+        assert!((point.loss - means).abs() > 1.0, "not the mean of the batches' means ({means})");
         assert!(point.accuracy.is_none() && point.metrics.is_empty());
     }
 }
