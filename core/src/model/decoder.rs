@@ -1,8 +1,8 @@
 //! The decoder-only transformer every language-model family shares, written once:
 //! embed -> blocks (each checkpointed or not, each through the [`BlockWrap`] if one
 //! is set) -> cache advance -> final norm -> head. A family (`gpt.rs`, `llama.rs`)
-//! is one [`Block`] and one [`Family`] (embedding, positions, final norm, head), plus
-//! its Hugging Face config mapping in `hf/`.
+//! is one [`Block`] and one [`Family`] (embedding, positions, final norm, head, its
+//! [`Layout`]), described to the rest of ptrain by its descriptor (`model::family`).
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use super::{
     attention::{Attend, Segments},
     checkpointing::{self, Checkpoints},
     entry::{ModelInput, ModelOutput, Returns, Supports},
+    layout::Layout,
     lora, KvCache, Layer, Model, Task,
 };
 use crate::{
@@ -72,8 +73,9 @@ pub trait Family: Send + 'static {
     /// The output projection `[V, D]`.
     fn head(&self) -> &Tensor;
 
-    /// Its layers at sequence length `seq_len`, for exact FLOP counts.
-    fn layers(&self, seq_len: i64) -> Vec<Layer>;
+    /// Its parameters, attentions and head, as its constructor made them (the FLOP
+    /// count reads them).
+    fn layout(&self) -> Layout;
 
     /// Whether training draws random numbers (dropout, LoRA's adapter dropout).
     fn draws(&self) -> bool;
@@ -160,6 +162,13 @@ pub(super) fn normal_unless_loaded(m: &ModelConfig, stdev: f64) -> nn::Init {
     } else {
         nn::Init::Const(0.0)
     }
+}
+
+/// `model` with its blocks planned by `train` (activation checkpointing), boxed: a
+/// family's [`crate::model::family::Build::Decoder`].
+pub(super) fn planned<F: Family>(mut model: Decoder<F>, train: &TrainConfig) -> Result<Box<dyn Model>> {
+    model.plan(BlockPlan::from_train(train, model.depth())?)?;
+    Ok(Box::new(model))
 }
 
 /// `block`, once `after_block` was told block `index` was built (a family's builder
@@ -279,7 +288,7 @@ impl<F: Family> Model for Decoder<F> {
     }
 
     fn layers(&self, seq_len: i64) -> Vec<Layer> {
-        self.family.layers(seq_len)
+        self.family.layout().flop_layers(seq_len)
     }
 
     fn uses_randomness(&self) -> bool {
