@@ -159,11 +159,11 @@ impl Family for Llama {
 
     /// In the embedding's type, as `transformers` casts them: float32 for float32
     /// weights, also under autocast (q and k then rotate in float32).
-    fn rotary(&self, at: Positions, kind: Kind) -> Result<Option<(Tensor, Tensor)>> {
-        Ok(Some(match at {
+    fn rotary(&self, at: Positions, kind: Kind) -> Result<Vec<(Tensor, Tensor)>> {
+        Ok(vec![match at {
             Positions::Given(p) => self.rope.at(p, kind)?,
             Positions::From { start, len } => self.rope.window(start, len, kind)?,
-        }))
+        }])
     }
 
     fn norm(&self, x: &Tensor) -> Result<Tensor> {

@@ -25,9 +25,9 @@ mod torchscript;
 
 use tch::{nn, Tensor};
 
-pub use attention::{Attend, Segments};
+pub use attention::{Attend, Scores, Segments};
 pub use decoder::Decoder;
-pub use entry::{ModelInput, ModelOutput, Returns, Supports};
+pub use entry::{Head, ModelInput, ModelOutput, Returns, Supports};
 pub use gpt::Gpt;
 pub use kv_cache::KvCache;
 pub use llama::Llama;

@@ -57,7 +57,7 @@ use crate::{
     config::{Config, DataKind},
     data::{Batch, Dataset},
     error::Result,
-    model::Model,
+    model::{Head, Model},
 };
 
 /// The model being trained, as an objective sees it. The trainer's learner
@@ -66,10 +66,10 @@ pub trait Forward {
     /// The logits of a batch: `[B, C]` for classification, `[B, T, V]` for a language model.
     fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor>;
 
-    /// A language model's hidden states `[B, T, D]` and output projection `[V, D]`,
-    /// for a loss computed a chunk of positions at a time; `None` for a model without
-    /// that split (see [`crate::model::Returns::Hidden`]).
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>>;
+    /// A language model's hidden states `[B, T, D]` and output projection `[V, D]`
+    /// (with its logits' soft cap, if any), for a loss computed a chunk of positions at
+    /// a time; `None` for a model without that split (see [`crate::model::Returns::Hidden`]).
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Head)>>;
 }
 
 /// What a micro-batch's sum is over.

@@ -31,7 +31,7 @@ impl Forward for Bare<'_> {
     }
 
     /// As the learner's: the states in bf16 under bf16 autocast.
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, crate::model::Head)>> {
         if !self.model.supports().hidden {
             return Ok(None);
         }

@@ -113,7 +113,7 @@ impl Forward for Learner {
     /// A language model's hidden states and output projection (see
     /// [`Returns::Hidden`]), under autocast like [`Forward::forward`]; `None` when
     /// the model has no such split (the loss is then computed from the logits).
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, crate::model::Head)>> {
         if !self.model.supports().hidden {
             return Ok(None);
         }
