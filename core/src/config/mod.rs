@@ -36,7 +36,9 @@ pub use dpo::{DpoConfig, DpoLoss, TruncationMode};
 pub use lora::LoraConfig;
 pub(crate) use model::move_flat_keys;
 use model::refuse_flat_keys;
-pub use model::{or_list, Activation, GptArgs, LlamaArgs, MlpArgs, ModelConfig, ModelKind, RopeScaling, TaskKind, TorchScriptArgs};
+pub use model::{
+    or_list, Activation, GemmaArgs, GptArgs, LayerType, LlamaArgs, MlpArgs, ModelConfig, ModelKind, RopeScaling, TaskKind, TorchScriptArgs,
+};
 pub use optim::{LrScheduleKind, OptimConfig, OptimName};
 pub use origins::KeyOrigins;
 pub(crate) use paths::looks_like_hub_name;

@@ -21,6 +21,7 @@ pub struct ModelConfig {
     // The kinds' tables last: a table must follow plain values in TOML output.
     pub gpt: GptArgs,
     pub llama: LlamaArgs,
+    pub gemma: GemmaArgs,
     pub mlp: MlpArgs,
     pub torchscript: TorchScriptArgs,
 }
@@ -135,6 +136,35 @@ pub struct LlamaArgs {
     pub hf_model_type: String,
 }
 
+/// `[model.gemma]`: the Gemma 2 / Gemma 3 (text) family (`model.kind = "gemma"`), read by
+/// `model/gemma.rs`. With `init_from`, every key here comes from the checkpoint's `config.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GemmaArgs {
+    pub n_kv_head: i64,
+    pub head_dim: i64,
+    pub intermediate_size: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_local_theta: f64,
+    pub query_pre_attn_scalar: f64,
+    pub attn_softcap: f64,
+    pub final_softcap: f64,
+    pub sliding_window: i64,
+    pub sliding_pattern: i64,
+    pub layer_types: Vec<LayerType>,
+    pub qk_norm: bool,
+    pub hf_model_type: String,
+}
+
+/// How a layer attends (transformers' `layer_types`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    SlidingAttention,
+    FullAttention,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum RopeScaling {
@@ -175,13 +205,15 @@ pub enum ModelKind {
     Gpt,
     /// Llama / Qwen2 / Qwen3 / Mistral: RMSNorm, RoPE, grouped-query attention, SwiGLU.
     Llama,
+    /// Gemma 2 / Gemma 3 (text): sandwich norms, GeGLU, sliding-window layers, soft caps.
+    Gemma,
     Mlp,
     Torchscript,
 }
 
 impl ModelKind {
     /// Every kind, in the order messages list them.
-    pub const ALL: &'static [ModelKind] = &[ModelKind::Gpt, ModelKind::Llama, ModelKind::Mlp, ModelKind::Torchscript];
+    pub const ALL: &'static [ModelKind] = &[ModelKind::Gpt, ModelKind::Llama, ModelKind::Gemma, ModelKind::Mlp, ModelKind::Torchscript];
 
     /// A decoder-only language model of repeated blocks: what activation checkpointing,
     /// `train.loss_chunk`, instruction data and tokenized text need. Every family of the

@@ -10,6 +10,7 @@ mod checkpointing;
 pub mod decoder;
 mod entry;
 pub mod family;
+mod gemma;
 pub mod generate;
 mod gpt;
 pub mod hf;
