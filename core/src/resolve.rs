@@ -8,12 +8,15 @@
 use std::{collections::BTreeMap, path::Path};
 
 use crate::{
-    config::{self, Config, ConfigBuilder, DataKind, KeyOrigins, ModelKind},
+    config::{self, Config, ConfigBuilder, DataKind, KeyOrigins},
     data::tokenize,
     error::{ConfigError, Error},
-    model::hf::{
-        arch::{insert, lookup},
-        HfDir,
+    model::{
+        family,
+        hf::{
+            arch::{insert, lookup},
+            HfDir,
+        },
     },
 };
 
@@ -23,7 +26,8 @@ fn bad(key: &str, message: impl Into<String>) -> Error {
 
 impl ConfigBuilder {
     /// The configuration, with what `model.init_from` and `data.tokenizer` decide
-    /// filled in (see [`Config::resolve_pretrained`]), validated.
+    /// filled in (see [`Config::resolve_pretrained`]), validated (and the model's shape
+    /// and LoRA targets by its family: [`family::check`]).
     pub fn build(self) -> Result<Config, Error> {
         self.build_with(|_| {})
     }
@@ -43,20 +47,21 @@ impl ConfigBuilder {
             config.model.init_from = init_from;
         }
         config.validate()?;
+        family::check(&config)?;
         Ok(config)
     }
 }
 
 impl Config {
     /// Fills the model keys that come from `model.init_from`'s `config.json`
-    /// (`vocab_size`, `n_layer`, `n_head`, `n_embd`, `block_size`, and `[model.gpt]`'s
-    /// or `[model.llama]`'s), and `model.vocab_size` from `data.tokenizer` when
+    /// (`vocab_size`, `n_layer`, `n_head`, `n_embd`, `block_size`, and the table of the
+    /// kind its `model_type` is read by: `[model.gpt]`, `[model.llama]`, ...), and `model.vocab_size` from `data.tokenizer` when
     /// nothing else fixes it. `explicit` maps the keys a layer set to that layer
     /// (see [`ConfigBuilder`]): one of them that disagrees is an error naming
     /// both values. Library users who build a `Config` by hand call this with an
     /// empty map.
     pub fn resolve_pretrained(&mut self, explicit: &BTreeMap<String, String>) -> Result<(), Error> {
-        if !self.model.init_from.is_empty() && matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
+        if !self.model.init_from.is_empty() && family::of(self.model.kind).hf.is_some() {
             let hf = HfDir::open(&self.model.init_from).map_err(|e| match (e, explicit.get("model.init_from")) {
                 (Error::Config(mut c), Some(origin)) => {
                     c.origin = origin.clone();

@@ -14,7 +14,7 @@ enum Format {
     Peft,
 }
 
-/// Export a gpt or llama checkpoint so that another library loads it.
+/// Export a language model's checkpoint (a kind with a Hugging Face counterpart) so that another library loads it.
 ///
 /// `--format hf` writes OUT/config.json and OUT/model.safetensors and copies the
 /// run's data.tokenizer as OUT/tokenizer.json (with the tokenizer_config.json and

@@ -13,7 +13,7 @@ use ptrain_core::{
     },
 };
 
-/// Continue a prompt with a trained model (gpt or llama), one token at a time.
+/// Continue a prompt with a trained language model (a kind with a key/value cache), one token at a time.
 ///
 /// The model comes from a ptrain checkpoint or run directory (its newest valid
 /// checkpoint), an exported directory (`ptrain export --format hf`), a peft adapter

@@ -10,6 +10,15 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
                                              or mistral, every parameter perturbed, save_pretrained; with a
                                              tokenizer: its vocabulary, tokenizer.json and eos id beside it;
                                              --large: 12 layers 768 wide (about 100M parameters)
+  hf.py make-gemma KIND DIR [TOKENIZER_JSON|-] [--4x]
+                                             a random gemma2 (alternating sliding and full layers, window 8,
+                                             attention and final logits soft-capped at 2 and 3) or gemma3
+                                             (q/k norms, three sliding layers to one full, local RoPE base 1e4,
+                                             global 1e6), query_pre_attn_scalar 32 != head_dim 24, every
+                                             parameter perturbed by N(0, 0.2) so that each feature changes the
+                                             logits (the post-norms by 4 more, so that greedy generation varies),
+                                             save_pretrained; with a tokenizer: its vocabulary, tokenizer.json and
+                                             eos id beside it; --4x: config.json in the 4.x form
   hf.py make-tokens FILE N                   N random ids < 512 as a nanoGPT uint16 .bin
   hf.py make-text FILE LINES SEED            varied UTF-8 text (blank lines, indents, accents)
   hf.py make-jsonl FILE ROWS SEED            rows {"text": ...}
@@ -21,10 +30,12 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
   hf.py drop-tensor DIR TENSOR               rewrites DIR/model.safetensors without TENSOR
   hf.py add-chat-template DIR                a ChatML chat_template in DIR/tokenizer_config.json
   hf.py chat-ids DIR TEXT [SYSTEM]           apply_chat_template([system: SYSTEM,] [user: TEXT], add_generation_prompt=True)
-  hf.py compare-logits MODEL_DIR PROBE [--bf16] [--cuda]
+  hf.py compare-logits MODEL_DIR PROBE [--bf16] [--cuda] [--features]
                                              transformers' logits and loss on PROBE's batch vs ptrain's
                                              (--bf16: transformers' loss under bf16 autocast; --cuda: on
-                                             the GPU, as gpu/validate.sh --device cuda compares)
+                                             the GPU, as gpu/validate.sh --device cuda compares; --features:
+                                             a Gemma's "features", transformers' logits with each feature off
+                                             in turn, as their largest distance from PROBE's logits)
   hf.py generate MODEL_DIR IDS N             model.generate(do_sample=False, max_new_tokens=N) from the
                                              comma-separated prompt IDS: the new ids
   hf.py check-ids TOKENIZER SOURCE CACHE [--jsonl FIELD EOS]
@@ -132,6 +143,111 @@ def make_llama(kind, d, tokenizer=None, *flags):
         shutil.copy(tokenizer, f"{d}/tokenizer.json")
         with open(f"{d}/tokenizer_config.json", "w") as f:
             json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 128}, f)
+
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+GEMMA_KINDS = {
+    "gemma2": dict(cls="Gemma2Config", layer_types=[SLIDING, FULL, SLIDING, FULL], attn_logit_softcapping=2.0, final_logit_softcapping=3.0),
+    "gemma3": dict(
+        cls="Gemma3TextConfig",
+        layer_types=[SLIDING, SLIDING, SLIDING, FULL],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
+}
+
+
+def make_gemma(kind, d, tokenizer=None, *flags):
+    import shutil
+
+    import torch
+    import transformers
+
+    spec = dict(GEMMA_KINDS[kind])
+    cls = getattr(transformers, spec.pop("cls"))
+    vocab, eos = 512, None
+    tokenizer = None if tokenizer == "-" else tokenizer
+    if tokenizer:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(tokenizer)
+        vocab, eos = tok.get_vocab_size(), tok.token_to_id("<|endoftext|>")
+    config = cls(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=24, query_pre_attn_scalar=32, sliding_window=8, max_position_embeddings=128, bos_token_id=None, eos_token_id=eos,
+        pad_token_id=None, **spec,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    # Fresh norms are 0 (they scale by 1 + weight): perturb everything, and enough that
+    # the soft caps, the window and the scales each change the logits; the sub-layers'
+    # output norms 5x, so that the blocks, not the copied token embedding (the head is
+    # tied), decide what greedy generation continues with.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * 0.2 + (4.0 if ".post_" in name else 0.0))
+    model.save_pretrained(d)
+    if "--4x" in flags:
+        with open(f"{d}/config.json") as f:
+            c = json.load(f)
+        if kind == "gemma3":
+            rope = c.pop("rope_parameters")
+            c["rope_theta"], c["rope_local_base_freq"] = rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]
+            c["rope_scaling"], c["sliding_window_pattern"] = None, 4
+            c.pop("layer_types")
+            c.pop("_sliding_window_pattern", None)
+        else:
+            c["rope_theta"] = c.pop("rope_parameters")["rope_theta"]
+        c["torch_dtype"] = c.pop("dtype")
+        with open(f"{d}/config.json", "w") as f:
+            json.dump(c, f)
+    if tokenizer:
+        shutil.copy(tokenizer, f"{d}/tokenizer.json")
+        with open(f"{d}/tokenizer_config.json", "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 128}, f)
+
+
+def gemma_features(model, probe):
+    """For each Gemma feature, the largest distance of PROBE's logits from transformers'
+    with that feature turned off."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ours = probe["logits"]
+
+    def logits(m):
+        with torch.no_grad():
+            return m(probe["inputs"]).logits
+
+    def without(**changes):
+        config = copy.deepcopy(model.config)
+        for key, value in changes.items():
+            setattr(config, key, value)
+        m = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        m.load_state_dict(model.state_dict())
+        return (logits(m.eval()) - ours).abs().max().item()
+
+    c = model.config
+    report = {
+        "sliding_window": without(layer_types=[FULL] * c.num_hidden_layers),
+        "query_pre_attn_scalar": without(query_pre_attn_scalar=c.head_dim),
+    }
+    if c.model_type == "gemma2":
+        report["attn_logit_softcapping"] = without(attn_logit_softcapping=None)
+        report["final_logit_softcapping"] = without(final_logit_softcapping=None)
+    else:
+        rope = copy.deepcopy(c.rope_parameters)
+        rope["sliding_attention"]["rope_theta"] = rope["full_attention"]["rope_theta"]
+        report["rope_local_base_freq"] = without(rope_parameters=rope)
+    scale = model.model.embed_tokens.embed_scale.clone()
+    with torch.no_grad():
+        model.model.embed_tokens.embed_scale.fill_(1.0)
+    report["embed_scale"] = (logits(model) - ours).abs().max().item()
+    with torch.no_grad():
+        model.model.embed_tokens.embed_scale.copy_(scale)
+    return report
 
 
 def make_tokens(path, n):
@@ -282,15 +398,16 @@ def compare_logits(model_dir, probe_path, *flags):
         window = torch.cat([inputs, targets[:, -1:]], dim=1)
         with bf16:
             hf_loss = model(window, labels=window).loss
-    out(
-        {
-            "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
-            "logit_scale": logits.abs().max().item(),
-            "hf_loss": hf_loss.item(),
-            "probe_loss": probe["loss"].item(),
-            "shape": list(logits.shape),
-        }
-    )
+    report = {
+        "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
+        "logit_scale": logits.abs().max().item(),
+        "hf_loss": hf_loss.item(),
+        "probe_loss": probe["loss"].item(),
+        "shape": list(logits.shape),
+    }
+    if "--features" in flags:
+        report["features"] = gemma_features(model, {k: v.cpu() for k, v in probe.items()})
+    out(report)
 
 
 def check_ids(tok_path, source, cache, *rest):
@@ -328,7 +445,7 @@ def load_export(d, probe_path, source=None):
         "messages": messages,
         "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
         "tied": model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr(),
-        "activation": getattr(model.config, "activation_function", None) or model.config.hidden_act,
+        "activation": next((getattr(model.config, k) for k in ("activation_function", "hidden_act", "hidden_activation") if hasattr(model.config, k)), None),
         "class": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
@@ -405,6 +522,7 @@ COMMANDS = {
     "training-defaults": training_defaults,
     "make-model": make_model,
     "make-llama": make_llama,
+    "make-gemma": make_gemma,
     "generate": generate,
     "make-tokens": make_tokens,
     "make-text": make_text,

@@ -18,6 +18,11 @@ fn bad(key: &str, message: impl Into<String>) -> Error {
     ConfigError { origin: "configuration".into(), key: key.into(), message: message.into() }.into()
 }
 
+/// The kinds with blocks, quoted: `"gpt" or "llama"`.
+fn quoted_kinds() -> String {
+    ModelKind::with_blocks(|k| format!("\"{k}\""))
+}
+
 impl Config {
     /// Whether `data.tokenizer` applies: text or JSONL data with a tokenizer, or
     /// instruction data.
@@ -28,7 +33,7 @@ impl Config {
     }
 
     /// The positions per chunk of the loss (0: the whole logits): `train.loss_chunk`
-    /// when set, else [`AUTO_LOSS_CHUNK`] for a gpt or llama whose vocabulary is at
+    /// when set, else [`AUTO_LOSS_CHUNK`] for a decoder whose vocabulary is at
     /// least [`AUTO_LOSS_CHUNK_VOCAB`] (Qwen2's 151,936, Llama 3's 128,256; not GPT-2's
     /// 50,257), where the logits dominate memory. The chunked loss is exact, so this
     /// changes memory and speed, not results.
@@ -42,15 +47,13 @@ impl Config {
 
     /// Whether the chunked loss is on because `train.loss_chunk` is unset and the vocabulary is large.
     pub fn auto_loss_chunk(&self) -> bool {
-        self.train.loss_chunk.is_none()
-            && matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama)
-            && self.model.vocab_size >= AUTO_LOSS_CHUNK_VOCAB
+        self.train.loss_chunk.is_none() && self.model.kind.has_blocks() && self.model.vocab_size >= AUTO_LOSS_CHUNK_VOCAB
     }
 
     /// `train.loss_chunk` needs a model that hands out its hidden states.
     pub(super) fn validate_loss_chunk(&self) -> Result<(), Error> {
-        if self.train.loss_chunk.is_some_and(|c| c > 0) && !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
-            return Err(bad("train.loss_chunk", "chunks a language model's output projection: model.kind = \"gpt\" or \"llama\""));
+        if self.train.loss_chunk.is_some_and(|c| c > 0) && !self.model.kind.has_blocks() {
+            return Err(bad("train.loss_chunk", format!("chunks a language model's output projection: model.kind = {}", quoted_kinds())));
         }
         Ok(())
     }
@@ -68,8 +71,8 @@ impl Config {
 
     /// `train.activation_checkpointing` recomputes the blocks of a transformer.
     pub(super) fn validate_activation_checkpointing(&self) -> Result<(), Error> {
-        if self.train.activation_checkpointing != ActivationCheckpointing::None && !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
-            return Err(bad("train.activation_checkpointing", "recomputes a transformer's blocks: model.kind = \"gpt\" or \"llama\""));
+        if self.train.activation_checkpointing != ActivationCheckpointing::None && !self.model.kind.has_blocks() {
+            return Err(bad("train.activation_checkpointing", format!("recomputes a transformer's blocks: model.kind = {}", quoted_kinds())));
         }
         Ok(())
     }
@@ -100,8 +103,8 @@ impl Config {
                  it defaults to the one beside model.init_from",
             ));
         }
-        if !matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) {
-            return Err(bad("data.kind", "instruction data trains a language model: model.kind = \"gpt\" or \"llama\""));
+        if !self.model.kind.has_blocks() {
+            return Err(bad("data.kind", format!("instruction data trains a language model: model.kind = {}", quoted_kinds())));
         }
         let allowed: &[TrainOn] = match data.kind {
             DataKind::Chat => &[TrainOn::Auto, TrainOn::Assistant, TrainOn::LastAssistant, TrainOn::All],
@@ -142,17 +145,11 @@ impl Config {
         Ok(())
     }
 
-    pub(super) fn validate_llama(&self) -> Result<(), Error> {
-        match self.model.llama_shape_error() {
-            Some((key, message)) => Err(bad(key, message)),
-            None => Ok(()),
-        }
-    }
-
     pub(super) fn validate_pretrained(&self) -> Result<(), Error> {
         let m = &self.model;
-        if !m.init_from.is_empty() && !matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) {
-            return Err(bad("model.init_from", "only a gpt or a llama starts from a Hugging Face checkpoint"));
+        if !m.init_from.is_empty() && !m.kind.has_blocks() {
+            let kinds = ModelKind::with_blocks(|k| format!("a {k}"));
+            return Err(bad("model.init_from", format!("only {kinds} starts from a Hugging Face checkpoint")));
         }
         if self.data.tokenizer.is_empty() || self.data.tokenizer == BYTES_TOKENIZER {
             if !self.data.eos_token.is_empty() {
@@ -163,12 +160,11 @@ impl Config {
         if !self.tokenizes() {
             return Err(bad("data.tokenizer", "tokenizes data.kind = \"text\", \"jsonl\", \"chat\" or \"prompt_completion\""));
         }
-        let language_model = matches!(m.kind, ModelKind::Gpt | ModelKind::Llama)
-            || (m.kind == ModelKind::Torchscript && m.torchscript.task == TaskKind::LanguageModel);
+        let language_model = m.kind.has_blocks() || (m.kind == ModelKind::Torchscript && m.torchscript.task == TaskKind::LanguageModel);
         if !language_model {
             return Err(bad(
                 "data.tokenizer",
-                "tokenized text is for language models (model.kind = \"gpt\" or \"llama\", or torchscript with task = \"language_model\")",
+                format!("tokenized text is for language models (model.kind = {}, or torchscript with task = \"language_model\")", quoted_kinds()),
             ));
         }
         if !self.data.datasets.is_empty() && !self.data.kind.is_instruction() {

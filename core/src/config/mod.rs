@@ -36,7 +36,9 @@ pub use dpo::{DpoConfig, DpoLoss, TruncationMode};
 pub use lora::LoraConfig;
 pub(crate) use model::move_flat_keys;
 use model::refuse_flat_keys;
-pub use model::{Activation, GptArgs, LlamaArgs, MlpArgs, ModelConfig, ModelKind, RopeScaling, TaskKind, TorchScriptArgs};
+pub use model::{
+    or_list, Activation, GemmaArgs, GptArgs, LayerType, LlamaArgs, MlpArgs, ModelConfig, ModelKind, RopeScaling, TaskKind, TorchScriptArgs,
+};
 pub use optim::{LrScheduleKind, OptimConfig, OptimName};
 pub use origins::KeyOrigins;
 pub(crate) use paths::looks_like_hub_name;
@@ -242,13 +244,8 @@ impl Config {
                 ),
             ));
         }
-        if self.model.kind == ModelKind::Gpt && self.model.n_embd % self.model.n_head.max(1) != 0 {
-            return Err(bad("model.n_embd", format!("{} is not divisible by n_head = {}", self.model.n_embd, self.model.n_head)));
-        }
-        if self.model.kind == ModelKind::Llama {
-            self.validate_llama()?;
-        }
-        if matches!(self.model.kind, ModelKind::Gpt | ModelKind::Llama) && self.data.max_seq_len > self.model.block_size {
+        // The model's shape is its family's to check (`model::family::check`, after these).
+        if self.model.kind.has_blocks() && self.data.max_seq_len > self.model.block_size {
             return Err(bad(
                 "data.max_seq_len",
                 format!(
@@ -262,7 +259,6 @@ impl Config {
         self.validate_instruction()?;
         self.validate_loss_chunk()?;
         self.validate_activation_checkpointing()?;
-        self.validate_lora()?;
         self.validate_offload()?;
         for (key, path) in self.input_files() {
             if !path.exists() {

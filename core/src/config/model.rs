@@ -21,6 +21,7 @@ pub struct ModelConfig {
     // The kinds' tables last: a table must follow plain values in TOML output.
     pub gpt: GptArgs,
     pub llama: LlamaArgs,
+    pub gemma: GemmaArgs,
     pub mlp: MlpArgs,
     pub torchscript: TorchScriptArgs,
 }
@@ -135,6 +136,35 @@ pub struct LlamaArgs {
     pub hf_model_type: String,
 }
 
+/// `[model.gemma]`: the Gemma 2 / Gemma 3 (text) family (`model.kind = "gemma"`), read by
+/// `model/gemma.rs`. With `init_from`, every key here comes from the checkpoint's `config.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GemmaArgs {
+    pub n_kv_head: i64,
+    pub head_dim: i64,
+    pub intermediate_size: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_local_theta: f64,
+    pub query_pre_attn_scalar: f64,
+    pub attn_softcap: f64,
+    pub final_softcap: f64,
+    pub sliding_window: i64,
+    pub sliding_pattern: i64,
+    pub layer_types: Vec<LayerType>,
+    pub qk_norm: bool,
+    pub hf_model_type: String,
+}
+
+/// How a layer attends (transformers' `layer_types`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    SlidingAttention,
+    FullAttention,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum RopeScaling {
@@ -168,14 +198,51 @@ impl LlamaArgs {
     }
 }
 
+/// `model.kind`: which family of the model registry (`model::family`) builds the model.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
     Gpt,
     /// Llama / Qwen2 / Qwen3 / Mistral: RMSNorm, RoPE, grouped-query attention, SwiGLU.
     Llama,
+    /// Gemma 2 / Gemma 3 (text): sandwich norms, GeGLU, sliding-window layers, soft caps.
+    Gemma,
     Mlp,
     Torchscript,
+}
+
+impl ModelKind {
+    /// Every kind, in the order messages list them.
+    pub const ALL: &'static [ModelKind] = &[ModelKind::Gpt, ModelKind::Llama, ModelKind::Gemma, ModelKind::Mlp, ModelKind::Torchscript];
+
+    /// A decoder-only language model of repeated blocks: what activation checkpointing,
+    /// `train.loss_chunk`, instruction data and tokenized text need. Every family of the
+    /// model registry but `mlp` and `torchscript`; the registry's descriptors declare it
+    /// too (`FamilySpec::blocks`, and a test there checks that both agree), since the
+    /// configuration cannot import `model`.
+    pub fn has_blocks(self) -> bool {
+        !matches!(self, ModelKind::Mlp | ModelKind::Torchscript)
+    }
+
+    /// As a configuration spells it: `gpt`.
+    pub fn name(self) -> String {
+        serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    }
+
+    /// The kinds with blocks as a message lists them, each through `spell`: `"gpt" or "llama"`.
+    pub fn with_blocks(spell: impl Fn(&str) -> String) -> String {
+        or_list(ModelKind::ALL.iter().filter(|k| k.has_blocks()).map(|k| spell(&k.name())))
+    }
+}
+
+/// `a`, `a or b`, `a, b or c`.
+pub fn or_list(items: impl IntoIterator<Item = String>) -> String {
+    let items: Vec<String> = items.into_iter().collect();
+    match items.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -206,21 +273,5 @@ impl Activation {
             Activation::Gelu => "gelu",
             Activation::GeluTanh => "gelu_tanh",
         }
-    }
-}
-
-impl ModelConfig {
-    /// Shapes the `llama` kind cannot build: an error message naming the key.
-    pub fn llama_shape_error(&self) -> Option<(&'static str, String)> {
-        let a = &self.llama;
-        let kv = a.kv_heads(self.n_head);
-        if self.n_head % kv != 0 {
-            return Some(("model.llama.n_kv_head", format!("{kv} does not divide n_head = {}", self.n_head)));
-        }
-        if a.head_dim == 0 && self.n_embd % self.n_head != 0 {
-            return Some(("model.n_embd", format!("{} is not divisible by n_head = {} (or set model.llama.head_dim)", self.n_embd, self.n_head)));
-        }
-        let hd = a.head_width(self.n_embd, self.n_head);
-        (hd % 2 != 0).then(|| ("model.llama.head_dim", format!("{hd} is odd: rotary embeddings turn pairs")))
     }
 }

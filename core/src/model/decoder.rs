@@ -1,17 +1,21 @@
 //! The decoder-only transformer every language-model family shares, written once:
 //! embed -> blocks (each checkpointed or not, each through the [`BlockWrap`] if one
 //! is set) -> cache advance -> final norm -> head. A family (`gpt.rs`, `llama.rs`)
-//! is one [`Block`] and one [`Family`] (embedding, positions, final norm, head), plus
-//! its Hugging Face config mapping in `hf/`.
+//! is one [`Block`] and one [`Family`] (embedding, positions, final norm, head, its
+//! [`Layout`]), described to the rest of ptrain by its descriptor (`model::family`).
 
 use std::sync::Arc;
 
 use tch::{nn, Kind, Tensor};
 
+use plan::{recompute, run_block};
+pub use plan::{BlockPlan, BlockWrap};
+
 use super::{
-    attention::{Attend, Segments},
-    checkpointing::{self, Checkpoints},
-    entry::{ModelInput, ModelOutput, Returns, Supports},
+    attention::{self, Attend, Segments},
+    checkpointing::Checkpoints,
+    entry::{Head, ModelInput, ModelOutput, Returns, Supports},
+    layout::Layout,
     lora, KvCache, Layer, Model, Task,
 };
 use crate::{
@@ -26,14 +30,27 @@ pub trait Block: Send + Sync + 'static {
     /// Its linear layers: with LoRA under bf16, their frozen base matrices are stored
     /// in bf16 (see [`lora::store_base_bf16`]).
     fn linears(&self) -> Vec<&lora::Linear>;
+
+    /// Which of its family's RoPE tables ([`Family::rotary`]) it turns queries and keys
+    /// by (Gemma 3's sliding layers have a base of their own).
+    fn rotary_table(&self) -> usize {
+        0
+    }
+
+    /// The sliding window its attention keeps to: a query sees itself and the
+    /// `window - 1` positions before it. `None`: every position before it.
+    fn window(&self) -> Option<i64> {
+        None
+    }
 }
 
 /// What a block is given besides the hidden state, the same for every block of one
 /// forward (but the cache's layer).
 pub struct BlockInput<'a> {
     pub train: bool,
-    /// RoPE's cos and sin at these positions ([`Family::rotary`]).
+    /// RoPE's cos and sin at these positions, of the block's table ([`Family::rotary`]).
     pub rotary: Option<(&'a Tensor, &'a Tensor)>,
+    /// Within the block's window, if any.
     pub attend: Attend<'a>,
 }
 
@@ -61,9 +78,10 @@ pub trait Family: Send + 'static {
     fn embed(&self, tokens: &Tensor, at: Positions, train: bool) -> Result<Tensor>;
 
     /// RoPE's cos and sin at `at` in `kind` (the embeddings' type), for families that
-    /// rotate queries and keys.
-    fn rotary(&self, _at: Positions, _kind: Kind) -> Result<Option<(Tensor, Tensor)>> {
-        Ok(None)
+    /// rotate queries and keys: one table per base its blocks turn by
+    /// ([`Block::rotary_table`]).
+    fn rotary(&self, _at: Positions, _kind: Kind) -> Result<Vec<(Tensor, Tensor)>> {
+        Ok(Vec::new())
     }
 
     /// The final norm.
@@ -72,57 +90,18 @@ pub trait Family: Send + 'static {
     /// The output projection `[V, D]`.
     fn head(&self) -> &Tensor;
 
-    /// Its layers at sequence length `seq_len`, for exact FLOP counts.
-    fn layers(&self, seq_len: i64) -> Vec<Layer>;
+    /// Its final logits soft-capped at this (Gemma 2's `final_logit_softcapping`):
+    /// handed out with the head ([`Head`]), so the chunked loss caps them too.
+    fn logit_softcap(&self) -> Option<f64> {
+        None
+    }
+
+    /// Its parameters, attentions and head, as its constructor made them (the FLOP
+    /// count reads them).
+    fn layout(&self) -> Layout;
 
     /// Whether training draws random numbers (dropout, LoRA's adapter dropout).
     fn draws(&self) -> bool;
-}
-
-/// Runs around every execution of a block's forward: where a per-block policy plugs
-/// in (parameter sharding gathers a block's parameters before it runs and frees them
-/// after, and may issue the next block's gather early). It is called in the forward
-/// pass, and again when backward recomputes a checkpointed block, then possibly on an
-/// autograd worker thread. `forward` is to be called once.
-pub trait BlockWrap: Send + Sync {
-    /// At the start of every forward, before the embeddings (which are outside the
-    /// blocks) are used.
-    fn enter(&self) -> Result<()> {
-        Ok(())
-    }
-
-    /// Block `index` over `input` (its hidden state). `checkpointed`: the block runs
-    /// inside its activation checkpoint: without a graph in forward, with one when
-    /// backward recomputes it.
-    fn around(&self, index: usize, input: &Tensor, checkpointed: bool, forward: &mut dyn FnMut() -> Result<Tensor>) -> Result<Tensor>;
-}
-
-/// Per-block choices, fixed when the model is built.
-#[derive(Clone, Default)]
-pub struct BlockPlan {
-    /// The blocks that keep only their input in forward and are recomputed in backward.
-    pub checkpointed: Vec<bool>,
-    pub wrap: Option<Arc<dyn BlockWrap>>,
-}
-
-impl BlockPlan {
-    /// `train.activation_checkpointing` over `blocks` blocks, no wrap.
-    pub fn from_train(train: &TrainConfig, blocks: usize) -> Result<BlockPlan> {
-        Ok(BlockPlan { checkpointed: checkpointing::chosen(train, blocks)?, wrap: None })
-    }
-}
-
-fn run_block(
-    wrap: Option<&dyn BlockWrap>,
-    index: usize,
-    input: &Tensor,
-    checkpointed: bool,
-    mut forward: impl FnMut() -> Result<Tensor>,
-) -> Result<Tensor> {
-    match wrap {
-        None => forward(),
-        Some(w) => w.around(index, input, checkpointed, &mut forward),
-    }
 }
 
 /// The rows of `weight` `[V, D]` at `ids`. `tied`: `weight` is also the output head,
@@ -140,16 +119,6 @@ pub(super) fn lookup(weight: &Tensor, ids: &Tensor, tied: bool) -> Result<Tensor
     Ok(Tensor::f_embedding(weight, ids, -1, false, tied && weight.device() == tch::Device::Cpu)?)
 }
 
-/// A checkpointed block's training forward over `[x]`, then RoPE's `[cos, sin]` if
-/// any (they come in pairs), then the mask if any, as the checkpoint recomputes it.
-fn recompute<B: Block>(block: &B, inputs: &[Tensor]) -> Result<Tensor> {
-    let (rotary, rest) = match inputs.len() {
-        1 | 2 => (None, &inputs[1..]),
-        _ => (Some((&inputs[1], &inputs[2])), &inputs[3..]),
-    };
-    block.forward(&inputs[0], &mut BlockInput { train: true, rotary, attend: rest.first().map_or(Attend::Causal, Attend::Masked) })
-}
-
 /// A base weight's initialisation: N(0, `stdev`) for a model trained from scratch;
 /// zeros when `model.init_from`'s weights overwrite it right after it is built.
 /// Drawing a Qwen2-0.5B's 494M normal numbers (three passes over 2 GB) only to
@@ -160,6 +129,13 @@ pub(super) fn normal_unless_loaded(m: &ModelConfig, stdev: f64) -> nn::Init {
     } else {
         nn::Init::Const(0.0)
     }
+}
+
+/// `model` with its blocks planned by `train` (activation checkpointing), boxed: a
+/// family's [`crate::model::family::Build::Decoder`].
+pub(super) fn planned<F: Family>(mut model: Decoder<F>, train: &TrainConfig) -> Result<Box<dyn Model>> {
+    model.plan(BlockPlan::from_train(train, model.depth())?)?;
+    Ok(Box::new(model))
 }
 
 /// `block`, once `after_block` was told block `index` was built (a family's builder
@@ -234,17 +210,21 @@ impl<F: Family> Decoder<F> {
             w.enter()?;
         }
         let mut x = self.family.embed(tokens, at, train)?;
-        let rotary = self.family.rotary(at, x.kind())?;
-        let mask = segments.map(Segments::mask).transpose()?;
-        // What a checkpoint saves besides x (an empty Vec allocates nothing).
-        let extras: Vec<&Tensor> = rotary.iter().flat_map(|(cos, sin)| [cos, sin]).chain(mask.as_ref()).collect();
-        let rotary = rotary.as_ref().map(|(cos, sin)| (cos, sin));
+        let tables = self.family.rotary(at, x.kind())?;
+        let masks = match cache {
+            Some(_) => Vec::new(),
+            None => self.masks(segments, t, x.device())?,
+        };
         for (i, block) in self.blocks.iter().enumerate() {
+            let rotary = tables.get(block.rotary_table()).map(|(cos, sin)| (cos, sin));
+            let mask = masks.iter().find(|(w, _)| *w == block.window()).and_then(|(_, m)| m.as_ref());
+            // What a checkpoint saves besides x (an empty Vec allocates nothing).
+            let extras: Vec<&Tensor> = rotary.iter().flat_map(|(cos, sin)| [*cos, *sin]).chain(mask).collect();
             x = match self.checkpoints.run(i, train && cache.is_none(), &x, &extras) {
                 Some(out) => out?,
                 None => {
-                    let attend = match (cache.as_deref_mut(), &mask) {
-                        (Some(c), _) => Attend::Cached(c, i),
+                    let attend = match (cache.as_deref_mut(), mask) {
+                        (Some(c), _) => Attend::Cached(c, i, block.window()),
                         (None, Some(m)) => Attend::Masked(m),
                         (None, None) => Attend::Causal,
                     };
@@ -258,15 +238,34 @@ impl<F: Family> Decoder<F> {
         }
         self.family.norm(&x)
     }
+
+    /// The mask of each window the blocks attend within (`None`: every position before
+    /// a query) over `t` positions: packed rows' ([`Segments::mask_within`]) or one
+    /// plain sequence's (none where that is causal attention), made once per forward.
+    fn masks(&self, segments: Option<&Segments>, t: i64, device: tch::Device) -> Result<Vec<(Option<i64>, Option<Tensor>)>> {
+        let mut windows: Vec<Option<i64>> = self.blocks.iter().map(|b| b.window()).collect();
+        windows.sort();
+        windows.dedup();
+        windows
+            .into_iter()
+            .map(|w| {
+                let mask = match segments {
+                    Some(s) => Some(s.mask_within(w.filter(|&w| w < t))?),
+                    None => attention::causal_within(t, w, device)?,
+                };
+                Ok((w, mask))
+            })
+            .collect()
+    }
 }
 
 impl<F: Family> Model for Decoder<F> {
     fn forward(&mut self, input: ModelInput) -> Result<ModelOutput> {
         let states = self.hidden(input.tokens, input.segments, input.cache, input.train)?;
-        let head = self.family.head();
+        let head = Head { weight: self.family.head().shallow_clone(), softcap: self.family.logit_softcap() };
         Ok(match input.returns {
-            Returns::Logits => ModelOutput::Logits(states.f_linear::<Tensor>(head, None)?),
-            Returns::Hidden => ModelOutput::Hidden { states, head: head.shallow_clone() },
+            Returns::Logits => ModelOutput::Logits(head.logits(&states)?),
+            Returns::Hidden => ModelOutput::Hidden { states, head },
         })
     }
 
@@ -279,7 +278,7 @@ impl<F: Family> Model for Decoder<F> {
     }
 
     fn layers(&self, seq_len: i64) -> Vec<Layer> {
-        self.family.layers(seq_len)
+        self.family.layout().flop_layers(seq_len)
     }
 
     fn uses_randomness(&self) -> bool {
@@ -304,5 +303,6 @@ impl<F: Family> Model for Decoder<F> {
     }
 }
 
+mod plan;
 #[cfg(test)]
 mod tests;

@@ -55,18 +55,59 @@ impl<'a> ModelInput<'a> {
 pub enum ModelOutput {
     /// `[B, C]` for classification, `[B, T, V]` for language models.
     Logits(Tensor),
-    /// `states` `[B, T, D]` (final-normed) and the output projection `head` `[V, D]`:
-    /// the logits are `states @ head^T`.
-    Hidden { states: Tensor, head: Tensor },
+    /// `states` `[B, T, D]` (final-normed) and the output projection `head`: the
+    /// logits are [`Head::logits`] of the states.
+    Hidden { states: Tensor, head: Head },
 }
 
 impl ModelOutput {
     /// The logits, projecting hidden states if that is what came back.
     pub fn logits(self) -> Result<Tensor> {
-        Ok(match self {
-            ModelOutput::Logits(logits) => logits,
-            ModelOutput::Hidden { states, head } => states.f_linear::<Tensor>(&head, None)?,
-        })
+        match self {
+            ModelOutput::Logits(logits) => Ok(logits),
+            ModelOutput::Hidden { states, head } => head.logits(&states),
+        }
+    }
+}
+
+/// A language model's output projection: the logits of hidden states `h` are
+/// `h @ weight^T`, soft-capped to `cap * tanh(logits / cap)` where the model caps its
+/// final logits (Gemma 2's `final_logit_softcapping`). It dereferences to `weight`,
+/// which is what most of its readers need; whoever computes logits from it (the
+/// chunked loss) applies [`Head::cap`] too.
+#[derive(Debug)]
+pub struct Head {
+    /// `[V, D]`.
+    pub weight: Tensor,
+    pub softcap: Option<f64>,
+}
+
+impl Head {
+    /// A projection whose logits are not capped.
+    pub fn plain(weight: Tensor) -> Head {
+        Head { weight, softcap: None }
+    }
+
+    /// The logits of `states` `[.., D]`.
+    pub fn logits(&self, states: &Tensor) -> Result<Tensor> {
+        self.cap(states.f_linear::<Tensor>(&self.weight, None)?)
+    }
+
+    /// `logits` soft-capped, in `transformers`' order of operations (divide, tanh,
+    /// multiply); unchanged without a cap.
+    pub fn cap(&self, logits: Tensor) -> Result<Tensor> {
+        match self.softcap {
+            Some(cap) => Ok(logits.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?),
+            None => Ok(logits),
+        }
+    }
+}
+
+impl std::ops::Deref for Head {
+    type Target = Tensor;
+
+    fn deref(&self) -> &Tensor {
+        &self.weight
     }
 }
 

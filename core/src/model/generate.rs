@@ -74,9 +74,10 @@ pub fn generate(model: &mut dyn Model, prompt: &[i64], eos: &[i64], s: &Sampling
         return Err(Error::Other("the prompt is empty: give at least one token".into()));
     }
     let capacity = (prompt.len() + s.max_new_tokens) as i64;
-    let mut cache = model
-        .new_cache(capacity)
-        .ok_or_else(|| Error::Other(format!("model.kind {:?} has no key/value cache: generate works with gpt and llama", model.kind())))?;
+    let mut cache = model.new_cache(capacity).ok_or_else(|| {
+        let kinds = super::family::kinds(|f| f.kv_cache, str::to_string).replace(" or ", " and ");
+        Error::Other(format!("model.kind {:?} has no key/value cache: generate works with {kinds}", model.kind()))
+    })?;
     if cache.capacity() < capacity {
         return Err(Error::Other(format!(
             "{} prompt tokens + {} new ones exceed the model's context of {} (model.block_size)",

@@ -1,37 +1,99 @@
 //! A decoder-only transformer (bytes by default: vocabulary 256), laid out as
 //! nanoGPT so parameter names match: `transformer.h.0.attn.c_attn.weight`, ...
-//! Its [`Block`] and [`Family`]; the loop around them is the shared [`Decoder`].
+//! The family: its [`Layout`], its [`Block`] and [`Family`] (the loop around them is
+//! the shared [`Decoder`]), and its descriptor [`SPEC`] (GPT-2's `config.json`
+//! mapping is in `hf.rs`).
 
-use tch::{nn, Kind, Tensor};
+mod hf;
+
+use tch::{Kind, Tensor};
 
 use super::{
-    decoder::{self, built, normal_unless_loaded, Block, BlockInput, Decoder, Family, Positions},
+    decoder::{self, built, Block, BlockInput, Decoder, Family, Positions},
+    family::{Build, FamilySpec, HfSpec},
+    layout::{Layout, Made, Part},
     lora::{self, Targets},
-    Layer, LayerKind,
 };
-use crate::{config::ModelConfig, error::Result};
+use crate::{
+    config::{Config, ModelConfig, ModelKind},
+    error::Result,
+};
+
+/// The `gpt` family, registered in `model::family`.
+pub const SPEC: FamilySpec = FamilySpec {
+    kind: ModelKind::Gpt,
+    build: Build::Decoder(build),
+    kv_cache: true,
+    lora_modules: &["c_attn", "c_proj", "c_fc"],
+    check: shape_error,
+    hf: Some(HfSpec {
+        model_types: &[("gpt2", "GPT2LMHeadModel")],
+        read: hf::read,
+        write: hf::write,
+        params: hf::params,
+        canonical: hf::canonical,
+        known_extra: hf::known_extra,
+        absent_as_zeros: hf::absent_as_zeros,
+        conv1d: true,
+    }),
+};
+
+fn build(vs: &tch::nn::Path, config: &Config, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Result<Box<dyn super::Model>> {
+    decoder::planned(Gpt::decoder_with(vs, &config.model, targets, after_block), &config.train)
+}
+
+fn shape_error(m: &ModelConfig) -> Option<(&'static str, String)> {
+    (m.n_embd % m.n_head.max(1) != 0).then(|| ("model.n_embd", format!("{} is not divisible by n_head = {}", m.n_embd, m.n_head)))
+}
+
+/// Every parameter of a `gpt` (with biases in its linear layers when `bias`), and its
+/// attentions and tied head for the FLOP count.
+pub fn layout(c: &ModelConfig, bias: bool) -> Layout {
+    let d = c.n_embd;
+    // GPT-2's scaled init of residual projections.
+    let (std, proj_std) = (0.02, 0.02 / (2.0 * c.n_layer as f64).sqrt());
+    let linear = |path, inp, out, std| Part::Linear { path, inp, out, bias, std };
+    let norm = |weight, bias| [Part::Vector { path: weight, width: d, init: 1.0 }, Part::Vector { path: bias, width: d, init: 0.0 }];
+    Layout {
+        before: vec![
+            Part::Table { path: "transformer.wte.weight", rows: c.vocab_size, cols: d, std },
+            Part::Table { path: "transformer.wpe.weight", rows: c.block_size, cols: d, std },
+        ],
+        blocks_at: "transformer.h",
+        blocks: c.n_layer,
+        block: [
+            &norm("ln_1.weight", "ln_1.bias")[..],
+            &[
+                linear("attn.c_attn", d, 3 * d, std),
+                Part::Attention { path: "attn.sdpa", heads: c.n_head, head_dim: d / c.n_head.max(1) },
+                linear("attn.c_proj", d, d, proj_std),
+            ],
+            &norm("ln_2.weight", "ln_2.bias"),
+            &[linear("mlp.c_fc", d, 4 * d, std), linear("mlp.c_proj", 4 * d, d, proj_std)],
+        ]
+        .concat(),
+        after: [&norm("transformer.ln_f.weight", "transformer.ln_f.bias")[..], &[Part::TiedHead { inp: d, out: c.vocab_size }]].concat(),
+    }
+}
 
 // The forward pass uses tch's `f_` functions, so a libtorch error (a bad shape,
 // out of memory) comes back as an error, not a panic.
 
-fn norm(l: &nn::LayerNorm, x: &Tensor, eps: f64) -> Result<Tensor> {
-    Ok(x.f_layer_norm(l.normalized_shape.as_slice(), l.ws.as_ref(), l.bs.as_ref(), eps, true)?)
-}
+/// A LayerNorm's weight and bias.
+struct Norm(Tensor, Tensor);
 
-/// The module's name (`c_attn`, ...) picks whether LoRA adapts it.
-fn init_linear(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, ws_init: nn::Init, targets: Targets) -> lora::Linear {
-    lora::Linear::new(vs, module, inp, out, bias, ws_init, targets)
-}
-
-fn layer_norm(vs: nn::Path, d: i64, eps: f64) -> nn::LayerNorm {
-    nn::layer_norm(vs, vec![d], nn::LayerNormConfig { eps, ..Default::default() })
+impl Norm {
+    fn forward(&self, x: &Tensor, eps: f64) -> Result<Tensor> {
+        let d = self.0.size()[0];
+        Ok(x.f_layer_norm([d], Some(&self.0), Some(&self.1), eps, true)?)
+    }
 }
 
 pub struct GptBlock {
-    ln_1: nn::LayerNorm,
+    ln_1: Norm,
     c_attn: lora::Linear,
     attn_proj: lora::Linear,
-    ln_2: nn::LayerNorm,
+    ln_2: Norm,
     c_fc: lora::Linear,
     mlp_proj: lora::Linear,
     n_head: i64,
@@ -47,17 +109,14 @@ pub struct GptBlock {
 unsafe impl Sync for GptBlock {}
 
 impl GptBlock {
-    fn new(vs: nn::Path, c: &ModelConfig, lo: Targets) -> GptBlock {
-        let d = c.n_embd;
-        // GPT-2's scaled init of residual projections.
-        let (init, proj_init) = (normal_unless_loaded(c, 0.02), normal_unless_loaded(c, 0.02 / (2.0 * c.n_layer as f64).sqrt()));
+    fn new(mut made: Made, c: &ModelConfig) -> GptBlock {
         GptBlock {
-            ln_1: layer_norm(&vs / "ln_1", d, c.gpt.layer_norm_eps),
-            c_attn: init_linear(&vs / "attn" / "c_attn", "c_attn", d, 3 * d, c.gpt.bias, init, lo),
-            attn_proj: init_linear(&vs / "attn" / "c_proj", "c_proj", d, d, c.gpt.bias, proj_init, lo),
-            ln_2: layer_norm(&vs / "ln_2", d, c.gpt.layer_norm_eps),
-            c_fc: init_linear(&vs / "mlp" / "c_fc", "c_fc", d, 4 * d, c.gpt.bias, init, lo),
-            mlp_proj: init_linear(&vs / "mlp" / "c_proj", "c_proj", 4 * d, d, c.gpt.bias, proj_init, lo),
+            ln_1: Norm(made.tensor("ln_1.weight"), made.tensor("ln_1.bias")),
+            c_attn: made.linear("attn.c_attn"),
+            attn_proj: made.linear("attn.c_proj"),
+            ln_2: Norm(made.tensor("ln_2.weight"), made.tensor("ln_2.bias")),
+            c_fc: made.linear("mlp.c_fc"),
+            mlp_proj: made.linear("mlp.c_proj"),
             n_head: c.n_head,
             dropout: c.dropout,
             eps: c.gpt.layer_norm_eps,
@@ -71,13 +130,13 @@ impl Block for GptBlock {
         let train = input.train;
         let (b, t, d) = x.size3()?;
         let heads = |z: &Tensor| z.f_view([b, t, self.n_head, d / self.n_head])?.f_transpose(1, 2);
-        let qkv = self.c_attn.forward(&norm(&self.ln_1, x, self.eps)?, train)?.f_split(d, 2)?;
+        let qkv = self.c_attn.forward(&self.ln_1.forward(x, self.eps)?, train)?.f_split(d, 2)?;
         let p = if train { self.dropout } else { 0.0 };
         let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
         let y = input.attend.sdpa(&q, &k, &v, p, false)?;
         let y = y.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, d])?;
         let x = x.f_add(&self.attn_proj.forward(&y, train)?.f_dropout(self.dropout, train)?)?;
-        let h = self.c_fc.forward(&norm(&self.ln_2, &x, self.eps)?, train)?.f_gelu(self.gelu)?;
+        let h = self.c_fc.forward(&self.ln_2.forward(&x, self.eps)?, train)?.f_gelu(self.gelu)?;
         Ok(x.f_add(&self.mlp_proj.forward(&h, train)?.f_dropout(self.dropout, train)?)?)
     }
 
@@ -88,9 +147,9 @@ impl Block for GptBlock {
 
 /// GPT-2's embeddings (tokens + learned positions), final LayerNorm and tied head.
 pub struct Gpt {
-    wte: nn::Embedding,
-    wpe: nn::Embedding,
-    ln_f: nn::LayerNorm,
+    wte: Tensor,
+    wpe: Tensor,
+    ln_f: Norm,
     config: ModelConfig,
     /// LoRA's adapters draw dropout.
     lora_draws: bool,
@@ -98,18 +157,20 @@ pub struct Gpt {
 
 impl Gpt {
     /// The model, with LoRA adapters on the linear layers `targets` names.
-    pub fn decoder(vs: &nn::Path, c: &ModelConfig, targets: Targets) -> Decoder<Gpt> {
+    pub fn decoder(vs: &tch::nn::Path, c: &ModelConfig, targets: Targets) -> Decoder<Gpt> {
         Gpt::decoder_with(vs, c, targets, &mut |_| {})
     }
 
     /// As [`Gpt::decoder`], calling `after_block(i)` once block `i`'s variables exist.
-    pub fn decoder_with(vs: &nn::Path, c: &ModelConfig, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Decoder<Gpt> {
-        let t = vs / "transformer";
-        let emb = nn::EmbeddingConfig { ws_init: normal_unless_loaded(c, 0.02), ..Default::default() };
-        let wte = nn::embedding(&t / "wte", c.vocab_size, c.n_embd, emb);
-        let wpe = nn::embedding(&t / "wpe", c.block_size, c.n_embd, emb);
-        let blocks = (0..c.n_layer).map(|i| built(GptBlock::new(&t / "h" / i, c, targets), i, after_block)).collect();
-        let ln_f = layer_norm(&t / "ln_f", c.n_embd, c.gpt.layer_norm_eps);
+    pub fn decoder_with(vs: &tch::nn::Path, c: &ModelConfig, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Decoder<Gpt> {
+        let layout = layout(c, c.gpt.bias);
+        let mut outer = Made::new(vs, &layout.before, c, Targets::NONE);
+        let (wte, wpe) = (outer.tensor("transformer.wte.weight"), outer.tensor("transformer.wpe.weight"));
+        let blocks = (0..layout.blocks)
+            .map(|i| built(GptBlock::new(Made::new(&(vs / "transformer" / "h" / i), &layout.block, c, targets), c), i, after_block))
+            .collect();
+        let mut after = Made::new(vs, &layout.after, c, Targets::NONE);
+        let ln_f = Norm(after.tensor("transformer.ln_f.weight"), after.tensor("transformer.ln_f.bias"));
         Decoder::new(Gpt { wte, wpe, ln_f, config: c.clone(), lora_draws: targets.draws() }, blocks)
     }
 }
@@ -131,41 +192,42 @@ impl Family for Gpt {
             Positions::From { start, len } => Tensor::f_arange_start(start, start + len, (Kind::Int64, tokens.device()))?,
         };
         // wte is the head too; wpe is not.
-        let tokens = decoder::lookup(&self.wte.ws, tokens, true)?;
-        Ok(tokens.f_add(&decoder::lookup(&self.wpe.ws, &pos, false)?)?.f_dropout(self.config.dropout, train)?)
+        let tokens = decoder::lookup(&self.wte, tokens, true)?;
+        Ok(tokens.f_add(&decoder::lookup(&self.wpe, &pos, false)?)?.f_dropout(self.config.dropout, train)?)
     }
 
     fn norm(&self, x: &Tensor) -> Result<Tensor> {
-        norm(&self.ln_f, x, self.config.gpt.layer_norm_eps)
+        self.ln_f.forward(x, self.config.gpt.layer_norm_eps)
     }
 
     /// The token embedding (weight tying, as GPT-2).
     fn head(&self) -> &Tensor {
-        &self.wte.ws
+        &self.wte
     }
 
     fn draws(&self) -> bool {
         self.config.dropout > 0.0 || self.lora_draws
     }
 
-    fn layers(&self, seq_len: i64) -> Vec<Layer> {
-        let (d, t) = (self.config.n_embd, seq_len);
-        let mut layers = Vec::new();
-        for i in 0..self.config.n_layer {
-            let name = |s: &str| format!("transformer.h.{i}.{s}");
-            layers.push(Layer::linear(name("attn.c_attn"), d, 3 * d, t, true));
-            layers.push(Layer {
-                kind: LayerKind::Attention,
-                heads: self.config.n_head as u64,
-                head_dim: (d / self.config.n_head) as u64,
-                seq_len: t as u64,
-                ..Layer::linear(name("attn.sdpa"), d, d, t, true)
-            });
-            layers.push(Layer::linear(name("attn.c_proj"), d, d, t, true));
-            layers.push(Layer::linear(name("mlp.c_fc"), d, 4 * d, t, true));
-            layers.push(Layer::linear(name("mlp.c_proj"), 4 * d, d, t, true));
-        }
-        layers.push(Layer::linear("lm_head", d, self.config.vocab_size, t, true));
-        layers
+    fn layout(&self) -> Layout {
+        layout(&self.config, self.config.gpt.bias)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_matches_the_model_that_ptrain_builds() {
+        let mut config = Config::default();
+        config.model.n_layer = 2;
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let _gpt = Gpt::decoder(&vs.root(), &config.model, Targets::NONE);
+        let mut built: Vec<(String, Vec<i64>)> = vs.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+        built.sort();
+        let mut table: Vec<(String, Vec<i64>)> = hf::params(&config.model).into_iter().map(|p| (p.name, p.shape)).collect();
+        table.sort();
+        assert_eq!(built, table);
     }
 }

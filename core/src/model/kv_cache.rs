@@ -57,8 +57,9 @@ impl KvCache {
     }
 
     /// Writes layer `layer`'s new keys and values `[B, kv_heads, n, head_dim]` after
-    /// the cached positions and returns what the new queries attend over.
-    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<Attend> {
+    /// the cached positions and returns what the new queries attend over: every
+    /// position before them, or those within the layer's sliding `window`.
+    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor, window: Option<i64>) -> Result<Attend> {
         let (b, heads, n, d) = k.size4()?;
         let start = self.len;
         if self.layers[layer].is_none() {
@@ -68,8 +69,11 @@ impl KvCache {
         let (keys, values) = self.layers[layer].as_ref().expect("allocated above");
         keys.f_narrow(2, start, n)?.f_copy_(k)?;
         values.f_narrow(2, start, n)?.f_copy_(v)?;
-        let mask = (start > 0 && n > 1).then(|| super::attention::causal_after(start, n, k.device())).transpose()?;
-        Ok(Attend { keys: keys.f_narrow(2, 0, start + n)?, values: values.f_narrow(2, 0, start + n)?, causal: start == 0 && n > 1, mask })
+        // A window narrower than what the queries could see hides the oldest keys.
+        let window = window.filter(|&w| w < start + n);
+        let masked = (start > 0 && n > 1) || window.is_some();
+        let mask = masked.then(|| super::attention::causal_after(start, n, window, k.device())).transpose()?;
+        Ok(Attend { keys: keys.f_narrow(2, 0, start + n)?, values: values.f_narrow(2, 0, start + n)?, causal: !masked && n > 1, mask })
     }
 
     /// Marks the `n` positions every layer just appended as held.

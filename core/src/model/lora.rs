@@ -31,15 +31,21 @@ struct Adapter {
     dropout: f64,
 }
 
-/// The adapters a model gets: the `[lora]` settings and the model kind they apply to.
+/// The adapters a model gets: the `[lora]` settings and the linear layers of the
+/// model's family they may adapt (its descriptor's, `model::family`).
 #[derive(Debug, Clone, Copy)]
 pub struct Targets<'a> {
     pub lora: Option<&'a LoraConfig>,
-    pub kind: ModelKind,
+    pub modules: &'static [&'static str],
 }
 
-impl Targets<'_> {
-    pub const NONE: Targets<'static> = Targets { lora: None, kind: ModelKind::Gpt };
+impl<'a> Targets<'a> {
+    pub const NONE: Targets<'static> = Targets { lora: None, modules: &[] };
+
+    /// `lora`'s adapters on a model of `kind`.
+    pub fn new(lora: Option<&'a LoraConfig>, kind: ModelKind) -> Targets<'a> {
+        Targets { lora, modules: super::family::of(kind).lora_modules }
+    }
 
     /// Whether anything draws random numbers: adapter dropout.
     pub fn draws(&self) -> bool {
@@ -53,7 +59,7 @@ impl Linear {
     pub fn new(vs: nn::Path, module: &str, inp: i64, out: i64, bias: bool, ws_init: nn::Init, targets: Targets) -> Linear {
         let config = nn::LinearConfig { ws_init, bs_init: bias.then_some(nn::Init::Const(0.0)), bias };
         let base = nn::linear(&vs, inp, out, config);
-        let adapter = targets.lora.filter(|l| l.adapts(targets.kind, module)).map(|l| {
+        let adapter = targets.lora.filter(|l| l.adapts(targets.modules, module)).map(|l| {
             let bound = 1.0 / (inp as f64).sqrt();
             Adapter {
                 a: (&vs / "lora_A").var("weight", &[l.rank, inp], nn::Init::Uniform { lo: -bound, up: bound }),

@@ -1,9 +1,36 @@
-//! A multi-layer perceptron classifier with ReLU activations.
+//! A multi-layer perceptron classifier with ReLU activations, and its descriptor.
 
 use tch::nn;
 
-use super::{Layer, Model, ModelInput, ModelOutput, Task};
-use crate::error::Result;
+use super::{
+    family::{Build, FamilySpec},
+    Layer, Model, ModelInput, ModelOutput, Task,
+};
+use crate::{
+    config::{Config, ModelKind},
+    data::Dataset,
+    error::{ConfigError, Error, Result},
+};
+
+/// The `mlp` kind, registered in `model::family`: no blocks, no key/value cache, no
+/// Hugging Face counterpart, nothing LoRA adapts.
+pub const SPEC: FamilySpec =
+    FamilySpec { kind: ModelKind::Mlp, build: Build::Other(build), kv_cache: false, lora_modules: &[], check: |_| None, hf: None };
+
+/// The configured classifier, its widths taken from the data where unset.
+fn build(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
+    let m = &config.model;
+    let input_dim = if m.mlp.input_dim > 0 { m.mlp.input_dim } else { dataset.input_dim() };
+    let classes = if m.mlp.num_classes > 0 { m.mlp.num_classes } else { dataset.num_classes() };
+    if input_dim <= 0 || classes <= 1 {
+        return Err(Error::Config(ConfigError {
+            origin: "configuration".into(),
+            key: "model.kind".into(),
+            message: "mlp needs classification data (data.kind = \"jsonl\" or synthetic classification)".into(),
+        }));
+    }
+    Ok(Box::new(Mlp::new(vs, input_dim, &m.mlp.hidden, classes)))
+}
 
 pub struct Mlp {
     layers: Vec<nn::Linear>,

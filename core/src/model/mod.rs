@@ -1,6 +1,7 @@
-//! Models. The public [`Model`] trait lets library users bring their own; `gpt`,
-//! `llama`, `mlp` and `torchscript` are built from the configuration. The language
-//! models are one [`Decoder`] each, driving their family's blocks.
+//! Models. The public [`Model`] trait lets library users bring their own; the
+//! families registered in [`family`] (`gpt`, `llama`, `mlp`, `torchscript`) are built
+//! from the configuration. The language models are one [`Decoder`] each, driving
+//! their family's blocks.
 
 pub(crate) mod adapters;
 mod attention;
@@ -8,10 +9,13 @@ pub mod base_digest;
 mod checkpointing;
 pub mod decoder;
 mod entry;
+pub mod family;
+mod gemma;
 pub mod generate;
 mod gpt;
 pub mod hf;
 mod kv_cache;
+pub mod layout;
 mod llama;
 pub mod lora;
 mod mlp;
@@ -22,9 +26,9 @@ mod torchscript;
 
 use tch::{nn, Tensor};
 
-pub use attention::{Attend, Segments};
+pub use attention::{Attend, Scores, Segments};
 pub use decoder::Decoder;
-pub use entry::{ModelInput, ModelOutput, Returns, Supports};
+pub use entry::{Head, ModelInput, ModelOutput, Returns, Supports};
 pub use gpt::Gpt;
 pub use kv_cache::KvCache;
 pub use llama::Llama;
@@ -33,7 +37,7 @@ pub use ptrain_plugin_api::{LayerKind, Task};
 pub use torchscript::TorchScript;
 
 use crate::{
-    config::{Config, ModelKind, TaskKind},
+    config::Config,
     data::Dataset,
     error::{Error, Result},
 };
@@ -144,56 +148,27 @@ pub fn build(config: &Config, vs: &nn::VarStore, dataset: &dyn Dataset) -> Resul
     Ok(model)
 }
 
-/// Builds the configured model with its parameters under `vs`; with `[lora]`,
-/// with adapters beside the linear layers it targets (not frozen: see [`build`]).
+/// Builds the configured model with its parameters under `vs` (its family's
+/// [`family::Build`], `model.init_from`'s weights loaded); with `[lora]`, with
+/// adapters beside the linear layers it targets (not frozen: see [`build`]).
 pub fn from_config(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
-    let m = &config.model;
-    let targets = lora::Targets { lora: config.lora(), kind: m.kind };
-    Ok(match m.kind {
-        ModelKind::Gpt => planned(Gpt::decoder(vs, m, targets), vs, config, true)?,
-        ModelKind::Llama => planned(Llama::decoder(vs, m, targets), vs, config, true)?,
-        ModelKind::Mlp => {
-            let input_dim = if m.mlp.input_dim > 0 { m.mlp.input_dim } else { dataset.input_dim() };
-            let classes = if m.mlp.num_classes > 0 { m.mlp.num_classes } else { dataset.num_classes() };
-            if input_dim <= 0 || classes <= 1 {
-                return Err(Error::Config(crate::error::ConfigError {
-                    origin: "configuration".into(),
-                    key: "model.kind".into(),
-                    message: "mlp needs classification data (data.kind = \"jsonl\" or synthetic classification)".into(),
-                }));
-            }
-            Box::new(Mlp::new(vs, input_dim, &m.mlp.hidden, classes))
-        }
-        ModelKind::Torchscript => {
-            let task = match m.torchscript.task {
-                TaskKind::Classification => Task::Classification,
-                TaskKind::LanguageModel => Task::LanguageModel,
-            };
-            Box::new(TorchScript::load(std::path::Path::new(&m.torchscript.path), vs, task)?)
-        }
-    })
+    let model = match family::of(config.model.kind).build {
+        family::Build::Decoder(build) => build(vs, config, lora::Targets::new(config.lora(), config.model.kind), &mut |_| {})?,
+        family::Build::Other(build) => return build(config, vs, dataset),
+    };
+    if !config.model.init_from.is_empty() {
+        hf::load_weights(vs, &config.model)?;
+    }
+    Ok(model)
 }
 
-/// The configured `gpt` or `llama` (with its adapters, not frozen: see [`build`]),
-/// calling `after_block(i)` as soon as block `i`'s variables exist, `model.init_from`'s
+/// The configured decoder (with its adapters, not frozen: see [`build`]), calling
+/// `after_block(i)` as soon as block `i`'s variables exist, `model.init_from`'s
 /// weights left to the caller: parameter sharding cuts each block before the next
 /// one takes memory, and reads only its own slices of the weights.
 pub fn decoder_in_blocks(config: &Config, vs: &nn::Path, after_block: &mut dyn FnMut(usize)) -> Result<Box<dyn Model>> {
-    let m = &config.model;
-    let targets = lora::Targets { lora: config.lora(), kind: m.kind };
-    match m.kind {
-        ModelKind::Gpt => planned(Gpt::decoder_with(vs, m, targets, after_block), vs, config, false),
-        ModelKind::Llama => planned(Llama::decoder_with(vs, m, targets, after_block), vs, config, false),
-        kind => Err(Error::Other(format!("model.kind {kind:?} is not built block by block"))),
+    match family::of(config.model.kind).build {
+        family::Build::Decoder(build) => build(vs, config, lora::Targets::new(config.lora(), config.model.kind), after_block),
+        family::Build::Other(_) => Err(Error::Other(format!("model.kind {:?} is not built block by block", config.model.kind))),
     }
-}
-
-/// A decoder with its blocks planned by `train` (activation checkpointing) and, with
-/// `load`, `model.init_from`'s weights loaded.
-fn planned<F: decoder::Family>(mut model: Decoder<F>, vs: &nn::Path, config: &Config, load: bool) -> Result<Box<dyn Model>> {
-    model.plan(decoder::BlockPlan::from_train(&config.train, model.depth())?)?;
-    if load && !config.model.init_from.is_empty() {
-        hf::load_weights(vs, &config.model)?;
-    }
-    Ok(Box::new(model))
 }

@@ -15,11 +15,17 @@ pub struct Rope {
     sin: Tensor,
 }
 
-/// `1 / theta^(2i/d)` for `i < d/2`, then `llama3` scaling if asked for
-/// (`transformers`' `_compute_default_rope_parameters` and `_compute_llama3_parameters`).
-pub fn inverse_frequencies(args: &LlamaArgs, head_dim: i64, device: Device) -> Tensor {
+/// `1 / theta^(2i/d)` for `i < d/2`, float32 (`transformers`'
+/// `_compute_default_rope_parameters`).
+pub fn default_frequencies(theta: f64, head_dim: i64, device: Device) -> Tensor {
     let exponents = Tensor::arange_start_step(0, head_dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / head_dim as f64;
-    let inv_freq = Tensor::pow_scalar(args.rope_theta, &exponents).reciprocal();
+    Tensor::pow_scalar(theta, &exponents).reciprocal()
+}
+
+/// [`default_frequencies`] of `rope_theta`, then `llama3` scaling if asked for
+/// (`transformers`' `_compute_llama3_parameters`).
+pub fn inverse_frequencies(args: &LlamaArgs, head_dim: i64, device: Device) -> Tensor {
+    let inv_freq = default_frequencies(args.rope_theta, head_dim, device);
     match args.rope_scaling {
         RopeScaling::None => inv_freq,
         RopeScaling::Llama3 => {
@@ -40,8 +46,12 @@ pub fn inverse_frequencies(args: &LlamaArgs, head_dim: i64, device: Device) -> T
 
 impl Rope {
     pub fn new(args: &LlamaArgs, head_dim: i64, positions: i64, device: Device) -> Rope {
-        let inv_freq = inverse_frequencies(args, head_dim, device);
-        let t = Tensor::arange(positions, (Kind::Int64, device)).to_kind(Kind::Float);
+        Rope::of(&inverse_frequencies(args, head_dim, device), positions)
+    }
+
+    /// The tables of `positions` positions turning at `inv_freq` (`[head_dim / 2]`).
+    pub fn of(inv_freq: &Tensor, positions: i64) -> Rope {
+        let t = Tensor::arange(positions, (Kind::Int64, inv_freq.device())).to_kind(Kind::Float);
         let freqs = t.unsqueeze(1) * inv_freq.unsqueeze(0);
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
         Rope { cos: emb.cos(), sin: emb.sin() }

@@ -11,8 +11,30 @@ use std::path::Path;
 
 use tch::{nn, TrainableCModule};
 
-use super::{Model, ModelInput, ModelOutput, Task};
-use crate::error::{Error, Result};
+use super::{
+    family::{Build, FamilySpec},
+    Model, ModelInput, ModelOutput, Task,
+};
+use crate::{
+    config::{Config, ModelKind, TaskKind},
+    data::Dataset,
+    error::{Error, Result},
+};
+
+/// The `torchscript` kind, registered in `model::family`: no blocks, no key/value
+/// cache, no Hugging Face counterpart, nothing LoRA adapts.
+pub const SPEC: FamilySpec =
+    FamilySpec { kind: ModelKind::Torchscript, build: Build::Other(build), kv_cache: false, lora_modules: &[], check: |_| None, hf: None };
+
+/// `model.torchscript.path`, trained for its task.
+fn build(config: &Config, vs: &nn::Path, _dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
+    let args = &config.model.torchscript;
+    let task = match args.task {
+        TaskKind::Classification => Task::Classification,
+        TaskKind::LanguageModel => Task::LanguageModel,
+    };
+    Ok(Box::new(TorchScript::load(Path::new(&args.path), vs, task)?))
+}
 
 pub struct TorchScript {
     module: TrainableCModule,

@@ -13,12 +13,16 @@
 //! type. The three GEMMs run in the hidden states' type (the learner hands them out
 //! in bf16 under bf16 autocast): then the gradient `g` is rounded to bf16 for its
 //! two, as the whole-logits path's backward does, and each chunk's `g^T h` is summed
-//! into a float32 `grad_W`.
+//! into a float32 `grad_W`. Where the model soft-caps its logits (the [`Head`] says
+//! so), each chunk's are capped, and `g` goes through the cap's derivative.
 
 use tch::{Device, Kind, Tensor};
 
 use super::IGNORE_INDEX;
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    model::Head,
+};
 
 /// `a W^T` (2-D): through oneDNN's float32 CPU product where `run.cpu_matmul` chose it
 /// (faster than MKL's for these two products at Qwen2's 151,936 ids; the weight
@@ -56,12 +60,14 @@ fn exp_shifted_(logits: &mut Tensor) -> Result<(Tensor, Tensor)> {
 }
 
 /// The cross-entropy summed over the positions whose target is not
-/// [`IGNORE_INDEX`], of the logits `hidden [.., D] @ weight [V, D]^T`, computed
+/// [`IGNORE_INDEX`], of the logits `hidden [.., D] @ weight [V, D]^T` (the `head`'s,
+/// soft-capped if it says so), computed
 /// `chunk` positions at a time; with `scale` (float32, shaped as `targets`, no
 /// gradient), each position's cross-entropy multiplied by its scale: DPO's
 /// gradient, where each completion's log-probability weighs as the pair's loss
 /// says ([`super::dpo`]).
-pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<&Tensor>, chunk: i64) -> Result<Tensor> {
+pub fn summed(hidden: &Tensor, head: &Head, targets: &Tensor, scale: Option<&Tensor>, chunk: i64) -> Result<Tensor> {
+    let weight = &head.weight;
     let (h, y, trained) = trained_positions(hidden, targets)?;
     let width = h.size()[1];
     let scale = match (scale, &trained) {
@@ -84,7 +90,7 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<
             let len = chunk.min(n - start);
             let hc = h.f_narrow(0, start, len)?.f_detach()?;
             let yc = y.f_narrow(0, start, len)?;
-            let mut logits = matmul_t(&hc, &w)?.f_to_kind(Kind::Float)?;
+            let (mut logits, tanh) = capped(head, matmul_t(&hc, &w)?.f_to_kind(Kind::Float)?)?;
             let mut valid = yc.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Float)?;
             if let Some(scale) = &scale {
                 valid = valid.f_mul(&scale.f_narrow(0, start, len)?)?;
@@ -98,6 +104,10 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<
             let valid = valid.f_unsqueeze(1)?;
             let _ = logits.f_mul_(&valid.f_div(&sums)?)?;
             let _ = logits.f_scatter_add_(1, &index, &valid.f_neg()?)?;
+            // Through the cap: d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2.
+            if let Some(tanh) = tanh {
+                let _ = logits.f_mul_(&tanh.f_square()?.f_neg()?.f_add_scalar(1.0)?)?;
+            }
             match &w32 {
                 Some(w32) => {
                     grad_h.f_narrow(0, start, len)?.f_copy_(&matmul_t(&logits, &w32.f_tr()?)?)?;
@@ -122,20 +132,33 @@ pub fn summed(hidden: &Tensor, weight: &Tensor, targets: &Tensor, scale: Option<
     ptrain_torch_ext::precomputed(&h, weight, &loss, grad_h, grad_w).map_err(|e| Error::Other(format!("chunked loss: {e}")))
 }
 
+/// `logits` (float32) soft-capped as `head` says, with `tanh(logits / cap)` for the
+/// cap's derivative; unchanged (and `None`) without a cap.
+fn capped(head: &Head, logits: Tensor) -> Result<(Tensor, Option<Tensor>)> {
+    match head.softcap {
+        Some(cap) => {
+            let tanh = logits.f_div_scalar(cap)?.f_tanh()?;
+            Ok((tanh.f_mul_scalar(cap)?, Some(tanh)))
+        }
+        None => Ok((logits, None)),
+    }
+}
+
 /// Each position's log-probability of its target under the logits
-/// `hidden [.., D] @ weight [V, D]^T`, float32 shaped as `targets` (0 where the
-/// target is [`IGNORE_INDEX`]), `chunk` positions at a time, without gradient.
-pub fn token_logps(hidden: &Tensor, weight: &Tensor, targets: &Tensor, chunk: i64) -> Result<Tensor> {
+/// `hidden [.., D] @ weight [V, D]^T` (the `head`'s, soft-capped if it says so),
+/// float32 shaped as `targets` (0 where the target is [`IGNORE_INDEX`]), `chunk`
+/// positions at a time, without gradient.
+pub fn token_logps(hidden: &Tensor, head: &Head, targets: &Tensor, chunk: i64) -> Result<Tensor> {
     tch::no_grad(|| {
         let (h, y, trained) = trained_positions(hidden, targets)?;
-        let w = weight.f_to_kind(h.kind())?;
+        let w = head.weight.f_to_kind(h.kind())?;
         let n = h.size()[0];
         let mut pieces = Vec::with_capacity((n / chunk.max(1) + 1) as usize);
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
             let yc = y.f_narrow(0, start, len)?;
-            let mut logits = matmul_t(&h.f_narrow(0, start, len)?, &w)?.f_to_kind(Kind::Float)?;
+            let mut logits = head.cap(matmul_t(&h.f_narrow(0, start, len)?, &w)?.f_to_kind(Kind::Float)?)?;
             let picked = logits.f_gather(1, &yc.f_clamp_min(0)?.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
             let (_, lse) = exp_shifted_(&mut logits)?;
             pieces.push(picked.f_sub(&lse)?.f_mul(&yc.f_ne(IGNORE_INDEX)?)?);
@@ -174,7 +197,7 @@ mod tests {
         let _ = hidden.grad().zero_();
         let _ = weight.grad().zero_();
 
-        let chunked = summed(&hidden, &weight, &targets, None, 8).unwrap();
+        let chunked = summed(&hidden, &Head::plain(weight.shallow_clone()), &targets, None, 8).unwrap();
         chunked.backward();
         let rel = |a: &Tensor, b: &Tensor| ((a - b).abs().max().double_value(&[])) / b.abs().max().double_value(&[]).max(1e-12);
         assert!(rel(&chunked, &whole) < 1e-6, "loss {chunked} vs {whole}");
@@ -196,7 +219,7 @@ mod tests {
         let per_token =
             hidden.matmul(&weight.tr()).view([-1, v]).cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::None, IGNORE_INDEX, 0.0);
         let whole_logps = per_token.neg().view([rows, t]);
-        let logps = token_logps(&hidden, &weight, &targets, 5).unwrap();
+        let logps = token_logps(&hidden, &Head::plain(weight.shallow_clone()), &targets, 5).unwrap();
         assert!(rel(&logps, &whole_logps) < 1e-6, "token log-probabilities {logps} vs {whole_logps}");
         assert!(!logps.requires_grad());
 
@@ -205,7 +228,7 @@ mod tests {
         let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
         let _ = hidden.grad().zero_();
         let _ = weight.grad().zero_();
-        let chunked = summed(&hidden, &weight, &targets, Some(&scale), 5).unwrap();
+        let chunked = summed(&hidden, &Head::plain(weight.shallow_clone()), &targets, Some(&scale), 5).unwrap();
         chunked.backward();
         assert!(rel(&chunked, &whole) < 1e-6, "scaled loss {chunked} vs {whole}");
         assert!(rel(&hidden.grad(), &gh) < 1e-6, "hidden gradient");
@@ -219,18 +242,46 @@ mod tests {
         let weight = Tensor::randn([v, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let hidden = (Tensor::randn([n, d], (Kind::Float, Device::Cpu)) * 0.3).set_requires_grad(true);
         let targets = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
-        let whole = summed(&hidden, &weight, &targets, None, 16).unwrap();
+        let whole = summed(&hidden, &Head::plain(weight.shallow_clone()), &targets, None, 16).unwrap();
         whole.backward();
         let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
         let _ = hidden.grad().zero_();
         let _ = weight.grad().zero_();
 
         // The hidden states in bf16 (as autocast hands them out): the bf16 GEMM path.
-        let chunked = summed(&hidden.to_kind(Kind::BFloat16), &weight, &targets, None, 16).unwrap();
+        let chunked = summed(&hidden.to_kind(Kind::BFloat16), &Head::plain(weight.shallow_clone()), &targets, None, 16).unwrap();
         chunked.backward();
         let rel = |a: &Tensor, b: &Tensor| ((a.to_kind(Kind::Float) - b).abs().max().double_value(&[])) / b.abs().max().double_value(&[]).max(1e-12);
         assert!(rel(&chunked, &whole) < 2e-2, "loss {chunked} vs {whole}");
         assert!(rel(&hidden.grad(), &gh) < 3e-2, "hidden gradient off by {}", rel(&hidden.grad(), &gh));
         assert!(rel(&weight.grad(), &gw) < 3e-2, "weight gradient off by {}", rel(&weight.grad(), &gw));
+    }
+
+    #[test]
+    fn soft_capped_logits_give_the_whole_capped_logits_loss_gradients_and_log_probabilities() {
+        tch::manual_seed(6);
+        let (n, d, v, cap) = (29, 16, 50, 3.0);
+        let weight = Tensor::randn([v, d], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let hidden = (Tensor::randn([n, d], (Kind::Float, Device::Cpu)) * 0.5).set_requires_grad(true);
+        let targets = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
+        let head = Head { weight: weight.shallow_clone(), softcap: Some(cap) };
+        let logits = head.logits(&hidden).unwrap();
+        assert!(logits.abs().max().double_value(&[]) <= cap, "capped at {cap}");
+        let whole = logits.cross_entropy_loss::<Tensor>(&targets, None, Reduction::Sum, IGNORE_INDEX, 0.0);
+        whole.backward();
+        let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
+        let _ = hidden.grad().zero_();
+        let _ = weight.grad().zero_();
+        let chunked = summed(&hidden, &head, &targets, None, 8).unwrap();
+        chunked.backward();
+        let rel = |a: &Tensor, b: &Tensor| ((a - b).abs().max().double_value(&[])) / b.abs().max().double_value(&[]).max(1e-12);
+        assert!(rel(&chunked, &whole) < 1e-6, "loss {chunked} vs {whole}");
+        assert!(rel(&hidden.grad(), &gh) < 1e-5, "hidden gradient off by {}", rel(&hidden.grad(), &gh));
+        assert!(rel(&weight.grad(), &gw) < 1e-5, "weight gradient off by {}", rel(&weight.grad(), &gw));
+        let uncapped = summed(&hidden, &Head::plain(weight.shallow_clone()), &targets, None, 8).unwrap();
+        assert!(rel(&uncapped, &whole) > 1e-2, "the cap changes the loss: {uncapped} vs {whole}");
+        let logps = token_logps(&hidden, &head, &targets, 5).unwrap();
+        let want = logits.log_softmax(-1, Kind::Float).gather(1, &targets.unsqueeze(1), false).squeeze_dim(1);
+        assert!(rel(&logps, &want) < 1e-6, "token log-probabilities {logps} vs {want}");
     }
 }

@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 use crate::{
     data::Batch,
     error::{Error, Result},
-    model::{Model, ModelInput, ModelOutput, Returns},
+    model::{Head, Model, ModelInput, ModelOutput, Returns},
 };
 
 /// The model being trained, as an objective sees it.
@@ -17,10 +17,10 @@ pub trait Forward {
     /// The logits of a batch: `[B, C]` for classification, `[B, T, V]` for a language model.
     fn forward(&mut self, batch: &Batch, train: bool) -> Result<Tensor>;
 
-    /// A language model's hidden states `[B, T, D]` and output projection `[V, D]`,
-    /// for a loss computed a chunk of positions at a time; `None` for a model without
-    /// that split (see [`crate::model::Returns::Hidden`]).
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>>;
+    /// A language model's hidden states `[B, T, D]` and output projection `[V, D]`
+    /// (with its logits' soft cap, if any), for a loss computed a chunk of positions at
+    /// a time; `None` for a model without that split (see [`crate::model::Returns::Hidden`]).
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Head)>>;
 }
 
 /// A model run as the run runs it: under bf16 autocast when the run is in bf16
@@ -55,7 +55,7 @@ impl Forward for Runner<'_> {
     /// A language model's hidden states and output projection, under autocast like
     /// [`Forward::forward`]; `None` when the model has no such split (the loss is
     /// then computed from the logits).
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Head)>> {
         if !self.model.supports().hidden {
             return Ok(None);
         }

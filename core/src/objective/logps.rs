@@ -52,7 +52,7 @@ pub enum Output {
     /// `train.loss_chunk`: hidden states `[rows, T, D]` and the projection `[V, D]`.
     Hidden {
         states: Tensor,
-        head: Tensor,
+        head: crate::model::Head,
         chunk: i64,
     },
 }

@@ -28,8 +28,8 @@ impl Forward for Linear {
         Ok(self.hidden.matmul(&self.weight.tr()))
     }
 
-    fn forward_hidden(&mut self, _batch: &Batch, _train: bool) -> Result<Option<(Tensor, Tensor)>> {
-        Ok(self.split.then(|| (self.hidden.shallow_clone(), self.weight.shallow_clone())))
+    fn forward_hidden(&mut self, _batch: &Batch, _train: bool) -> Result<Option<(Tensor, crate::model::Head)>> {
+        Ok(self.split.then(|| (self.hidden.shallow_clone(), crate::model::Head::plain(self.weight.shallow_clone()))))
     }
 }
 
@@ -187,7 +187,7 @@ impl Forward for Lm {
         self.0.forward(crate::model::ModelInput::new(&batch.inputs, train))?.logits()
     }
 
-    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, Tensor)>> {
+    fn forward_hidden(&mut self, batch: &Batch, train: bool) -> Result<Option<(Tensor, crate::model::Head)>> {
         let input = crate::model::ModelInput::new(&batch.inputs, train).returns(crate::model::Returns::Hidden);
         match self.0.forward(input)? {
             crate::model::ModelOutput::Hidden { states, head } => Ok(Some((states, head))),

@@ -6,7 +6,7 @@
 //! - [`cut_whole`]: every variable whole on every rank (a model the configuration
 //!   does not name: a factory's, an `mlp`, a `torchscript`), rank 0's values
 //!   broadcast, then cut unit by unit;
-//! - [`StreamingCut`](super::stream_cut::StreamingCut): a `gpt` or `llama` cut while
+//! - [`StreamingCut`](super::stream_cut::StreamingCut): a decoder cut while
 //!   it is built, each block as soon as its variables exist, so a rank never holds
 //!   more than its chunks, unit 0 and one block; `model.init_from`'s values are then
 //!   read straight into the chunks ([`CutModel::owned_pieces`]).

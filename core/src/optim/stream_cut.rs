@@ -1,4 +1,4 @@
-//! A `gpt` or `llama` cut into parameter sharding's units while it is built (see
+//! A decoder cut into parameter sharding's units while it is built (see
 //! [`cut`](super::cut)): the units' layouts come from the variables the
 //! configuration names, so the chunks exist before the first block does, and each
 //! block is cut as soon as its variables exist. A rank never holds more than its

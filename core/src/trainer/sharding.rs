@@ -6,14 +6,14 @@
 use tch::{nn, Kind};
 
 use crate::{
-    config::{Config, ModelKind, Precision, ShardMode},
+    config::{Config, Precision, ShardMode},
     dist::DataParallel,
     error::{ConfigError, Error, Result},
     model::{self, Model},
     optim::{CutModel, ParamSharding, Planned, ShardSpec, StreamingCut},
 };
 
-/// The configured `gpt` or `llama` in `vs`, each unit cut into this rank's shard as
+/// The configured decoder in `vs`, each unit cut into this rank's shard as
 /// soon as its variables exist (a block's whole tensors go before the next block is
 /// made: the same random draws as the whole model's, in the same order), and
 /// `model.init_from`'s values read straight into the shards, this rank's slices only.
@@ -57,21 +57,23 @@ pub(super) fn param_sharding(config: &Config, dist: &dyn DataParallel) -> Option
 }
 
 /// With `configured` (parameters sharded, the model the configuration's, not a
-/// factory's), refuses a kind without numbered blocks (`mlp`, `torchscript`): parameter
-/// sharding gathers a model block by block. A usage error, before anything is loaded.
+/// factory's), refuses a kind whose family has no numbered blocks (`mlp`,
+/// `torchscript`): parameter sharding gathers a model block by block. A usage error,
+/// before anything is loaded.
 pub(super) fn refuse_unblocked_kind(config: &Config, configured: bool) -> Result<()> {
-    match config.model.kind {
-        _ if !configured => Ok(()),
-        ModelKind::Gpt | ModelKind::Llama => Ok(()),
-        kind => Err(Error::Config(ConfigError {
-            origin: "[dist]".into(),
-            key: "dist.shard".into(),
-            message: format!(
-                "dist.shard = \"parameters\" gathers a model block by block: model.kind = {:?} has no blocks (use a gpt or llama, or \"gradients\")",
-                format!("{kind:?}").to_lowercase()
-            ),
-        })),
+    let kind = config.model.kind;
+    if !configured || model::family::of(kind).blocks() {
+        return Ok(());
     }
+    Err(Error::Config(ConfigError {
+        origin: "[dist]".into(),
+        key: "dist.shard".into(),
+        message: format!(
+            "dist.shard = \"parameters\" gathers a model block by block: model.kind = {:?} has no blocks (use a {}, or \"gradients\")",
+            kind.name(),
+            model::family::kinds(|f| f.blocks(), str::to_string)
+        ),
+    }))
 }
 
 /// Refuses (as a usage error, before training) what parameter sharding cannot do yet.

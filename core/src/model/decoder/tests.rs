@@ -93,7 +93,7 @@ fn lora_stores_the_frozen_block_matrices_in_bf16_and_nothing_else() {
     let lora = LoraConfig { dropout: 0.0, ..LoraConfig::default() };
     for kind in [ModelKind::Gpt, ModelKind::Llama] {
         let vs = nn::VarStore::new(Device::Cpu);
-        let targets = lora::Targets { lora: Some(&lora), kind };
+        let targets = lora::Targets::new(Some(&lora), kind);
         let model: Box<dyn Model> = match kind {
             ModelKind::Gpt => Box::new(Gpt::decoder(&vs.root(), &shape(kind), targets)),
             _ => Box::new(Llama::decoder(&vs.root(), &shape(kind), targets)),

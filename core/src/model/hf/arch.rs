@@ -1,55 +1,74 @@
-//! Which architecture a `config.json` describes, and the `[model]` keys it decides.
+//! Which architecture a `config.json` describes, and the `[model]` keys it decides:
+//! the family registered for its `model_type` ([`crate::model::family`]) reads it.
+
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{llama_config::FAMILIES, Gpt2Arch, LlamaArch};
-use crate::config::{ModelConfig, ModelKind};
+use crate::{
+    config::{ModelConfig, ModelKind},
+    model::family::{self, FamilySpec},
+};
 
-/// A Hugging Face architecture ptrain computes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum HfArch {
-    /// `GPT2LMHeadModel`: ptrain's `gpt`.
-    Gpt2(Gpt2Arch),
-    /// `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`: ptrain's `llama`.
-    Llama(LlamaArch),
+/// A `config.json` as its family read it.
+pub trait HfConfig: std::fmt::Debug + Send + Sync {
+    /// `(key path under [model], config.json key, value)` for every key `init_from`
+    /// decides but `kind` (its family's).
+    fn model_keys(&self) -> Vec<(String, &'static str, toml::Value)>;
+
+    /// The first key where `m` computes something else than this checkpoint.
+    fn mismatch(&self, m: &ModelConfig) -> Option<String> {
+        first_mismatch(self.model_keys(), m)
+    }
+}
+
+/// A Hugging Face architecture ptrain computes: its family and what its `config.json` says.
+#[derive(Debug, Clone)]
+pub struct HfArch {
+    pub family: &'static FamilySpec,
+    pub model_type: String,
+    config: Arc<dyn HfConfig>,
 }
 
 impl HfArch {
     pub fn from_json(raw: &Map<String, Value>) -> Result<HfArch, String> {
-        match raw.get("model_type").and_then(Value::as_str) {
-            Some("gpt2") => Gpt2Arch::from_json(raw).map(HfArch::Gpt2),
-            Some(t) if FAMILIES.iter().any(|f| f.0 == t) => LlamaArch::from_json(raw, t).map(HfArch::Llama),
-            Some(other) => Err(format!("model_type = \"{other}\": ptrain starts from gpt2, llama, qwen2, qwen3 and mistral checkpoints")),
-            None => Err("no model_type: not a transformers config.json (expected model_type gpt2, llama, qwen2, qwen3 or mistral)".into()),
-        }
+        let model_type = raw
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("no model_type: not a transformers config.json (expected model_type {})", family::model_types("or")))?;
+        let (family, _) = family::by_model_type(model_type)
+            .ok_or_else(|| format!("model_type = \"{model_type}\": ptrain starts from {} checkpoints", family::model_types("and")))?;
+        let hf = family.hf.as_ref().expect("a family reading a model_type has a Hugging Face mapping");
+        Ok(HfArch { family, model_type: model_type.to_string(), config: (hf.read)(raw, model_type)? })
     }
 
     pub fn kind(&self) -> ModelKind {
-        match self {
-            HfArch::Gpt2(_) => ModelKind::Gpt,
-            HfArch::Llama(_) => ModelKind::Llama,
-        }
+        self.family.kind
     }
 
     /// `(key path under [model], config.json key, value)` for every key `init_from`
     /// decides, `kind` first.
     pub fn model_keys(&self) -> Vec<(String, &'static str, toml::Value)> {
-        match self {
-            HfArch::Gpt2(a) => std::iter::once(("kind".to_string(), "model_type", toml::Value::String("gpt".into())))
-                .chain(a.model_keys().into_iter().map(|(k, hf, v)| (k.to_string(), hf, v)))
-                .collect(),
-            HfArch::Llama(a) => a.model_keys(),
-        }
+        let kind = ("kind".to_string(), "model_type", toml::Value::String(self.kind().name()));
+        std::iter::once(kind).chain(self.config.model_keys()).collect()
     }
 
     /// The first key where `m` computes something else than this checkpoint.
     pub fn mismatch(&self, m: &ModelConfig) -> Option<String> {
-        let table = toml::Table::try_from(m).expect("[model] serializes");
-        self.model_keys().into_iter().find_map(|(path, hf_key, value)| {
-            let current = lookup(&table, &path);
-            (current != Some(&value)).then(|| format!("model.{path} = {} but {hf_key} = {value}", current.map_or("(none)".into(), |c| c.to_string())))
-        })
+        match m.kind == self.kind() {
+            true => self.config.mismatch(m),
+            false => first_mismatch(self.model_keys(), m),
+        }
     }
+}
+
+/// The first of `keys` whose value `m` does not have.
+pub fn first_mismatch(keys: Vec<(String, &'static str, toml::Value)>, m: &ModelConfig) -> Option<String> {
+    let table = toml::Table::try_from(m).expect("[model] serializes");
+    keys.into_iter().find_map(|(path, hf_key, value)| {
+        let current = lookup(&table, &path);
+        (current != Some(&value)).then(|| format!("model.{path} = {} but {hf_key} = {value}", current.map_or("(none)".into(), |c| c.to_string())))
+    })
 }
 
 /// The value at dotted `path` of `table`.

@@ -1,18 +1,20 @@
-//! `ptrain export --format hf`: a ptrain checkpoint of a `gpt` or a `llama` as a
-//! directory `transformers.AutoModelForCausalLM.from_pretrained` loads.
+//! `ptrain export --format hf`: a ptrain checkpoint of a model with a Hugging Face
+//! counterpart (its family's, `model::family::HfSpec`) as a directory
+//! `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::{Path, PathBuf},
 };
 
 use ptrain_plugin_api::DType;
 use safetensors::tensor::TensorView;
 
-use super::{names, Gpt2Arch, HfDir, LlamaArch, CONFIG_JSON, WEIGHTS};
+use super::{names, HfDir, CONFIG_JSON, WEIGHTS};
 use crate::{
-    config::{Config, ConfigBuilder, ModelKind, TOKENIZER_FILES},
+    config::{Config, ConfigBuilder, TOKENIZER_FILES},
     error::{Error, Result},
+    model::family::{self, HfSpec},
 };
 
 /// What an export wrote.
@@ -57,7 +59,7 @@ fn checkpoint_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Checkpoint { path: path.to_owned(), message: message.into() }
 }
 
-/// Writes `out/config.json`, `out/model.safetensors` (GPT-2 names and layouts) and
+/// Writes `out/config.json`, `out/model.safetensors` (Hugging Face names and layouts) and
 /// the run's tokenizer files, from the checkpoint at (or newest under) `path`. A
 /// LoRA checkpoint (adapters only) needs `merge`: its adapters are merged into the
 /// base weights of `model.init_from` (`W + alpha / r * B A`), a full model.
@@ -81,9 +83,10 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: 
     if with_tokenizer {
         tokenizer_readable(&config)?;
     }
-    if !matches!(m.kind, ModelKind::Gpt | ModelKind::Llama) {
-        return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only a gpt or a llama exports to the Hugging Face format", m.kind)));
-    }
+    let Some(hf) = family::of(m.kind).hf.as_ref() else {
+        let kinds = family::kinds(|f| f.hf.is_some(), |k| format!("a {k}"));
+        return Err(checkpoint_error(&checkpoint, format!("model.kind = {:?}: only {kinds} exports to the Hugging Face format", m.kind)));
+    };
     let weights_path = checkpoint.join(ptrain_checkpoint::MODEL_FILE);
     match (config.lora().is_some(), merge) {
         (false, false) => {}
@@ -95,30 +98,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: 
         (false, true) => return Err(checkpoint_error(&checkpoint, "--merge merges LoRA adapters, and this run trained none ([lora])")),
     }
 
-    let params = names::params(m);
-    let known: BTreeSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
-    if let Some(extra) = saved.keys().find(|n| !known.contains(n.as_str())) {
-        return Err(checkpoint_error(&weights_path, format!("tensor `{extra}` has no Hugging Face counterpart")));
-    }
-    let mut tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::with_capacity(params.len());
-    for p in &params {
-        let shape: Vec<usize> = p.shape.iter().map(|&d| d as usize).collect();
-        let (dtype, data) = match saved.remove(&p.name) {
-            Some(t) if t.shape.iter().map(|&d| d as usize).eq(shape.iter().copied()) => (t.dtype, t.data),
-            Some(t) => {
-                let found: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-                return Err(checkpoint_error(&weights_path, format!("`{}` has shape {found:?}, expected {shape:?}", p.name)));
-            }
-            // Without biases (model.gpt.bias = false) the same model has zero biases.
-            None if !m.gpt.bias && p.name.ends_with(".bias") && !p.name.contains(".ln_") => {
-                (DType::F32, vec![0u8; shape.iter().product::<usize>() * DType::F32.size()])
-            }
-            None => return Err(checkpoint_error(&weights_path, format!("no tensor `{}`", p.name))),
-        };
-        let (data, shape) =
-            if p.conv1d { (names::transpose_bytes(&data, shape[0], shape[1], dtype.size()), vec![shape[1], shape[0]]) } else { (data, shape) };
-        tensors.push((p.hf_name().to_string(), dtype, shape, data));
-    }
+    let tensors = hf_tensors(m, hf, saved, &weights_path)?;
 
     std::fs::create_dir_all(out).map_err(|e| Error::Io { path: out.to_owned(), source: e })?;
     let weights_out = out.join(WEIGHTS);
@@ -136,10 +116,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: 
         dir => HfDir::open(dir).map_err(|e| tracing::warn!("config.json of {dir} not kept: {e}")).ok(),
     };
     let base = source.as_ref().map(|d| &d.raw_config);
-    let mut json = match m.kind {
-        ModelKind::Llama => LlamaArch::from_model(m).map_err(|e| checkpoint_error(&config_path, e))?.to_json(base),
-        _ => Gpt2Arch::from_model(m).to_json(m.dropout, base),
-    };
+    let mut json = (hf.write)(m, base).map_err(|e| checkpoint_error(&config_path, e))?;
     // Sampling defaults (eos ids, temperature) travel with the model.
     if let Some(generation) = source.as_ref().map(|d| d.dir.join(GENERATION_CONFIG)).filter(|p| p.is_file()) {
         std::fs::copy(&generation, out.join(GENERATION_CONFIG)).map_err(|e| Error::Io { path: generation.clone(), source: e })?;
@@ -154,6 +131,42 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: 
     let text = serde_json::to_string_pretty(&json).expect("JSON serializes") + "\n";
     std::fs::write(&json_path, text).map_err(|e| Error::Io { path: json_path, source: e })?;
     Ok(Exported { checkpoint, step: manifest.step, out: out.to_owned(), tensors: tensors.len(), tokenizer_files })
+}
+
+/// A tensor as a safetensors file holds it: name, type, shape, bytes.
+type Bytes = (String, DType, Vec<usize>, Vec<u8>);
+
+/// The checkpoint's tensors `saved` as the Hugging Face model's, in its family's names
+/// and layouts (`weights_path`: where they were read, for errors).
+fn hf_tensors(
+    m: &crate::config::ModelConfig,
+    hf: &HfSpec,
+    mut saved: BTreeMap<String, ptrain_checkpoint::Tensor>,
+    weights_path: &Path,
+) -> Result<Vec<Bytes>> {
+    let params = names::params(m);
+    let known: BTreeSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
+    if let Some(extra) = saved.keys().find(|n| !known.contains(n.as_str())) {
+        return Err(checkpoint_error(weights_path, format!("tensor `{extra}` has no Hugging Face counterpart")));
+    }
+    let mut tensors: Vec<Bytes> = Vec::with_capacity(params.len());
+    for p in &params {
+        let shape: Vec<usize> = p.shape.iter().map(|&d| d as usize).collect();
+        let (dtype, data) = match saved.remove(&p.name) {
+            Some(t) if t.shape.iter().map(|&d| d as usize).eq(shape.iter().copied()) => (t.dtype, t.data),
+            Some(t) => {
+                let found: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+                return Err(checkpoint_error(weights_path, format!("`{}` has shape {found:?}, expected {shape:?}", p.name)));
+            }
+            // A parameter the model lacks and the family writes as zeros (gpt's biases).
+            None if (hf.absent_as_zeros)(m, &p.name) => (DType::F32, vec![0u8; shape.iter().product::<usize>() * DType::F32.size()]),
+            None => return Err(checkpoint_error(weights_path, format!("no tensor `{}`", p.name))),
+        };
+        let (data, shape) =
+            if p.conv1d { (names::transpose_bytes(&data, shape[0], shape[1], dtype.size()), vec![shape[1], shape[0]]) } else { (data, shape) };
+        tensors.push((p.hf_name().to_string(), dtype, shape, data));
+    }
+    Ok(tensors)
 }
 
 /// Writes `views` to `path` as transformers and peft save them (`format: pt`), through

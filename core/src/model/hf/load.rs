@@ -1,5 +1,5 @@
-//! Copies a Hugging Face checkpoint's weights into ptrain's `gpt` or `llama`
-//! (`model.init_from`).
+//! Copies a Hugging Face checkpoint's weights into the configured model
+//! (`model.init_from`), by its family's parameter table.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -57,9 +57,9 @@ fn shape_of(view: &TensorView<'_>) -> Vec<i64> {
     view.shape().iter().map(|&d| d as i64).collect()
 }
 
-/// Loads `m.init_from`'s weights into the `gpt` or `llama` built under `vs` from `m`.
+/// Loads `m.init_from`'s weights into the model built under `vs` from `m`.
 ///
-/// Every parameter must be present with GPT-2's shape; any other tensor than the
+/// Every parameter must be present with the Hugging Face shape; any other tensor than the
 /// known buffers and the tied head is refused, so a file that is not what
 /// `config.json` says never trains silently.
 pub fn load_weights(vs: &nn::Path, m: &ModelConfig) -> Result<()> {
@@ -146,7 +146,7 @@ impl Weight<'_> {
     }
 
     /// Elements `[offset, offset + len)` of the flattened parameter: read from the
-    /// file alone, unless GPT-2 stores it transposed (then the whole is read).
+    /// file alone, unless Hugging Face stores it transposed (then the whole is read).
     fn slice(&self, offset: i64, len: i64) -> Result<Tensor> {
         if self.conv1d {
             return Ok(self.whole()?.f_reshape([-1])?.f_narrow(0, offset, len)?);

@@ -1,14 +1,13 @@
 //! Hugging Face interop: start from a local `transformers` directory
-//! (`model.init_from`: GPT-2, Llama, Qwen2, Qwen3, Mistral) and export a checkpoint
-//! that `AutoModelForCausalLM` loads.
+//! (`model.init_from`: a `model_type` some family of `model::family` reads) and export a
+//! checkpoint that `AutoModelForCausalLM` loads.
 //!
-//! The same parameter table ([`names::params`]) drives both directions, so the
-//! loader and the exporter cannot disagree about a name or a transposition.
+//! The same parameter table ([`names::params`], the family's) drives both directions,
+//! so the loader and the exporter cannot disagree about a name or a transposition.
+//! Each family's `config.json` mapping is in its own files (`model/llama/hf.rs`).
 
 pub mod arch;
-mod config;
 mod export;
-mod llama_config;
 mod load;
 pub mod names;
 mod peft;
@@ -16,9 +15,7 @@ mod peft;
 use std::path::{Path, PathBuf};
 
 pub use arch::HfArch;
-pub use config::Gpt2Arch;
 pub use export::{export, recorded_config, resolve_checkpoint, Exported, GENERATION_CONFIG};
-pub use llama_config::LlamaArch;
 pub use load::{load_pieces, load_weights};
 pub use peft::{export_peft, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 

@@ -11,9 +11,8 @@ use serde_json::json;
 
 use super::export::{copy_tokenizer, recorded_config, resolve_checkpoint, tokenizer_readable, write_safetensors, Exported};
 use crate::{
-    config::ModelKind,
     error::{Error, Result},
-    model::lora::ADAPTER,
+    model::{family, lora::ADAPTER},
 };
 
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -58,6 +57,7 @@ pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool, base: Option<&
     let tokenizer_files = if with_tokenizer { copy_tokenizer(&config, out)? } else { Vec::new() };
 
     // GPT-2's Conv1D stores weights [in, out]: peft's fan_in_fan_out says so when merging.
+    let family = family::of(config.model.kind);
     let adapter_config = json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -66,8 +66,8 @@ pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool, base: Option<&
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
-        "target_modules": lora.targets(config.model.kind),
-        "fan_in_fan_out": config.model.kind == ModelKind::Gpt,
+        "target_modules": lora.targets(family.lora_modules),
+        "fan_in_fan_out": family.hf.as_ref().is_some_and(|hf| hf.conv1d),
         "bias": "none",
         "use_rslora": false,
         "use_dora": false,

@@ -5,7 +5,7 @@ use tch::{nn, Device, Kind, Reduction, Tensor};
 use super::*;
 use crate::{
     config::{Config, LoraConfig, ModelKind},
-    model::{decoder::BlockPlan, Model, ModelInput},
+    model::{decoder::BlockPlan, lora, Model, ModelInput},
     objective::cross_entropy,
 };
 
@@ -47,7 +47,7 @@ fn step(lora: Option<&LoraConfig>, checkpointed: bool, reference: Reference) -> 
     let mut m = Config::default().model;
     (m.kind, m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size) = (ModelKind::Llama, 2, 2, 16, 16, 40);
     let mut vs = nn::VarStore::new(Device::Cpu);
-    let mut model = Llama::decoder(&vs.root(), &m, lora::Targets { lora, kind: ModelKind::Llama });
+    let mut model = Llama::decoder(&vs.root(), &m, lora::Targets::new(lora, ModelKind::Llama));
     model.plan(BlockPlan { checkpointed: vec![checkpointed; 2], wrap: None }).unwrap();
     if lora.is_some() {
         lora::freeze_base(&vs);

@@ -1,11 +1,45 @@
 //! The `config.json` of `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and
 //! `MistralForCausalLM`, in both the transformers 4.x form (top-level `rope_theta`,
 //! `rope_scaling`, `torch_dtype`) and the 5.x form (`rope_parameters`, `dtype`), and
-//! ptrain's `[model]` / `[model.llama]` keys, both ways.
+//! ptrain's `[model]` / `[model.llama]` keys, both ways; the parameter table is the
+//! family's layout under its own (the Hugging Face) names.
+
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use crate::config::{LlamaArgs, ModelConfig, RopeScaling};
+use crate::{
+    config::{LlamaArgs, ModelConfig, RopeScaling},
+    model::hf::{arch::HfConfig, names},
+};
+
+/// Reads a `config.json` of one of [`FAMILIES`] ([`crate::model::family::HfSpec::read`]).
+pub(super) fn read(raw: &Map<String, Value>, model_type: &str) -> Result<Arc<dyn HfConfig>, String> {
+    Ok(Arc::new(LlamaArch::from_json(raw, model_type)?))
+}
+
+/// The `config.json` of an export.
+pub(super) fn write(m: &ModelConfig, base: Option<&Map<String, Value>>) -> Result<Map<String, Value>, String> {
+    Ok(LlamaArch::from_model(m)?.to_json(base))
+}
+
+/// Every parameter of a `llama` (the names of `LlamaForCausalLM` and its kin).
+pub(super) fn params(m: &ModelConfig) -> Vec<names::Param> {
+    names::from_layout(&super::layout(m), false)
+}
+
+/// Files saved from the bare `LlamaModel` lack the `model.` prefix.
+pub(super) fn canonical(hf_name: &str) -> String {
+    match hf_name.starts_with("model.") || hf_name.starts_with("lm_head.") {
+        true => hf_name.to_string(),
+        false => format!("model.{hf_name}"),
+    }
+}
+
+/// A tied head saved anyway, and the RoPE buffers of older checkpoints.
+pub(super) fn known_extra(m: &ModelConfig, canonical_name: &str) -> bool {
+    (m.llama.tie_embeddings && canonical_name == "lm_head.weight") || canonical_name.ends_with("rotary_emb.inv_freq")
+}
 
 /// The Hugging Face families the `llama` kind computes, with their class names.
 pub const FAMILIES: [(&str, &str); 4] =
@@ -150,13 +184,13 @@ impl LlamaArch {
         })
     }
 
-    /// `(ptrain key under [model], config.json key, value)` for every key `init_from` sets.
-    pub fn model_keys(&self) -> Vec<(String, &'static str, toml::Value)> {
+    /// `(ptrain key under [model], config.json key, value)` for every key `init_from` sets
+    /// but `kind`.
+    pub fn keys(&self) -> Vec<(String, &'static str, toml::Value)> {
         let a = &self.args;
         let int = |v: i64| toml::Value::Integer(v);
         let mut keys = vec![
-            ("kind".to_string(), "model_type", toml::Value::String("llama".into())),
-            ("vocab_size".into(), "vocab_size", int(self.vocab_size)),
+            ("vocab_size".to_string(), "vocab_size", int(self.vocab_size)),
             ("n_layer".into(), "num_hidden_layers", int(self.n_layer)),
             ("n_head".into(), "num_attention_heads", int(self.n_head)),
             ("n_embd".into(), "hidden_size", int(self.hidden_size)),
@@ -283,6 +317,12 @@ impl LlamaArch {
             }
         }
         out
+    }
+}
+
+impl HfConfig for LlamaArch {
+    fn model_keys(&self) -> Vec<(String, &'static str, toml::Value)> {
+        self.keys()
     }
 }
 

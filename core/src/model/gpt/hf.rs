@@ -1,8 +1,59 @@
-//! GPT-2's `config.json` and ptrain's `[model]` keys, both ways.
+//! GPT-2's `config.json` and ptrain's `[model]` keys, both ways, and its parameter
+//! table: nanoGPT's names are `GPT2LMHeadModel`'s, and only the layout of the linear
+//! layers differs. GPT-2's `Conv1D` stores its weight as `[in, out]`, a `Linear` as
+//! `[out, in]`; the fused `c_attn` is q, k, v in that order in both. The output head
+//! is tied to `transformer.wte.weight` in both.
+
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use crate::config::{Activation, ModelConfig};
+use crate::{
+    config::{Activation, ModelConfig},
+    model::hf::{arch::HfConfig, names},
+};
+
+/// Reads a GPT-2 `config.json` ([`crate::model::family::HfSpec::read`]).
+pub(super) fn read(raw: &Map<String, Value>, _model_type: &str) -> Result<Arc<dyn HfConfig>, String> {
+    Ok(Arc::new(Gpt2Arch::from_json(raw)?))
+}
+
+/// The `config.json` of an export.
+pub(super) fn write(m: &ModelConfig, base: Option<&Map<String, Value>>) -> Result<Map<String, Value>, String> {
+    Ok(Gpt2Arch::from_model(m).to_json(m.dropout, base))
+}
+
+/// Every parameter of `GPT2LMHeadModel`: the `gpt`'s with biases (which GPT-2 always has).
+pub(super) fn params(m: &ModelConfig) -> Vec<names::Param> {
+    names::from_layout(&super::layout(m, true), true)
+}
+
+/// Without biases (`model.gpt.bias = false`) the same model has zero biases.
+pub(super) fn absent_as_zeros(m: &ModelConfig, name: &str) -> bool {
+    !m.gpt.bias && name.ends_with(".bias") && !name.contains(".ln_")
+}
+
+/// A GPT-2 file's tensor name in `GPT2LMHeadModel`'s terms: files saved from the
+/// bare `GPT2Model` (the hub's `gpt2`) lack the `transformer.` prefix.
+pub(super) fn canonical(hf_name: &str) -> String {
+    if hf_name.starts_with("transformer.") || hf_name.starts_with("lm_head.") {
+        hf_name.to_string()
+    } else {
+        format!("transformer.{hf_name}")
+    }
+}
+
+/// Tensors GPT-2 files may hold that are not parameters: the attention mask
+/// buffers of older checkpoints, and the head, tied to the token embedding.
+pub(super) fn known_extra(_m: &ModelConfig, canonical_name: &str) -> bool {
+    if canonical_name == "lm_head.weight" {
+        return true;
+    }
+    let Some(rest) = canonical_name.strip_prefix("transformer.h.") else { return false };
+    let mut parts = rest.splitn(2, '.');
+    let layer_ok = parts.next().is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    layer_ok && matches!(parts.next(), Some("attn.bias" | "attn.masked_bias"))
+}
 
 /// What of a GPT-2 `config.json` decides the computation, in ptrain's terms.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,7 +151,7 @@ impl Gpt2Arch {
     }
 
     /// `(ptrain [model] key, config.json key, value)` for every key `init_from` sets.
-    pub fn model_keys(&self) -> Vec<(&'static str, &'static str, toml::Value)> {
+    pub fn keys(&self) -> Vec<(&'static str, &'static str, toml::Value)> {
         vec![
             ("vocab_size", "vocab_size", toml::Value::Integer(self.vocab_size)),
             ("n_layer", "n_layer", toml::Value::Integer(self.n_layer)),
@@ -115,7 +166,7 @@ impl Gpt2Arch {
     }
 
     /// The first key where `m` computes something else than this checkpoint.
-    pub fn mismatch(&self, m: &ModelConfig) -> Option<String> {
+    fn first_mismatch(&self, m: &ModelConfig) -> Option<String> {
         let ours = Gpt2Arch::from_model(m);
         let pairs = [
             ("vocab_size", "vocab_size", ours.vocab_size, self.vocab_size),
@@ -181,9 +232,29 @@ impl Gpt2Arch {
     }
 }
 
+impl HfConfig for Gpt2Arch {
+    fn model_keys(&self) -> Vec<(String, &'static str, toml::Value)> {
+        self.keys().into_iter().map(|(k, hf, v)| (k.to_string(), hf, v)).collect()
+    }
+
+    fn mismatch(&self, m: &ModelConfig) -> Option<String> {
+        self.first_mismatch(m)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bare_model_names_get_the_prefix_and_buffers_are_known() {
+        let m = crate::config::Config::default().model;
+        assert_eq!(canonical("h.0.attn.c_attn.weight"), "transformer.h.0.attn.c_attn.weight");
+        assert_eq!(canonical("transformer.wte.weight"), "transformer.wte.weight");
+        assert!(known_extra(&m, "transformer.h.11.attn.bias") && known_extra(&m, "transformer.h.0.attn.masked_bias"));
+        assert!(known_extra(&m, "lm_head.weight"));
+        assert!(!known_extra(&m, "transformer.h.0.attn.c_attn.bias") && !known_extra(&m, "transformer.h.x.attn.bias"));
+    }
 
     fn parse(text: &str) -> Result<Gpt2Arch, String> {
         Gpt2Arch::from_json(&serde_json::from_str(text).unwrap())

@@ -72,3 +72,19 @@ fn a_from_scratch_model_exports_as_the_family_its_keys_fit() {
     let e = LlamaArch::from_model(&m).unwrap_err();
     assert!(e.contains("qk_norm = true"), "{e}");
 }
+
+#[test]
+fn the_llama_table_matches_the_model_that_ptrain_builds() {
+    for (tie, qkv_bias, qk_norm) in [(false, false, false), (true, true, false), (true, false, true)] {
+        let mut m = crate::config::Config::default().model;
+        (m.kind, m.n_layer, m.llama.n_kv_head, m.llama.tie_embeddings, m.llama.qkv_bias, m.llama.qk_norm) =
+            (crate::config::ModelKind::Llama, 2, 2, tie, qkv_bias, qk_norm);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let _llama = crate::model::Llama::decoder(&vs.root(), &m, crate::model::lora::Targets::NONE);
+        let mut built: Vec<(String, Vec<i64>)> = vs.variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+        built.sort();
+        let mut table: Vec<(String, Vec<i64>)> = params(&m).into_iter().map(|p| (p.name, p.shape)).collect();
+        table.sort();
+        assert_eq!(built, table, "tie {tie}, qkv_bias {qkv_bias}, qk_norm {qk_norm}");
+    }
+}

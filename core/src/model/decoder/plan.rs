@@ -1,0 +1,69 @@
+//! Per-block choices of a [`super::Decoder`], fixed when it is built: which blocks are
+//! checkpointed, and the [`BlockWrap`] every block's forward runs through.
+
+use std::sync::Arc;
+
+use tch::Tensor;
+
+use super::{Block, BlockInput};
+use crate::{
+    config::TrainConfig,
+    error::Result,
+    model::{attention::Attend, checkpointing},
+};
+
+/// Runs around every execution of a block's forward: where a per-block policy plugs
+/// in (parameter sharding gathers a block's parameters before it runs and frees them
+/// after, and may issue the next block's gather early). It is called in the forward
+/// pass, and again when backward recomputes a checkpointed block, then possibly on an
+/// autograd worker thread. `forward` is to be called once.
+pub trait BlockWrap: Send + Sync {
+    /// At the start of every forward, before the embeddings (which are outside the
+    /// blocks) are used.
+    fn enter(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Block `index` over `input` (its hidden state). `checkpointed`: the block runs
+    /// inside its activation checkpoint: without a graph in forward, with one when
+    /// backward recomputes it.
+    fn around(&self, index: usize, input: &Tensor, checkpointed: bool, forward: &mut dyn FnMut() -> Result<Tensor>) -> Result<Tensor>;
+}
+
+/// Per-block choices, fixed when the model is built.
+#[derive(Clone, Default)]
+pub struct BlockPlan {
+    /// The blocks that keep only their input in forward and are recomputed in backward.
+    pub checkpointed: Vec<bool>,
+    pub wrap: Option<Arc<dyn BlockWrap>>,
+}
+
+impl BlockPlan {
+    /// `train.activation_checkpointing` over `blocks` blocks, no wrap.
+    pub fn from_train(train: &TrainConfig, blocks: usize) -> Result<BlockPlan> {
+        Ok(BlockPlan { checkpointed: checkpointing::chosen(train, blocks)?, wrap: None })
+    }
+}
+
+pub(super) fn run_block(
+    wrap: Option<&dyn BlockWrap>,
+    index: usize,
+    input: &Tensor,
+    checkpointed: bool,
+    mut forward: impl FnMut() -> Result<Tensor>,
+) -> Result<Tensor> {
+    match wrap {
+        None => forward(),
+        Some(w) => w.around(index, input, checkpointed, &mut forward),
+    }
+}
+
+/// A checkpointed block's training forward over `[x]`, then RoPE's `[cos, sin]` if
+/// any (they come in pairs), then the mask if any, as the checkpoint recomputes it.
+pub(super) fn recompute<B: Block>(block: &B, inputs: &[Tensor]) -> Result<Tensor> {
+    let (rotary, rest) = match inputs.len() {
+        1 | 2 => (None, &inputs[1..]),
+        _ => (Some((&inputs[1], &inputs[2])), &inputs[3..]),
+    };
+    block.forward(&inputs[0], &mut BlockInput { train: true, rotary, attend: rest.first().map_or(Attend::Causal, Attend::Masked) })
+}

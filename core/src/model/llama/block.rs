@@ -1,0 +1,152 @@
+//! The Llama block as `transformers` computes it: RMSNorm in float32, grouped-query
+//! attention over rotated queries and keys (q/k RMSNorm for Qwen3), a SwiGLU MLP.
+
+use tch::{Kind, Tensor};
+
+use super::super::{
+    decoder::{Block, BlockInput},
+    layout::Made,
+    lora, rope,
+};
+use crate::error::Result;
+
+/// `LlamaRMSNorm`: normalised in float32, cast back to the input's type, then
+/// scaled by the weight (in that order: it matters in bf16).
+#[derive(Debug)]
+pub(super) struct RmsNorm {
+    pub(super) weight: Tensor,
+    pub(super) eps: f64,
+}
+
+impl RmsNorm {
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x32 = x.f_to_kind(Kind::Float)?;
+        let variance = x32.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
+        let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
+        Ok(self.weight.f_mul(&normed.f_to_kind(x.kind())?)?)
+    }
+}
+
+/// SwiGLU's gating `silu(gate) * up`, keeping only `gate` and `up` for backward
+/// ([`ptrain_torch_ext::swiglu`], as Liger's fused SwiGLU): autograd's two nodes would
+/// also keep `silu(gate)`, one more `[tokens, intermediate]` tensor per block (10 MB
+/// at Qwen2-0.5B's 4,864 and 512 tokens). The gradients are autograd's bit for bit.
+fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    #[cfg(test)]
+    if super::tests::UNFUSED.get() {
+        return Ok(gate.f_silu()?.f_mul(up)?);
+    }
+    ptrain_torch_ext::swiglu(gate, up).map_err(|e| crate::error::Error::Other(format!("swiglu: {e}")))
+}
+
+/// Backward recomputes the SwiGLU product `gated` from `gate` and `up` (which the fused
+/// SwiGLU keeps anyway) instead of keeping it for the down projection `down`, whose
+/// weight gradient (full fine-tuning) or adapter A gradient (LoRA) needs it: an
+/// elementwise op recomputed for one `[tokens, intermediate]` tensor less per block
+/// (10 MB at Qwen2-0.5B's 4,864 and 512 tokens; 240 MB over its 24 blocks), with
+/// autograd's own backward, so the gradients are the same bit for bit. Torchtitan's
+/// op-level selective recompute, for this op. Nothing to do without a graph (evaluation,
+/// a checkpointed block's forward), nor with LoRA dropout in training (the adapter's A
+/// then keeps its dropped-out input, not the product).
+fn recompute_in_backward(down: &Tensor, gated: &Tensor, gate: &Tensor, up: &Tensor) -> Result<()> {
+    #[cfg(test)]
+    if super::tests::PRODUCT_KEPT.get() {
+        return Ok(());
+    }
+    let _dropped = ptrain_torch_ext::recompute_swiglu_product(down, gated, gate, up)
+        .map_err(|e| crate::error::Error::Other(format!("swiglu recompute: {e}")))?;
+    #[cfg(test)]
+    super::tests::PRODUCTS_DROPPED.set(super::tests::PRODUCTS_DROPPED.get() + _dropped);
+    Ok(())
+}
+
+/// Shapes shared by every layer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dims {
+    pub(super) heads: i64,
+    pub(super) kv_heads: i64,
+    pub(super) head_dim: i64,
+    pub(super) dropout: f64,
+}
+
+#[derive(Debug)]
+pub struct LlamaBlock {
+    input_norm: RmsNorm,
+    q_proj: lora::Linear,
+    k_proj: lora::Linear,
+    v_proj: lora::Linear,
+    o_proj: lora::Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    post_norm: RmsNorm,
+    gate_proj: lora::Linear,
+    up_proj: lora::Linear,
+    down_proj: lora::Linear,
+    dims: Dims,
+}
+
+// SAFETY: a layer's tensors are only read (each op makes a new tensor), which libtorch
+// allows from several threads at once; the checkpoint's recompute may run it on an
+// autograd worker thread.
+unsafe impl Sync for LlamaBlock {}
+
+impl LlamaBlock {
+    /// The block of the variables `made` from its layout (`super::layout`).
+    pub(super) fn new(mut made: Made, dims: Dims, rms_norm_eps: f64) -> LlamaBlock {
+        let norm = |made: &mut Made, path: &str| RmsNorm { weight: made.tensor(path), eps: rms_norm_eps };
+        LlamaBlock {
+            input_norm: norm(&mut made, "input_layernorm.weight"),
+            q_proj: made.linear("self_attn.q_proj"),
+            k_proj: made.linear("self_attn.k_proj"),
+            v_proj: made.linear("self_attn.v_proj"),
+            o_proj: made.linear("self_attn.o_proj"),
+            q_norm: made.take_tensor("self_attn.q_norm.weight").map(|weight| RmsNorm { weight, eps: rms_norm_eps }),
+            k_norm: made.take_tensor("self_attn.k_norm.weight").map(|weight| RmsNorm { weight, eps: rms_norm_eps }),
+            post_norm: norm(&mut made, "post_attention_layernorm.weight"),
+            gate_proj: made.linear("mlp.gate_proj"),
+            up_proj: made.linear("mlp.up_proj"),
+            down_proj: made.linear("mlp.down_proj"),
+            dims,
+        }
+    }
+
+    /// `[B, T, width]` projections as `[B, heads, T, head_dim]`, each head normed (Qwen3).
+    fn heads(&self, x: Tensor, heads: i64, norm: Option<&RmsNorm>) -> Result<Tensor> {
+        let (b, t, _) = x.size3()?;
+        let x = x.f_view([b, t, heads, self.dims.head_dim])?;
+        let x = match norm {
+            Some(n) => n.forward(&x)?,
+            None => x,
+        };
+        Ok(x.f_transpose(1, 2)?)
+    }
+}
+
+impl Block for LlamaBlock {
+    /// One layer over `x` `[B, T, D]` with RoPE's cos and sin at its positions.
+    fn forward(&self, x: &Tensor, input: &mut BlockInput) -> Result<Tensor> {
+        let train = input.train;
+        let (cos, sin) = input.rotary.ok_or_else(|| crate::error::Error::Other("a llama layer needs RoPE's tables".into()))?;
+        let (b, t, _) = x.size3()?;
+        let h = self.input_norm.forward(x)?;
+        let [q, k, v] = lora::forward_shared([&self.q_proj, &self.k_proj, &self.v_proj], &h, train)?;
+        let q = self.heads(q, self.dims.heads, self.q_norm.as_ref())?;
+        let k = self.heads(k, self.dims.kv_heads, self.k_norm.as_ref())?;
+        let v = self.heads(v, self.dims.kv_heads, None)?;
+        let (q, k) = (rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?);
+        let p = if train { self.dims.dropout } else { 0.0 };
+        let y = input.attend.sdpa(&q, &k, &v, p, true)?;
+        let y = y.f_transpose(1, 2)?.f_reshape([b, t, self.dims.heads * self.dims.head_dim])?;
+        let x = x.f_add(&self.o_proj.forward(&y, train)?)?;
+        let h = self.post_norm.forward(&x)?;
+        let [gate, up] = lora::forward_shared([&self.gate_proj, &self.up_proj], &h, train)?;
+        let gated = swiglu(&gate, &up)?;
+        let down = self.down_proj.forward_with(&gated, Some((&gate, &up)), train)?;
+        recompute_in_backward(&down, &gated, &gate, &up)?;
+        Ok(x.f_add(&down)?)
+    }
+
+    fn linears(&self) -> Vec<&lora::Linear> {
+        vec![&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj, &self.gate_proj, &self.up_proj, &self.down_proj]
+    }
+}
