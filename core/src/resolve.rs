@@ -89,6 +89,11 @@ impl Config {
                 }
                 insert(&mut table, &key, value);
             }
+            for (key, value) in hf.arch.defaults() {
+                if !explicit.contains_key(&format!("model.{key}")) {
+                    insert(&mut table, &key, value);
+                }
+            }
             self.model = table.try_into().map_err(|e: toml::de::Error| bad("model", e.message().to_string()))?;
             // The tokenizer saved with the model, unless the data says otherwise.
             let beside = hf.dir.join("tokenizer.json");

@@ -21,7 +21,8 @@ enum SplitArg {
 /// model.init_from), optionally with a checkpoint's weights, and run in evaluation
 /// mode. The batch is the one the trainer draws (`--split train --step 1`: the first
 /// training micro-batch; `--split val --step 0`: the first evaluation batch), or
-/// token ids from `--inputs`. OUT holds `inputs`, `targets`, `logits` and `loss`.
+/// token ids from `--inputs`. OUT holds `inputs`, `targets`, `logits` and `loss`, and a mixture of experts' router
+/// load-balancing loss `aux_loss` (unweighted, transformers' `aux_loss`).
 #[derive(Debug, Args)]
 pub struct LogitsArgs {
     /// TOML file layered over the default (with --checkpoint and no --config: the
@@ -73,6 +74,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<ExitCode> {
     let result = probe::probe(&config, recorded.as_deref(), batch)?;
     result.write(&args.out)?;
     let loss = result.loss.as_ref().map_or("-".to_string(), |l| format!("{:.6}", l.double_value(&[])));
-    outln!("logits {:?}, loss {loss}: {}", result.logits.size(), args.out.display());
+    let aux: String = result.aux.iter().filter(|(n, _)| !n.contains('/')).map(|(n, t)| format!(", {n} {:.6}", t.double_value(&[]))).collect();
+    outln!("logits {:?}, loss {loss}{aux}: {}", result.logits.size(), args.out.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -19,6 +19,13 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
                                              logits (the post-norms by 4 more, so that greedy generation varies),
                                              save_pretrained; with a tokenizer: its vocabulary, tokenizer.json and
                                              eos id beside it; --4x: config.json in the 4.x form
+  hf.py make-moe KIND DIR [TOKENIZER_JSON|-] [--fused]
+                                             a random qwen3_moe (q/k norms, head_dim 24, norm_topk_prob
+                                             false) or mixtral (top-k renormalised), 2 layers 64 wide, 4
+                                             experts of width 32, top 2, router_aux_loss_coef 0.02, every
+                                             parameter perturbed, save_pretrained (one tensor per expert);
+                                             --fused: model.safetensors with the stacked experts
+                                             (mlp.experts.gate_up_proj) as transformers 5 holds them
   hf.py make-tokens FILE N                   N random ids < 512 as a nanoGPT uint16 .bin
   hf.py make-text FILE LINES SEED            varied UTF-8 text (blank lines, indents, accents)
   hf.py make-jsonl FILE ROWS SEED            rows {"text": ...}
@@ -30,12 +37,14 @@ Nothing is downloaded. Each command prints one JSON object (or nothing).
   hf.py drop-tensor DIR TENSOR               rewrites DIR/model.safetensors without TENSOR
   hf.py add-chat-template DIR                a ChatML chat_template in DIR/tokenizer_config.json
   hf.py chat-ids DIR TEXT [SYSTEM]           apply_chat_template([system: SYSTEM,] [user: TEXT], add_generation_prompt=True)
-  hf.py compare-logits MODEL_DIR PROBE [--bf16] [--cuda] [--features]
+  hf.py compare-logits MODEL_DIR PROBE [--bf16] [--cuda] [--features] [--router]
                                              transformers' logits and loss on PROBE's batch vs ptrain's
                                              (--bf16: transformers' loss under bf16 autocast; --cuda: on
                                              the GPU, as gpu/validate.sh --device cuda compares; --features:
                                              a Gemma's "features", transformers' logits with each feature off
-                                             in turn, as their largest distance from PROBE's logits)
+                                             in turn, as their largest distance from PROBE's logits; --router:
+                                             with output_router_logits, the loss with the router term
+                                             and aux_loss as hf_aux_loss)
   hf.py generate MODEL_DIR IDS N             model.generate(do_sample=False, max_new_tokens=N) from the
                                              comma-separated prompt IDS: the new ids
   hf.py check-ids TOKENIZER SOURCE CACHE [--jsonl FIELD EOS]
@@ -250,6 +259,49 @@ def gemma_features(model, probe):
     return report
 
 
+MOE_KINDS = {
+    "qwen3_moe": dict(cls="Qwen3MoeConfig", head_dim=24, moe_intermediate_size=32, num_experts=4, norm_topk_prob=False),
+    "mixtral": dict(cls="MixtralConfig", intermediate_size=32, num_local_experts=4),
+}
+
+
+def make_moe(kind, d, tokenizer=None, *flags):
+    import shutil
+
+    import torch
+    import transformers
+
+    spec = dict(MOE_KINDS[kind])
+    cls = getattr(transformers, spec.pop("cls"))
+    vocab, eos = 512, None
+    tokenizer = None if tokenizer == "-" else tokenizer
+    if tokenizer:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(tokenizer)
+        vocab, eos = tok.get_vocab_size(), tok.token_to_id("<|endoftext|>")
+    spec.setdefault("intermediate_size", 96)
+    config = cls(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=2,
+        router_aux_loss_coef=0.02, max_position_embeddings=128, bos_token_id=None, eos_token_id=eos, pad_token_id=None, **spec,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    # Perturb everything (the routers most, so that tokens spread over the experts).
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (1.0 if ".gate." in name or name.endswith("gate.weight") else 0.05))
+    model.save_pretrained(d)
+    if "--fused" in flags:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, f"{d}/model.safetensors", metadata={"format": "pt"})
+    if tokenizer:
+        shutil.copy(tokenizer, f"{d}/tokenizer.json")
+        with open(f"{d}/tokenizer_config.json", "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 128}, f)
+
+
 def make_tokens(path, n):
     rng = np.random.default_rng(0)
     rng.integers(0, 512, int(n), dtype=np.uint16).tofile(path)
@@ -398,6 +450,10 @@ def compare_logits(model_dir, probe_path, *flags):
         window = torch.cat([inputs, targets[:, -1:]], dim=1)
         with bf16:
             hf_loss = model(window, labels=window).loss
+        if "--router" in flags:
+            # Over exactly the probe's positions and targets (shift_labels: already shifted),
+            # so the router sees the tokens ptrain's forward saw.
+            routed = model(inputs, labels=targets, shift_labels=targets, output_router_logits=True)
     report = {
         "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
         "logit_scale": logits.abs().max().item(),
@@ -405,6 +461,9 @@ def compare_logits(model_dir, probe_path, *flags):
         "probe_loss": probe["loss"].item(),
         "shape": list(logits.shape),
     }
+    if "--router" in flags:
+        report["hf_loss_with_aux"], report["hf_aux_loss"] = routed.loss.item(), routed.aux_loss.item()
+        report["probe_aux_loss"] = probe["aux_loss"].item() if "aux_loss" in probe else None
     if "--features" in flags:
         report["features"] = gemma_features(model, {k: v.cpu() for k, v in probe.items()})
     out(report)
@@ -523,6 +582,7 @@ COMMANDS = {
     "make-model": make_model,
     "make-llama": make_llama,
     "make-gemma": make_gemma,
+    "make-moe": make_moe,
     "generate": generate,
     "make-tokens": make_tokens,
     "make-text": make_text,

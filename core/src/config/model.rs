@@ -22,6 +22,7 @@ pub struct ModelConfig {
     pub gpt: GptArgs,
     pub llama: LlamaArgs,
     pub gemma: GemmaArgs,
+    pub moe: MoeArgs,
     pub mlp: MlpArgs,
     pub torchscript: TorchScriptArgs,
 }
@@ -157,6 +158,44 @@ pub struct GemmaArgs {
     pub hf_model_type: String,
 }
 
+/// `[model.moe]`: a mixture of experts (`model.kind = "moe"`, Qwen3-MoE and Mixtral), read by
+/// `model/moe.rs`. Its attention, norms, RoPE and head are `[model.llama]`'s keys; every
+/// block's MLP is `experts` SwiGLU experts, each token routed to `top_k` of them. With
+/// `init_from`, every key here but the loss weights comes from the checkpoint's `config.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MoeArgs {
+    /// Routed experts per block (`num_experts`, Mixtral's `num_local_experts`).
+    pub experts: i64,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: i64,
+    /// Width of each expert's SwiGLU (`moe_intermediate_size`, Mixtral's
+    /// `intermediate_size`); 0 = `[model.llama]`'s MLP width.
+    pub expert_intermediate_size: i64,
+    /// The top-k routing weights renormalised to sum to 1 (Mixtral always does).
+    pub norm_topk_prob: bool,
+    /// Weight of the router's load-balancing loss in the training loss
+    /// (`router_aux_loss_coef`); 0 = not added (still logged as `aux_loss`).
+    pub router_aux_loss_coef: f64,
+    /// Weight of the router z-loss (ST-MoE: the mean over tokens of the squared
+    /// log-sum-exp of the router logits, summed over blocks); 0 = off.
+    pub router_z_loss_coef: f64,
+    /// The Hugging Face `model_type` an export writes (`qwen3_moe`, `mixtral`); empty =
+    /// `qwen3_moe` with `[model.llama] qk_norm`, else `mixtral`.
+    pub hf_model_type: String,
+}
+
+impl MoeArgs {
+    /// Each expert's SwiGLU width.
+    pub fn expert_width(&self, llama: &LlamaArgs, n_embd: i64) -> i64 {
+        if self.expert_intermediate_size > 0 {
+            self.expert_intermediate_size
+        } else {
+            llama.mlp_width(n_embd)
+        }
+    }
+}
+
 /// How a layer attends (transformers' `layer_types`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -207,13 +246,16 @@ pub enum ModelKind {
     Llama,
     /// Gemma 2 / Gemma 3 (text): sandwich norms, GeGLU, sliding-window layers, soft caps.
     Gemma,
+    /// A mixture of experts (Qwen3-MoE, Mixtral): Llama's attention, routed SwiGLU experts.
+    Moe,
     Mlp,
     Torchscript,
 }
 
 impl ModelKind {
     /// Every kind, in the order messages list them.
-    pub const ALL: &'static [ModelKind] = &[ModelKind::Gpt, ModelKind::Llama, ModelKind::Gemma, ModelKind::Mlp, ModelKind::Torchscript];
+    pub const ALL: &'static [ModelKind] =
+        &[ModelKind::Gpt, ModelKind::Llama, ModelKind::Gemma, ModelKind::Moe, ModelKind::Mlp, ModelKind::Torchscript];
 
     /// A decoder-only language model of repeated blocks: what activation checkpointing,
     /// `train.loss_chunk`, instruction data and tokenized text need. Every family of the

@@ -14,7 +14,7 @@ pub use plan::{BlockPlan, BlockWrap};
 use super::{
     attention::{self, Attend, Segments},
     checkpointing::Checkpoints,
-    entry::{Head, ModelInput, ModelOutput, Returns, Supports},
+    entry::{AuxLoss, Head, ModelInput, ModelOutput, Returns, Supports},
     layout::Layout,
     lora, KvCache, Layer, Model, Task,
 };
@@ -52,6 +52,10 @@ pub struct BlockInput<'a> {
     pub rotary: Option<(&'a Tensor, &'a Tensor)>,
     /// Within the block's window, if any.
     pub attend: Attend<'a>,
+    /// Where a block puts what its family's auxiliary loss is computed from
+    /// ([`Family::aux_loss`]: a mixture's router logits), one entry per block; `None`
+    /// where nothing is collected (a checkpointed block, a forward after a cache).
+    pub aux: Option<&'a mut Vec<Tensor>>,
 }
 
 /// Where a forward's tokens sit.
@@ -102,6 +106,13 @@ pub trait Family: Send + 'static {
 
     /// Whether training draws random numbers (dropout, LoRA's adapter dropout).
     fn draws(&self) -> bool;
+
+    /// The auxiliary loss of a forward from what its `blocks` blocks put in
+    /// [`BlockInput::aux`] (`collected`: fewer entries when some were checkpointed).
+    /// Default: none.
+    fn aux_loss(&self, _collected: Vec<Tensor>, _blocks: usize) -> Result<Option<AuxLoss>> {
+        Ok(None)
+    }
 }
 
 /// The rows of `weight` `[V, D]` at `ids`. `tied`: `weight` is also the output head,
@@ -153,6 +164,8 @@ pub struct Decoder<F: Family> {
     /// Which blocks are checkpointed (kept to wrap them later).
     checkpointed: Vec<bool>,
     wrap: Option<Arc<dyn BlockWrap>>,
+    /// The family's auxiliary loss of the last forward without a cache, until taken.
+    aux: Option<AuxLoss>,
 }
 
 impl<F: Family> Decoder<F> {
@@ -163,6 +176,7 @@ impl<F: Family> Decoder<F> {
             checkpoints: Checkpoints::default(),
             checkpointed: Vec::new(),
             wrap: None,
+            aux: None,
         }
     }
 
@@ -188,7 +202,7 @@ impl<F: Family> Decoder<F> {
     }
 
     /// The final-normed hidden states of `tokens`.
-    fn hidden(&self, tokens: &Tensor, segments: Option<&Segments>, mut cache: Option<&mut KvCache>, train: bool) -> Result<Tensor> {
+    fn hidden(&mut self, tokens: &Tensor, segments: Option<&Segments>, mut cache: Option<&mut KvCache>, train: bool) -> Result<Tensor> {
         let t = tokens.size().last().copied().unwrap_or(0);
         let start = cache.as_ref().map_or(0, |c| c.len());
         if segments.is_some() && cache.is_some() {
@@ -215,6 +229,7 @@ impl<F: Family> Decoder<F> {
             Some(_) => Vec::new(),
             None => self.masks(segments, t, x.device())?,
         };
+        let (collect, mut collected) = (cache.is_none(), Vec::new());
         for (i, block) in self.blocks.iter().enumerate() {
             let rotary = tables.get(block.rotary_table()).map(|(cos, sin)| (cos, sin));
             let mask = masks.iter().find(|(w, _)| *w == block.window()).and_then(|(_, m)| m.as_ref());
@@ -228,7 +243,8 @@ impl<F: Family> Decoder<F> {
                         (None, Some(m)) => Attend::Masked(m),
                         (None, None) => Attend::Causal,
                     };
-                    let mut input = BlockInput { train, rotary, attend };
+                    let aux = collect.then_some(&mut collected);
+                    let mut input = BlockInput { train, rotary, attend, aux };
                     run_block(wrap, i, &x, false, || block.forward(&x, &mut input))?
                 }
             };
@@ -236,6 +252,7 @@ impl<F: Family> Decoder<F> {
         if let Some(c) = cache {
             c.advance(t);
         }
+        self.aux = if collect { self.family.aux_loss(collected, self.blocks.len())? } else { None };
         self.family.norm(&x)
     }
 
@@ -296,6 +313,10 @@ impl<F: Family> Model for Decoder<F> {
     fn wrap_blocks(&mut self, wrap: Arc<dyn BlockWrap>) -> Result<Option<usize>> {
         self.plan(BlockPlan { checkpointed: self.checkpointed.clone(), wrap: Some(wrap) })?;
         Ok(Some(self.blocks.len()))
+    }
+
+    fn take_aux_loss(&mut self) -> Option<AuxLoss> {
+        self.aux.take()
     }
 
     fn block_matrices(&self) -> Vec<Tensor> {

@@ -70,6 +70,19 @@ impl ModelOutput {
     }
 }
 
+/// A term a model adds to what training minimises besides the objective's loss (a
+/// mixture of experts' router losses), from its last forward without a cache
+/// ([`super::Model::take_aux_loss`]). Training adds `loss` to each micro-batch's share of
+/// the step divided by the step's micro-batches (as transformers adds
+/// `router_aux_loss_coef * aux_loss` to each forward's loss), and `metrics` to the
+/// objective's, divided alike.
+pub struct AuxLoss {
+    /// Weighted by its coefficients, with its graph when training; a float scalar.
+    pub loss: Tensor,
+    /// Named device scalars (`aux_loss`, unweighted, as transformers' `out.aux_loss`).
+    pub metrics: Vec<(&'static str, Tensor)>,
+}
+
 /// A language model's output projection: the logits of hidden states `h` are
 /// `h @ weight^T`, soft-capped to `cap * tanh(logits / cap)` where the model caps its
 /// final logits (Gemma 2's `final_logit_softcapping`). It dereferences to `weight`,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use tch::nn;
 
-use super::{gemma, gpt, hf::arch::HfConfig, hf::names::Param, llama, lora::Targets, mlp, torchscript, Model};
+use super::{gemma, gpt, hf::arch::HfConfig, hf::names::Param, llama, lora::Targets, mlp, moe, torchscript, Model};
 use crate::{
     config::{or_list, Config, ModelConfig, ModelKind},
     data::Dataset,
@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// Every family, registered once.
-pub const FAMILIES: &[&FamilySpec] = &[&gpt::SPEC, &llama::SPEC, &gemma::SPEC, &mlp::SPEC, &torchscript::SPEC];
+pub const FAMILIES: &[&FamilySpec] = &[&gpt::SPEC, &llama::SPEC, &gemma::SPEC, &moe::SPEC, &mlp::SPEC, &torchscript::SPEC];
 
 /// What a family is, for everything outside it.
 pub struct FamilySpec {
@@ -183,8 +183,8 @@ mod tests {
 
     #[test]
     fn lists_read_as_sentences() {
-        assert_eq!(model_types("and"), "gpt2, llama, qwen2, qwen3, mistral, gemma2 and gemma3_text");
-        assert_eq!(kinds(|f| f.blocks(), |k| format!("a {k}")), "a gpt, a llama or a gemma");
+        assert_eq!(model_types("and"), "gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, qwen3_moe and mixtral");
+        assert_eq!(kinds(|f| f.blocks(), |k| format!("a {k}")), "a gpt, a llama, a gemma or a moe");
         assert_eq!(by_model_type("qwen3").map(|(f, class)| (f.kind, class)), Some((ModelKind::Llama, "Qwen3ForCausalLM")));
         assert!(by_model_type("gemma").is_none());
     }

@@ -36,6 +36,11 @@ pub enum Part {
     /// The output head when it is the token embedding: no parameters of its own,
     /// FLOPs named `lm_head`.
     TiedHead { inp: i64, out: i64 },
+    /// The variable `path` (`mlp.experts.down_proj`) `[experts, out, inp]` drawn from
+    /// N(0, `std`): `experts` linear weights stacked, as transformers 5 holds a mixture's
+    /// experts; each token goes through `active` of them (FLOPs: `active` products per
+    /// position).
+    Experts { path: &'static str, experts: i64, inp: i64, out: i64, active: i64, std: f64 },
 }
 
 /// Every parameter of a model: some before its blocks, `blocks` blocks alike, some after.
@@ -73,6 +78,7 @@ impl Layout {
                 seq_len: t as u64,
                 ..Layer::linear(name, heads * head_dim, heads * head_dim, t, true)
             }),
+            Part::Experts { inp, out, active, .. } => Some(Layer::linear(name, inp, out, t * active, true)),
             Part::Vector { .. } | Part::Table { .. } => None,
         };
         let blocks = (0..self.blocks).flat_map(|i| self.block.iter().filter_map(move |p| layer(self.in_block(i, p.path()), p)));
@@ -85,7 +91,11 @@ impl Part {
     /// Its module or variable path (`lm_head` for a tied head).
     pub fn path(&self) -> &'static str {
         match self {
-            Part::Linear { path, .. } | Part::Vector { path, .. } | Part::Table { path, .. } | Part::Attention { path, .. } => path,
+            Part::Linear { path, .. }
+            | Part::Vector { path, .. }
+            | Part::Table { path, .. }
+            | Part::Attention { path, .. }
+            | Part::Experts { path, .. } => path,
             Part::TiedHead { .. } => "lm_head",
         }
     }
@@ -121,6 +131,10 @@ impl Made {
                 Part::Table { path, rows, cols, std } => {
                     let (module, leaf) = path.rsplit_once('.').unwrap_or(("", path));
                     made.tensors.insert(path, sub(vs, module).var(leaf, &[rows, cols], normal_unless_loaded(m, std)));
+                }
+                Part::Experts { path, experts, inp, out, std, .. } => {
+                    let (module, leaf) = path.rsplit_once('.').unwrap_or(("", path));
+                    made.tensors.insert(path, sub(vs, module).var(leaf, &[experts, out, inp], normal_unless_loaded(m, std)));
                 }
                 Part::Attention { .. } | Part::TiedHead { .. } => {}
             }

@@ -7,7 +7,7 @@
 //! copy, with no renaming or transposition.
 
 mod block;
-mod hf;
+pub(super) mod hf;
 
 use tch::{nn, Kind, Tensor};
 
@@ -23,7 +23,7 @@ use crate::{
     error::Result,
 };
 pub use block::LlamaBlock;
-use block::{Dims, RmsNorm};
+pub(super) use block::{swiglu, Dims, RmsNorm, SelfAttention};
 
 /// The `llama` family, registered in `model::family`.
 pub const SPEC: FamilySpec = FamilySpec {

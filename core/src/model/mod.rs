@@ -19,6 +19,7 @@ pub mod layout;
 mod llama;
 pub mod lora;
 mod mlp;
+mod moe;
 pub mod pretrained;
 pub mod probe;
 mod rope;
@@ -28,7 +29,7 @@ use tch::{nn, Tensor};
 
 pub use attention::{Attend, Scores, Segments};
 pub use decoder::Decoder;
-pub use entry::{Head, ModelInput, ModelOutput, Returns, Supports};
+pub use entry::{AuxLoss, Head, ModelInput, ModelOutput, Returns, Supports};
 pub use gpt::Gpt;
 pub use kv_cache::KvCache;
 pub use llama::Llama;
@@ -127,6 +128,12 @@ pub trait Model: Send {
     /// "bf16"` ([`lora::store_base_bf16`]). Default: none.
     fn block_matrices(&self) -> Vec<Tensor> {
         Vec::new()
+    }
+
+    /// The auxiliary loss of its last forward without a cache, taken (a second call
+    /// gives `None`): training adds it to the objective's ([`AuxLoss`]). Default: none.
+    fn take_aux_loss(&mut self) -> Option<AuxLoss> {
+        None
     }
 
     /// Runs every repeated block through `wrap` (parameter sharding's gathers), keeping

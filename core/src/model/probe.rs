@@ -47,6 +47,8 @@ pub struct Probe {
     pub logits: Tensor,
     /// Mean cross-entropy over the targets, when there are any.
     pub loss: Option<Tensor>,
+    /// The model's auxiliary loss terms (a mixture's `aux_loss`, unweighted), if it has any.
+    pub aux: Vec<(&'static str, Tensor)>,
 }
 
 impl Probe {
@@ -59,6 +61,8 @@ impl Probe {
         if let Some(l) = &self.loss {
             named.push(("loss", l.to_kind(Kind::Float)));
         }
+        // `aux_loss` and `z_loss` beside the loss (the experts' loads are training metrics).
+        named.extend(self.aux.iter().filter(|(n, _)| !n.contains('/')).map(|(n, t)| (*n, t.to_kind(Kind::Float))));
         Tensor::write_safetensors(&named, path)?;
         Ok(())
     }
@@ -92,7 +96,8 @@ pub fn probe(config: &Config, checkpoint: Option<&Path>, batch: ProbeBatch) -> R
     };
     let logits = tch::no_grad(|| model.forward(super::ModelInput::new(&inputs, false))?.logits())?;
     let loss = targets.as_ref().map(|t| tch::no_grad(|| cross_entropy(&logits, t, Reduction::Mean))).transpose()?;
-    Ok(Probe { inputs, targets, logits, loss })
+    let aux = model.take_aux_loss().map(|a| a.metrics).unwrap_or_default();
+    Ok(Probe { inputs, targets, logits, loss, aux })
 }
 
 /// Copies a ptrain checkpoint's `model.safetensors` into every trainable variable of

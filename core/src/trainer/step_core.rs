@@ -109,6 +109,9 @@ impl StepCore<'_> {
             let mut micro_loss = input.scale.apply(sum.loss)?;
             let scaled = sum.metrics.into_iter().map(|(name, value)| Ok((name, input.scale.apply(value.f_detach()?)?)));
             add_metrics(&mut metrics, scaled.collect::<Result<Metrics>>()?)?;
+            if let Some(aux) = learner.model.take_aux_loss() {
+                micro_loss = add_aux(micro_loss, aux, input.accum, &mut metrics)?;
+            }
             seams.forwarded(learner, micro, &batch, sum.logits.as_ref(), &mut micro_loss)?;
             // f_backward: a failure in backward (an activation checkpoint's recompute
             // running out of memory) ends the run as failed, not as a panic.
@@ -133,6 +136,17 @@ impl StepCore<'_> {
         seams.updated(learner)?;
         Ok(StepOut { loss, metrics, grad_norm, tokens })
     }
+}
+
+/// `micro_loss` plus the model's auxiliary loss (a mixture's router losses), as each
+/// forward's loss in transformers: a term per forward, so a micro-batch's share is it
+/// over the step's `accum` micro-batches whatever the objective counts (the gradient
+/// all-reduce then averages the ranks'); its metrics added to the step's alike.
+fn add_aux(micro_loss: Tensor, aux: crate::model::AuxLoss, accum: u64, metrics: &mut Metrics) -> Result<Tensor> {
+    let share = |t: Tensor| -> Result<Tensor> { Ok(if accum > 1 { t.f_div_scalar(accum as f64)? } else { t }) };
+    let scaled = aux.metrics.into_iter().map(|(name, value)| Ok((name, share(value.f_detach()?)?)));
+    add_metrics(metrics, scaled.collect::<Result<Metrics>>()?)?;
+    Ok(micro_loss.f_add(&share(aux.loss)?)?)
 }
 
 #[cfg(test)]

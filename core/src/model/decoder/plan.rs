@@ -65,5 +65,5 @@ pub(super) fn recompute<B: Block>(block: &B, inputs: &[Tensor]) -> Result<Tensor
         1 | 2 => (None, &inputs[1..]),
         _ => (Some((&inputs[1], &inputs[2])), &inputs[3..]),
     };
-    block.forward(&inputs[0], &mut BlockInput { train: true, rotary, attend: rest.first().map_or(Attend::Causal, Attend::Masked) })
+    block.forward(&inputs[0], &mut BlockInput { train: true, rotary, attend: rest.first().map_or(Attend::Causal, Attend::Masked), aux: None })
 }

@@ -16,6 +16,13 @@ pub trait HfConfig: std::fmt::Debug + Send + Sync {
     /// decides but `kind` (its family's).
     fn model_keys(&self) -> Vec<(String, &'static str, toml::Value)>;
 
+    /// `(key path under [model], value)` for the keys `init_from` gives a default a
+    /// configuration may override (a mixture's `router_aux_loss_coef`, a training
+    /// choice rather than the architecture). Default: none.
+    fn defaults(&self) -> Vec<(String, toml::Value)> {
+        Vec::new()
+    }
+
     /// The first key where `m` computes something else than this checkpoint.
     fn mismatch(&self, m: &ModelConfig) -> Option<String> {
         first_mismatch(self.model_keys(), m)
@@ -51,6 +58,11 @@ impl HfArch {
     pub fn model_keys(&self) -> Vec<(String, &'static str, toml::Value)> {
         let kind = ("kind".to_string(), "model_type", toml::Value::String(self.kind().name()));
         std::iter::once(kind).chain(self.config.model_keys()).collect()
+    }
+
+    /// The keys `init_from` fills unless the configuration sets them ([`HfConfig::defaults`]).
+    pub fn defaults(&self) -> Vec<(String, toml::Value)> {
+        self.config.defaults()
     }
 
     /// The first key where `m` computes something else than this checkpoint.

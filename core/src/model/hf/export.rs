@@ -162,6 +162,16 @@ fn hf_tensors(
             None if (hf.absent_as_zeros)(m, &p.name) => (DType::F32, vec![0u8; shape.iter().product::<usize>() * DType::F32.size()]),
             None => return Err(checkpoint_error(weights_path, format!("no tensor `{}`", p.name))),
         };
+        if !p.split.is_empty() {
+            // A mixture's stacked experts, written one tensor per expert as `save_pretrained` does.
+            let mut at = 0;
+            for (name, part) in &p.split {
+                let len = part.iter().product::<i64>() as usize * dtype.size();
+                tensors.push((name.clone(), dtype, part.iter().map(|&d| d as usize).collect(), data[at..at + len].to_vec()));
+                at += len;
+            }
+            continue;
+        }
         let (data, shape) =
             if p.conv1d { (names::transpose_bytes(&data, shape[0], shape[1], dtype.size()), vec![shape[1], shape[0]]) } else { (data, shape) };
         tensors.push((p.hf_name().to_string(), dtype, shape, data));

@@ -102,9 +102,9 @@ pub fn load_pieces(m: &ModelConfig, pieces: &[crate::optim::OwnedPiece], hash_ba
 /// Adds `weight` to the base's digest as the loaded float32 variable `p` would be.
 fn hash_weight(digest: &mut BaseDigest, p: &names::Param, weight: &Weight<'_>) -> Result<()> {
     let mut h = TensorHash::new(&p.name, &p.shape, Kind::Float);
-    if weight.kind == Kind::Float && !weight.conv1d {
+    if weight.kind == Kind::Float && weight.as_stored() {
         // Already the bytes the loaded variable holds: hashed from the file, nothing allocated.
-        h.bytes(weight.view.data());
+        h.bytes(weight.views[0].data());
         digest.add(h);
         return Ok(());
     }
@@ -113,9 +113,11 @@ fn hash_weight(digest: &mut BaseDigest, p: &names::Param, weight: &Weight<'_>) -
     Ok(())
 }
 
-/// One parameter's tensor in a weight file, in ptrain's layout.
+/// One parameter's tensor in a weight file, in ptrain's layout: one tensor, or the
+/// tensors it is split into on disk (a mixture's experts, [`names::Param::split`]), one
+/// after the other.
 struct Weight<'a> {
-    view: &'a TensorView<'a>,
+    views: Vec<&'a TensorView<'a>>,
     kind: Kind,
     shape: Vec<i64>,
     conv1d: bool,
@@ -126,34 +128,45 @@ impl Weight<'_> {
     /// the layout allows (the caller copies it into its variable at once), so loading
     /// copies each byte once, not twice.
     fn whole(&self) -> Result<Tensor> {
-        let t = self.in_place(self.view.data(), &self.shape)?;
-        Ok(if self.conv1d { t.f_tr()?.f_contiguous()? } else { t })
+        if let [view] = self.views[..] {
+            let t = self.in_place(view.data(), &self.shape)?;
+            return Ok(if self.conv1d { t.f_tr()?.f_contiguous()? } else { t });
+        }
+        let parts = self.views.iter().map(|v| self.in_place(v.data(), &[-1])).collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::f_cat(&parts, 0)?.f_reshape(&self.shape)?)
     }
 
     /// `bytes` (inside the mapping) as a tensor of `shape` that aliases them, or a
     /// copy when they are not aligned to the element size (safetensors does not
     /// align a tensor after one of a smaller type).
     fn in_place(&self, bytes: &[u8], shape: &[i64]) -> Result<Tensor> {
+        let shape = if shape == [-1] { vec![(bytes.len() / self.kind.elt_size_in_bytes()) as i64] } else { shape.to_vec() };
         if !(bytes.as_ptr() as usize).is_multiple_of(self.kind.elt_size_in_bytes()) {
-            return Ok(Tensor::f_from_data_size(bytes, shape, self.kind)?);
+            return Ok(Tensor::f_from_data_size(bytes, &shape, self.kind)?);
         }
         // SAFETY: `bytes` holds `shape`'s elements of `kind` (each_weight checked the
         // shape and dtype against the header; safetensors checked the byte length),
         // aligned as just checked. The tensor aliases the read-only mapping, which
         // outlives it: it lives only inside `each_weight`'s call of `each`, the mapping
         // until each_weight returns, and it is only read (copied from, converted).
-        Ok(unsafe { Tensor::f_from_blob(bytes.as_ptr(), shape, &[], self.kind, tch::Device::Cpu) }?)
+        Ok(unsafe { Tensor::f_from_blob(bytes.as_ptr(), &shape, &[], self.kind, tch::Device::Cpu) }?)
     }
 
     /// Elements `[offset, offset + len)` of the flattened parameter: read from the
-    /// file alone, unless Hugging Face stores it transposed (then the whole is read).
+    /// file alone, unless Hugging Face stores it transposed or split (then the whole
+    /// is read).
     fn slice(&self, offset: i64, len: i64) -> Result<Tensor> {
-        if self.conv1d {
+        if self.conv1d || self.views.len() > 1 {
             return Ok(self.whole()?.f_reshape([-1])?.f_narrow(0, offset, len)?);
         }
         let elem = self.kind.elt_size_in_bytes();
-        let bytes = &self.view.data()[offset as usize * elem..(offset + len) as usize * elem];
+        let bytes = &self.views[0].data()[offset as usize * elem..(offset + len) as usize * elem];
         self.in_place(bytes, &[len])
+    }
+
+    /// Whether it is one tensor stored as ptrain holds it.
+    fn as_stored(&self) -> bool {
+        !self.conv1d && self.views.len() == 1
     }
 }
 
@@ -179,7 +192,7 @@ fn each_weight(m: &ModelConfig, mut each: impl FnMut(&names::Param, &Weight<'_>)
         }
     }
     let params = names::params(m);
-    let expected: BTreeSet<&str> = params.iter().map(|p| p.hf_name()).collect();
+    let expected: BTreeSet<&str> = params.iter().flat_map(|p| std::iter::once(p.hf_name()).chain(p.split.iter().map(|(n, _)| n.as_str()))).collect();
     let unexpected: Vec<(&String, &Path)> =
         found.iter().filter(|(n, _)| !expected.contains(n.as_str()) && !names::is_known_extra_for(m, n)).map(|(n, (p, _))| (n, *p)).collect();
     if let Some((name, path)) = unexpected.first() {
@@ -192,27 +205,47 @@ fn each_weight(m: &ModelConfig, mut each: impl FnMut(&names::Param, &Weight<'_>)
     let arch = format!("n_layer = {}, n_embd = {}, vocab_size = {}, positions = {}", m.n_layer, m.n_embd, m.vocab_size, m.block_size);
     let mut plan = Vec::with_capacity(params.len());
     for p in &params {
-        let Some((path, view)) = found.get(p.hf_name()) else {
-            let path = maps.first().map_or(hf.dir.clone(), |(file, _)| file.clone());
-            return Err(Error::Data { path, message: format!("missing tensor `{}` (config.json: {arch})", p.hf_name()) });
+        // Stored whole, or (a mixture's experts) split into the tensors `save_pretrained` writes.
+        let stored: Vec<(&str, Vec<i64>)> = match found.contains_key(p.hf_name()) || p.split.is_empty() {
+            true => vec![(p.hf_name(), p.hf_shape())],
+            false => p.split.iter().map(|(n, shape)| (n.as_str(), shape.clone())).collect(),
         };
-        let shape = shape_of(view);
-        if shape != p.hf_shape() {
-            return Err(Error::Data {
-                path: path.to_path_buf(),
-                message: format!("tensor `{}` has shape {shape:?}, expected {:?} (config.json: {arch})", p.hf_name(), p.hf_shape()),
-            });
+        let mut views: Vec<(&TensorView<'_>, Kind)> = Vec::with_capacity(stored.len());
+        for (name, expected) in stored {
+            let Some((path, view)) = found.get(name) else {
+                let path = maps.first().map_or(hf.dir.clone(), |(file, _)| file.clone());
+                return Err(Error::Data { path, message: format!("missing tensor `{name}` (config.json: {arch})") });
+            };
+            let shape = shape_of(view);
+            if shape != expected {
+                return Err(Error::Data {
+                    path: path.to_path_buf(),
+                    message: format!("tensor `{name}` has shape {shape:?}, expected {expected:?} (config.json: {arch})"),
+                });
+            }
+            let kind = kind(view.dtype())
+                .ok_or_else(|| Error::Data { path: path.to_path_buf(), message: format!("tensor `{name}` has dtype {:?}", view.dtype()) })?;
+            if views.first().is_some_and(|(_, first)| *first != kind) {
+                return Err(Error::Data {
+                    path: path.to_path_buf(),
+                    message: format!("tensor `{name}` has dtype {:?}, unlike its experts", view.dtype()),
+                });
+            }
+            views.push((view, kind));
         }
-        let kind = kind(view.dtype())
-            .ok_or_else(|| Error::Data { path: path.to_path_buf(), message: format!("tensor `{}` has dtype {:?}", p.hf_name(), view.dtype()) })?;
-        let mmap = &maps.iter().find(|(file, _)| file == path).expect("a view of a mapped file").1;
-        plan.push((p, Weight { view, kind, shape, conv1d: p.conv1d }, mmap));
+        let kind = views[0].1;
+        plan.push((p, Weight { views: views.into_iter().map(|(v, _)| v).collect(), kind, shape: p.shape.clone(), conv1d: p.conv1d }));
     }
     plan.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     tch::no_grad(|| -> Result<()> {
-        for (p, weight, mmap) in &plan {
+        for (p, weight) in &plan {
             each(p, weight)?;
-            forget(mmap, weight.view.data());
+            for view in &weight.views {
+                // The mapping holding it (a split weight's tensors may lie in several files).
+                if let Some((_, mmap)) = maps.iter().find(|(_, m)| m.as_ptr_range().contains(&view.data().as_ptr())) {
+                    forget(mmap, view.data());
+                }
+            }
         }
         Ok(())
     })?;

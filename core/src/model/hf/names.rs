@@ -23,6 +23,12 @@ pub struct Param {
     pub shape: Vec<i64>,
     /// Stored transposed by Hugging Face (GPT-2's `Conv1D` weights).
     pub conv1d: bool,
+    /// Stored by Hugging Face as these tensors (name, shape), one after the other in
+    /// this parameter's elements: a mixture's experts, which ptrain holds stacked as
+    /// transformers 5 does in memory, and `save_pretrained` writes one per expert
+    /// (`mlp.experts.3.up_proj.weight`). Empty: stored whole under [`Param::hf_name`].
+    /// A file holding the stacked tensor under the parameter's own name is read too.
+    pub split: Vec<(String, Vec<i64>)>,
 }
 
 impl Param {
@@ -53,7 +59,7 @@ pub fn params(m: &ModelConfig) -> Vec<Param> {
 pub fn from_layout(layout: &Layout, conv1d: bool) -> Vec<Param> {
     let mut out = Vec::new();
     let mut add = |name: String, part: &Part, in_block: bool| {
-        let p = |name: String, shape: &[i64], conv1d: bool| Param { name, shape: shape.to_vec(), conv1d };
+        let p = |name: String, shape: &[i64], conv1d: bool| Param { name, shape: shape.to_vec(), conv1d, split: Vec::new() };
         match *part {
             Part::Linear { inp, out: width, bias, .. } => {
                 out.push(p(format!("{name}.weight"), &[width, inp], conv1d && in_block));
@@ -63,6 +69,7 @@ pub fn from_layout(layout: &Layout, conv1d: bool) -> Vec<Param> {
             }
             Part::Vector { width, .. } => out.push(p(name, &[width], false)),
             Part::Table { rows, cols, .. } => out.push(p(name, &[rows, cols], false)),
+            Part::Experts { experts, inp, out: width, .. } => out.push(p(name, &[experts, width, inp], false)),
             Part::Attention { .. } | Part::TiedHead { .. } => {}
         }
     };

@@ -13,13 +13,13 @@ use crate::error::Result;
 /// `LlamaRMSNorm`: normalised in float32, cast back to the input's type, then
 /// scaled by the weight (in that order: it matters in bf16).
 #[derive(Debug)]
-pub(super) struct RmsNorm {
-    pub(super) weight: Tensor,
-    pub(super) eps: f64,
+pub(in crate::model) struct RmsNorm {
+    pub(in crate::model) weight: Tensor,
+    pub(in crate::model) eps: f64,
 }
 
 impl RmsNorm {
-    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(in crate::model) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x32 = x.f_to_kind(Kind::Float)?;
         let variance = x32.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
         let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
@@ -31,7 +31,7 @@ impl RmsNorm {
 /// ([`ptrain_torch_ext::swiglu`], as Liger's fused SwiGLU): autograd's two nodes would
 /// also keep `silu(gate)`, one more `[tokens, intermediate]` tensor per block (10 MB
 /// at Qwen2-0.5B's 4,864 and 512 tokens). The gradients are autograd's bit for bit.
-fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+pub(in crate::model) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     #[cfg(test)]
     if super::tests::UNFUSED.get() {
         return Ok(gate.f_silu()?.f_mul(up)?);
@@ -62,15 +62,18 @@ fn recompute_in_backward(down: &Tensor, gated: &Tensor, gate: &Tensor, up: &Tens
 
 /// Shapes shared by every layer.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Dims {
-    pub(super) heads: i64,
-    pub(super) kv_heads: i64,
-    pub(super) head_dim: i64,
-    pub(super) dropout: f64,
+pub(in crate::model) struct Dims {
+    pub(in crate::model) heads: i64,
+    pub(in crate::model) kv_heads: i64,
+    pub(in crate::model) head_dim: i64,
+    pub(in crate::model) dropout: f64,
 }
 
+/// A Llama block's first half, the residual included: RMSNorm, grouped-query attention
+/// over rotated queries and keys (q/k RMSNorm for Qwen3). The mixtures of experts
+/// (`model/moe`) share it.
 #[derive(Debug)]
-pub struct LlamaBlock {
+pub(in crate::model) struct SelfAttention {
     input_norm: RmsNorm,
     q_proj: lora::Linear,
     k_proj: lora::Linear,
@@ -78,34 +81,20 @@ pub struct LlamaBlock {
     o_proj: lora::Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
-    post_norm: RmsNorm,
-    gate_proj: lora::Linear,
-    up_proj: lora::Linear,
-    down_proj: lora::Linear,
     dims: Dims,
 }
 
-// SAFETY: a layer's tensors are only read (each op makes a new tensor), which libtorch
-// allows from several threads at once; the checkpoint's recompute may run it on an
-// autograd worker thread.
-unsafe impl Sync for LlamaBlock {}
-
-impl LlamaBlock {
-    /// The block of the variables `made` from its layout (`super::layout`).
-    pub(super) fn new(mut made: Made, dims: Dims, rms_norm_eps: f64) -> LlamaBlock {
-        let norm = |made: &mut Made, path: &str| RmsNorm { weight: made.tensor(path), eps: rms_norm_eps };
-        LlamaBlock {
-            input_norm: norm(&mut made, "input_layernorm.weight"),
+impl SelfAttention {
+    /// Its variables, taken from `made` (its layout's `input_layernorm` and `self_attn.*`).
+    pub(in crate::model) fn new(made: &mut Made, dims: Dims, rms_norm_eps: f64) -> SelfAttention {
+        SelfAttention {
+            input_norm: RmsNorm { weight: made.tensor("input_layernorm.weight"), eps: rms_norm_eps },
             q_proj: made.linear("self_attn.q_proj"),
             k_proj: made.linear("self_attn.k_proj"),
             v_proj: made.linear("self_attn.v_proj"),
             o_proj: made.linear("self_attn.o_proj"),
             q_norm: made.take_tensor("self_attn.q_norm.weight").map(|weight| RmsNorm { weight, eps: rms_norm_eps }),
             k_norm: made.take_tensor("self_attn.k_norm.weight").map(|weight| RmsNorm { weight, eps: rms_norm_eps }),
-            post_norm: norm(&mut made, "post_attention_layernorm.weight"),
-            gate_proj: made.linear("mlp.gate_proj"),
-            up_proj: made.linear("mlp.up_proj"),
-            down_proj: made.linear("mlp.down_proj"),
             dims,
         }
     }
@@ -120,11 +109,9 @@ impl LlamaBlock {
         };
         Ok(x.f_transpose(1, 2)?)
     }
-}
 
-impl Block for LlamaBlock {
-    /// One layer over `x` `[B, T, D]` with RoPE's cos and sin at its positions.
-    fn forward(&self, x: &Tensor, input: &mut BlockInput) -> Result<Tensor> {
+    /// `x` plus the attention over it (`[B, T, D]`), with RoPE's cos and sin at its positions.
+    pub(in crate::model) fn forward(&self, x: &Tensor, input: &mut BlockInput) -> Result<Tensor> {
         let train = input.train;
         let (cos, sin) = input.rotary.ok_or_else(|| crate::error::Error::Other("a llama layer needs RoPE's tables".into()))?;
         let (b, t, _) = x.size3()?;
@@ -137,7 +124,46 @@ impl Block for LlamaBlock {
         let p = if train { self.dims.dropout } else { 0.0 };
         let y = input.attend.sdpa(&q, &k, &v, p, true)?;
         let y = y.f_transpose(1, 2)?.f_reshape([b, t, self.dims.heads * self.dims.head_dim])?;
-        let x = x.f_add(&self.o_proj.forward(&y, train)?)?;
+        Ok(x.f_add(&self.o_proj.forward(&y, train)?)?)
+    }
+
+    pub(in crate::model) fn linears(&self) -> [&lora::Linear; 4] {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+    }
+}
+
+#[derive(Debug)]
+pub struct LlamaBlock {
+    attention: SelfAttention,
+    post_norm: RmsNorm,
+    gate_proj: lora::Linear,
+    up_proj: lora::Linear,
+    down_proj: lora::Linear,
+}
+
+// SAFETY: a layer's tensors are only read (each op makes a new tensor), which libtorch
+// allows from several threads at once; the checkpoint's recompute may run it on an
+// autograd worker thread.
+unsafe impl Sync for LlamaBlock {}
+
+impl LlamaBlock {
+    /// The block of the variables `made` from its layout (`super::layout`).
+    pub(super) fn new(mut made: Made, dims: Dims, rms_norm_eps: f64) -> LlamaBlock {
+        LlamaBlock {
+            attention: SelfAttention::new(&mut made, dims, rms_norm_eps),
+            post_norm: RmsNorm { weight: made.tensor("post_attention_layernorm.weight"), eps: rms_norm_eps },
+            gate_proj: made.linear("mlp.gate_proj"),
+            up_proj: made.linear("mlp.up_proj"),
+            down_proj: made.linear("mlp.down_proj"),
+        }
+    }
+}
+
+impl Block for LlamaBlock {
+    /// One layer over `x` `[B, T, D]` with RoPE's cos and sin at its positions.
+    fn forward(&self, x: &Tensor, input: &mut BlockInput) -> Result<Tensor> {
+        let train = input.train;
+        let x = self.attention.forward(x, input)?;
         let h = self.post_norm.forward(&x)?;
         let [gate, up] = lora::forward_shared([&self.gate_proj, &self.up_proj], &h, train)?;
         let gated = swiglu(&gate, &up)?;
@@ -147,6 +173,7 @@ impl Block for LlamaBlock {
     }
 
     fn linears(&self) -> Vec<&lora::Linear> {
-        vec![&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj, &self.gate_proj, &self.up_proj, &self.down_proj]
+        let [q, k, v, o] = self.attention.linears();
+        vec![q, k, v, o, &self.gate_proj, &self.up_proj, &self.down_proj]
     }
 }
