@@ -234,7 +234,9 @@ fn each_weight(m: &ModelConfig, mut each: impl FnMut(&names::Param, &Weight<'_>)
             views.push((view, kind));
         }
         let kind = views[0].1;
-        plan.push((p, Weight { views: views.into_iter().map(|(v, _)| v).collect(), kind, shape: p.shape.clone(), conv1d: p.conv1d }));
+        // One tensor: in the file's layout (GPT-2's Conv1D transposed, `whole` turns it); split: ptrain's.
+        let shape = if views.len() == 1 { p.hf_shape() } else { p.shape.clone() };
+        plan.push((p, Weight { views: views.into_iter().map(|(v, _)| v).collect(), kind, shape, conv1d: p.conv1d }));
     }
     plan.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     tch::no_grad(|| -> Result<()> {

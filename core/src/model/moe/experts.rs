@@ -30,7 +30,20 @@ pub(super) struct Experts {
 fn grouped(x: &Tensor, weights: &Tensor, offs: &Tensor) -> Result<Tensor> {
     let w = weights.f_transpose(-2, -1)?;
     let w = if w.kind() == x.kind() { w } else { w.f_to_kind(x.kind())? };
-    x.f_internal_grouped_mm::<&Tensor>(&w, Some(offs), None, None).map_err(|e| Error::Other(format!("grouped expert product: {e}")))
+    // libtorch's kernel takes rows of whole 16-byte lines: widths that are not (never a
+    // released model's, often a test's) are padded with zeros, which add nothing.
+    let (inp, out) = (w.size()[1], w.size()[2]);
+    let line = 16 / x.kind().elt_size_in_bytes() as i64;
+    let up = |n: i64| (n + line - 1) / line * line;
+    let product = |x: &Tensor, w: &Tensor| {
+        x.f_internal_grouped_mm::<&Tensor>(w, Some(offs), None, None).map_err(|e| Error::Other(format!("grouped expert product: {e}")))
+    };
+    if inp % line == 0 && out % line == 0 {
+        return product(x, &w);
+    }
+    let x = x.f_constant_pad_nd([0, up(inp) - inp])?;
+    let w = w.f_constant_pad_nd([0, up(out) - out, 0, up(inp) - inp])?;
+    Ok(product(&x, &w)?.f_narrow(1, 0, out)?)
 }
 
 impl Experts {

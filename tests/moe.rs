@@ -1,0 +1,239 @@
+//! The moe kind (Qwen3-MoE, Mixtral) through the built binary, judged by the real
+//! `transformers` and `peft` (tests/support/hf.py, lora.py): tiny random models it makes
+//! and saves itself (4 experts, top 2, the routers perturbed so tokens spread) give the
+//! same logits, the same router load-balancing loss (`output_router_logits=True`) and
+//! the same first training loss with the router term in ptrain; what ptrain exports
+//! loads back with nothing missing and decodes greedily as transformers does; LoRA's
+//! adapters load into peft; a run resumes bit for bit, recomputes and shards; and what
+//! the kind cannot compute is refused by name. Nothing is downloaded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{hf::*, ranks::launch, *};
+
+/// A `kind` model (`qwen3_moe` or `mixtral`) made by transformers in `dir` (`--fused`:
+/// its experts stacked on disk), random tokens below its vocabulary, and the settings
+/// that train on them from it.
+fn moe_model(dir: &Path, kind: &str, flags: &[&str]) -> (PathBuf, Vec<String>) {
+    let model = dir.join(format!("{kind}{}", flags.concat()));
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"make-moe", &kind, &model, &"-"];
+    args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
+    hf(&args);
+    let tokens = dir.join("tokens.bin");
+    if !tokens.exists() {
+        hf(&[&"make-tokens", &tokens, &"20000"]);
+    }
+    (model.clone(), vec!["data.kind=tokens".into(), format!("data.path={}", s(&tokens)), format!("model.init_from={}", s(&model))])
+}
+
+fn first_loss(dir: &Path, name: &str, set: &[String]) -> f64 {
+    let run_dir = dir.join(name);
+    run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--run-dir"]).arg(&run_dir).args(small(set)), 0);
+    summary(&run_dir)["first_loss"].as_f64().unwrap()
+}
+
+fn with(set: &[String], more: &[&str]) -> Vec<String> {
+    set.iter().cloned().chain(more.iter().map(|m| m.to_string())).collect()
+}
+
+#[test]
+fn each_moe_computes_transformers_logits_router_loss_and_first_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, flags) in [("qwen3_moe", &[][..]), ("mixtral", &[]), ("qwen3_moe", &["--fused"])] {
+        let what = format!("{kind} {flags:?}");
+        let (model, set) = moe_model(dir.path(), kind, flags);
+        let probe = dir.path().join(format!("{kind}{}.probe", flags.concat()));
+        let out =
+            run_expect(ptrain().args(["logits", "--split", "train", "--step", "1", "--out"]).arg(&probe).args(small(&set).into_iter().skip(2)), 0);
+        assert!(stdout(&out).contains("aux_loss"), "ptrain logits prints the router loss: {}", stdout(&out));
+        let report = hf(&[&"compare-logits", &model, &probe, &"--router"]);
+        let max_diff = report["max_abs_diff"].as_f64().unwrap();
+        assert!(max_diff <= 1e-4, "{what}: logits differ from transformers' by {max_diff}: {report}");
+        assert!(report["logit_scale"].as_f64().unwrap() > 0.1, "{what}: non-trivial logits: {report}");
+        let aux = report["hf_aux_loss"].as_f64().unwrap();
+        close(report["probe_aux_loss"].as_f64().unwrap(), aux, 1e-5, &format!("{what}: aux_loss vs transformers'"));
+        assert!(aux > 2.0, "{what}: with 2 of 4 experts the balanced loss is 2, a skewed one more: {report}");
+        if !flags.is_empty() {
+            continue;
+        }
+        // The first training loss is transformers' with output_router_logits: the
+        // cross-entropy plus router_aux_loss_coef (0.02 here) times aux_loss.
+        let with_aux = report["hf_loss_with_aux"].as_f64().unwrap();
+        close(first_loss(dir.path(), &format!("{what}-run"), &set), with_aux, 1e-5, &format!("{what}: first loss with the router term"));
+        let resolved: toml::Table = std::fs::read_to_string(dir.path().join(format!("{what}-run/config.toml"))).unwrap().parse().unwrap();
+        assert_eq!(resolved["model"]["kind"].as_str(), Some("moe"), "{what}: the kind comes from config.json");
+        assert_eq!(resolved["model"]["moe"]["hf_model_type"].as_str(), Some(kind));
+        assert_eq!(resolved["model"]["moe"]["router_aux_loss_coef"].as_float(), Some(0.02), "{what}: the coefficient from config.json");
+        // Overridden: without the term the first loss is transformers' plain one.
+        let plain = with(&set, &["model.moe.router_aux_loss_coef=0"]);
+        close(first_loss(dir.path(), &format!("{what}-plain"), &plain), report["hf_loss"].as_f64().unwrap(), 1e-5, &format!("{what}: coef 0"));
+        // The chunked loss adds the same router term.
+        let chunked = with(&set, &["train.loss_chunk=16"]);
+        close(first_loss(dir.path(), &format!("{what}-chunked"), &chunked), with_aux, 1e-5, &format!("{what}: chunked first loss"));
+        let bf16 = with(&set, &["train.precision=bf16"]);
+        close(first_loss(dir.path(), &format!("{what}-bf16"), &bf16), with_aux, 2e-2, &format!("{what}: bf16 first loss"));
+    }
+}
+
+/// Text, a byte-level BPE tokenizer trained on it, and a `kind` model of its vocabulary
+/// with the tokenizer beside it.
+fn tokenized_moe(dir: &Path, kind: &str) -> (PathBuf, PathBuf) {
+    let (text, tok) = (dir.join("text.txt"), dir.join("tok.json"));
+    if !tok.exists() {
+        hf(&[&"make-text", &text, &"6000", &"7"]);
+        hf(&[&"train-tokenizer", &text, &tok, &"400"]);
+    }
+    let model = dir.join(format!("{kind}-tok"));
+    hf(&[&"make-moe", &kind, &model, &tok]);
+    (model, text)
+}
+
+#[test]
+fn fine_tuned_moes_export_to_what_transformers_loads_and_generate_greedily_as_it_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, class) in [("qwen3_moe", "Qwen3MoeForCausalLM"), ("mixtral", "MixtralForCausalLM")] {
+        let (model, text) = tokenized_moe(dir.path(), kind);
+        let set = [format!("model.init_from={}", s(&model)), "data.kind=text".into(), format!("data.path={}", s(&text)), "optim.lr=1e-2".into()];
+        let run_dir = dir.path().join(format!("{kind}-ft"));
+        run_expect(ptrain().args(["run", "--quiet", "--steps", "4", "--plugins", "checkpoint", "--run-dir"]).arg(&run_dir).args(small(&set)), 0);
+        let probe = dir.path().join(format!("{kind}.probe"));
+        run_expect(ptrain().args(["logits", "--split", "val", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&probe), 0);
+        let out = dir.path().join(format!("{kind}-exported"));
+        run_expect(ptrain().args(["export", "--format", "hf", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 0);
+        let report = hf(&[&"load-export", &out, &probe, &model]);
+        for key in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"] {
+            assert_eq!(report["info"][key], serde_json::json!([]), "{kind} {key}: {report}");
+        }
+        let max_diff = report["max_abs_diff"].as_f64().unwrap();
+        assert!(max_diff <= 1e-4, "{kind}: exported logits differ from ptrain's by {max_diff}: {report}");
+        assert_eq!(report["class"].as_str(), Some(class), "{report}");
+
+        let args = ["generate", "--device", "cpu", "--json", "--prompt", "the model tokenizer", "--temperature", "0", "--max-new-tokens", "24"];
+        let ours = run_expect(ptrain().args(args).arg("--checkpoint").arg(&run_dir), 0);
+        let ours: serde_json::Value = serde_json::from_str(stdout(&ours).lines().last().unwrap()).unwrap();
+        let ids: Vec<String> = ours["prompt_ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+        let theirs = hf(&[&"generate", &out, &ids.join(","), &"24"]);
+        assert_eq!(ours["ids"], theirs["ids"], "{kind}: greedy continuation of {ids:?}");
+    }
+}
+
+fn losses(run_dir: &Path) -> Vec<(u64, f64)> {
+    read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|row| Some((row["step"].as_u64()?, row["train/loss"].as_f64()?))).collect()
+}
+
+#[test]
+fn lora_on_a_moe_loads_into_peft_and_a_moe_resumes_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, set) = moe_model(dir.path(), "qwen3_moe", &[]);
+    let run_dir = dir.path().join("lora");
+    let lora = with(&set, &["lora.rank=4", "optim.lr=1e-2"]);
+    run_expect(ptrain().args(["run", "--quiet", "--steps", "3", "--plugins", "checkpoint", "--run-dir"]).arg(&run_dir).args(small(&lora)), 0);
+    let probe = dir.path().join("lora.probe");
+    run_expect(ptrain().args(["logits", "--split", "val", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&probe), 0);
+    let adapter = dir.path().join("adapter");
+    run_expect(ptrain().args(["export", "--format", "peft", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&adapter), 0);
+    let r = support_py("lora.py", &[&"peft-load", &model, &adapter, &probe]);
+    assert_eq!((&r["missing"], &r["unexpected"]), (&serde_json::json!([]), &serde_json::json!([])), "{r}");
+    assert!(r["max_lora_b"].as_f64().unwrap() > 1e-4, "the adapters were trained: {r}");
+    assert!(r["max_abs_diff"].as_f64().unwrap() <= 1e-4, "peft's logits vs ptrain's: {r}");
+
+    // Full fine-tuning, the experts' optimizer state included, resumed at step 3 of 6.
+    let d = |name: &str| dir.path().join(name);
+    let run = |name: &str, more: &[&str]| {
+        let mut args = vec!["run".to_string(), "--quiet".into(), "--steps".into(), "6".into(), "--plugins".into(), "jsonl,checkpoint".into()];
+        args.extend(small(&with(&set, &[&["plugins.jsonl.every=1", "plugins.checkpoint.every=3"][..], more].concat())));
+        args.extend(["--run-dir".into(), s(&d(name))]);
+        args
+    };
+    run_expect(ptrain().args(run("full", &[])), 0);
+    let full = losses(&d("full"));
+    assert_eq!(full.len(), 6);
+    run_expect(ptrain().args(run("resumed", &[])).arg("--resume").arg(d("full").join("checkpoints/step-00000003")), 0);
+    assert_eq!(losses(&d("resumed")), full[3..].to_vec(), "steps 4-6 after resuming at 3 are the uninterrupted run's bit for bit");
+}
+
+/// A from-scratch Qwen3-MoE shape on generated bytes: 3 blocks of 4 experts, top 2.
+fn scratch(steps: u64, run_dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = tiny_gpt(steps);
+    let sets = ["model.kind=moe", "model.n_layer=3", "model.n_head=4", "model.llama.n_kv_head=2", "model.llama.qk_norm=true", "model.moe.experts=4"];
+    let common =
+        ["model.moe.expert_intermediate_size=16", "data.batch_size=4", "dist.timeout_s=30", "plugins.jsonl.every=1", "optim.schedule=constant"];
+    for set in sets.iter().chain(&common).chain(extra) {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args.extend(["--plugins".into(), "jsonl".into(), "--run-dir".into(), s(run_dir)]);
+    args
+}
+
+#[test]
+fn a_scratch_moe_learns_recomputes_and_shards_as_one_rank_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name);
+    run_expect(ptrain().args(scratch(10, &d("plain"), &["model.moe.router_z_loss_coef=0.001"])), 0);
+    let plain = losses(&d("plain"));
+    assert_eq!(plain.len(), 10);
+    assert!(plain[9].1 < plain[0].1, "the loss falls: {plain:?}");
+    let rows = read_jsonl(&d("plain").join("metrics.jsonl"));
+    for key in ["train/aux_loss", "train/z_loss", "train/expert_load_max/2", "train/expert_load_min/0"] {
+        assert!(rows[0][key].as_f64().is_some_and(f64::is_finite), "{key} logged: {}", rows[0]);
+    }
+
+    // Without router losses every block may be recomputed in backward: the same losses.
+    let off = ["model.moe.router_aux_loss_coef=0"];
+    run_expect(ptrain().args(scratch(6, &d("kept"), &off)), 0);
+    run_expect(ptrain().args(scratch(6, &d("recomputed"), &[off[0], "train.activation_checkpointing=\"full\""])), 0);
+    assert_eq!(losses(&d("recomputed")), losses(&d("kept")), "every block recomputed: the same losses bit for bit");
+
+    // Two Gloo ranks, unsharded and with parameters (the experts too) sharded block by block.
+    let (none, sharded) = (d("two-none"), d("two-parameters"));
+    run_expect(launch(2).args(scratch(6, &none, &["dist.shard=none"])), 0);
+    run_expect(launch(2).args(scratch(6, &sharded, &["dist.shard=parameters"])), 0);
+    let (base, got) = (losses(&none), losses(&sharded));
+    assert_eq!(got.len(), 6);
+    for ((step, x), (_, y)) in got.iter().zip(&base) {
+        assert!((x - y).abs() <= 1e-5 * y.abs(), "step {step}: loss {x} with parameters sharded, unsharded {y}");
+    }
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let path = dir.join("config.json");
+    let mut json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut json);
+    std::fs::write(&path, serde_json::to_string(&json).unwrap()).unwrap();
+}
+
+/// `ptrain run` with `set`, refused with exit 2 naming `needle` before a run directory exists.
+fn refused(dir: &Path, set: &[String], needle: &str) {
+    let never = dir.join("never");
+    let out = run_expect(ptrain().args(["run", "--steps", "1", "--run-dir"]).arg(&never).args(small(set)), 2);
+    assert!(stderr(&out).contains(needle), "refusal names `{needle}`:\n{}", stderr(&out));
+    assert!(!never.exists(), "{needle}: refused before the run directory");
+}
+
+#[test]
+fn what_the_moe_kind_cannot_compute_is_refused_by_name_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, set) = moe_model(dir.path(), "qwen3_moe", &[]);
+    let edits: [(&str, serde_json::Value, &str); 3] = [
+        ("num_experts_per_tok", 5.into(), "num_experts_per_tok = 5"),
+        ("mlp_only_layers", serde_json::json!([1]), "mlp_only_layers"),
+        ("decoder_sparse_step", 2.into(), "decoder_sparse_step = 2"),
+    ];
+    for (i, (key, value, needle)) in edits.into_iter().enumerate() {
+        let copy = dir.path().join(format!("edited-{i}"));
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(model.join(f), copy.join(f)).unwrap();
+        }
+        edit_config(&copy, |j| drop(j.insert(key.into(), value)));
+        let edited: Vec<String> =
+            set.iter().filter(|s| !s.starts_with("model.init_from")).cloned().chain([format!("model.init_from={}", s(&copy))]).collect();
+        refused(dir.path(), &edited, needle);
+    }
+    refused(dir.path(), &with(&set, &["train.activation_checkpointing=\"full\""]), "train.activation_checkpointing");
+    for (setting, needle) in [("model.moe.top_k=9", "model.moe.top_k"), ("lora.targets=[\"gate\"]", "lora.targets[0]")] {
+        refused(dir.path(), &["model.kind=moe".into(), "model.n_embd=32".into(), setting.into()], needle);
+    }
+}
