@@ -103,6 +103,7 @@ impl Run {
             timer.book(Phase::Hooks);
         }
         let scale = self.batches.stage(self.objective.as_ref(), self.dist.as_ref(), &mut timer)?;
+        self.learner.lr.set(lr)?;
         self.tally.step_trained_tokens = self.batches.step_units();
         let core = StepCore {
             learner: &mut self.learner,
@@ -126,7 +127,7 @@ impl Run {
             dump: &mut self.dump,
             train_len,
         };
-        let input = StepInput { step, lr, accum, scale: &scale, grad_norm: detailed };
+        let input = StepInput { step, accum, scale: &scale, grad_norm: detailed };
         let out = core.run(input, &mut self.batches, &mut seams)?;
         self.tally.step_tokens = out.tokens;
         if out.grad_norm.is_some() {
