@@ -174,3 +174,44 @@ fn a_signal_while_the_final_save_hangs_writes_the_summary_within_the_grace_namin
     assert!(text.lines().any(|l| l == format!("checkpoint: {}", newest.display())), "{text}");
     assert!(text.contains("plugin checkpoint abandoned with") && text.contains("the newest checkpoint is step 4 (2 steps old)"), "{text}");
 }
+
+/// Issue 63, item 6: a batch whose token ids alone exceed the machine's memory is
+/// refused before training, naming the key (it aborted with exit 134 allocating the
+/// buffer, no summary, the lock left).
+#[test]
+fn a_batch_too_large_for_the_memory_is_refused_before_training_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let out = run_expect(ptrain().args(tiny_gpt(2)).args(["--set", "data.batch_size=1000000000000", "--run-dir"]).arg(&run_dir), 2);
+    let err = stderr(&out);
+    assert!(err.contains("invalid configuration key `data.batch_size`") && err.contains("of memory and swap"), "{err}");
+    assert!(!run_dir.exists(), "refused before the run directory was made");
+}
+
+/// Issue 63, item 7: inputs that cannot be read as what they are exit 2 naming the file
+/// and where it broke (they exited 1): a configuration that is not UTF-8, `--config`
+/// naming a directory, a `.jsonl.gz` cut short.
+#[test]
+fn unreadable_inputs_exit_2_naming_the_file_and_where_they_broke() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = run_expect(ptrain().args(tiny_gpt(2)).args(args).arg("--run-dir").arg(dir.path().join("run")), 2);
+        stderr(&out)
+    };
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, b"[train]\nsteps = \"\xff\xfe\"\n").unwrap();
+    let err = run(&["--config", bad.to_str().unwrap()]);
+    assert!(err.contains(&format!("invalid configuration in {}: not UTF-8 text: line 2", bad.display())), "{err}");
+    let err = run(&["--config", dir.path().to_str().unwrap()]);
+    assert!(err.contains("is a directory: --config takes a TOML file"), "{err}");
+    // Classification rows, gzipped, the stream cut in its middle.
+    let rows: String = (0..400).map(|i| format!("{{\"dataset\": \"a\", \"features\": [{i}.0, 1.0], \"label\": {}}}\n", i % 2)).collect();
+    let plain = dir.path().join("rows.jsonl");
+    std::fs::write(&plain, rows).unwrap();
+    let gz = std::process::Command::new("gzip").arg("-c").arg(&plain).output().unwrap().stdout;
+    let cut = dir.path().join("rows.jsonl.gz");
+    std::fs::write(&cut, &gz[..gz.len() / 2]).unwrap();
+    let path = format!("data.path={:?}", cut.display().to_string());
+    let err = run(&["--set", "model.kind=\"mlp\"", "--set", "data.kind=\"jsonl\"", "--set", &path]);
+    assert!(err.contains(&format!("bad input data in {}: line ", cut.display())) && err.contains("damaged or cut short"), "{err}");
+}
