@@ -40,6 +40,9 @@ fn describe(lib: &loader::PluginLibrary, path: &std::path::Path) -> String {
         d.description,
         path.display()
     );
+    if d.critical {
+        out.push_str("  critical: its error, panic or stall fails the run (`critical = false` in its [plugins.<name>] table turns it off)\n");
+    }
     for a in d.attachments.iter() {
         let cadence = match a.hook {
             h if h.is_scheduled() => a.cadence.to_string(),

@@ -260,6 +260,7 @@ impl Config {
         self.validate_loss_chunk()?;
         self.validate_activation_checkpointing()?;
         self.validate_offload()?;
+        self.validate_batch_memory()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });

@@ -227,14 +227,17 @@ impl Run {
         }
         let waited = Instant::now();
         // Bounded: a writer stuck in I/O is given up (and disabled) at its timeout.
-        self.host.wait_saves(step, Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s));
-        self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
+        self.host.wait_saves(step, Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s), &|| false);
         if !self.host.has_checkpointer() {
+            self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
             return Ok(());
         }
         let lead = self.env.rank == 0;
         let state = save::train_state(step, &self.env, &self.tally, &self.nonfinite, &self.learner);
+        // The plugins' states count as waiting on the save too (a worker busy in a call
+        // of its own is not waited for: host::busy).
         let plugin_states = if lead { self.host.save_states(step) } else { Vec::new().into() };
+        self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
         let payload = save::payload(reason, &state, &self.learner, lead, &self.env.run_data.config_toml, plugin_states)?;
         let reach = match reason {
             CheckpointReason::Scheduled => Reach::Due(self.schedule.due()),
