@@ -52,6 +52,11 @@ pub struct RunArgs {
     /// Random seed (`run.seed`).
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// The base model's directory, where it is now (`--set model.init_from=DIR`, after
+    /// the other layers): for resuming a run whose base moved since it recorded it (a
+    /// LoRA run's base is checked against the digest it recorded).
+    #[arg(long, value_name = "DIR")]
+    base: Option<PathBuf>,
     /// Resume from a checkpoint directory, or from the newest valid checkpoint of a run directory.
     #[arg(long, value_name = "PATH", conflicts_with = "auto_resume")]
     resume: Option<PathBuf>,
@@ -114,14 +119,14 @@ impl RunArgs {
             (None, true, Some(dir)) => ptrain_core::checkpoint::resolve(dir).0,
             _ => None,
         };
+        let sets = with_base(&self.set, self.base.as_deref())?;
         let builder = match own {
             Some(own) => {
                 tracing::info!("--auto-resume without --config: the run's own {}", own.display());
-                self.set
-                    .iter()
+                sets.iter()
                     .try_fold(ConfigBuilder::default().recorded(&recorded_without_debug(&own)?, &own.display().to_string())?, |b, s| b.set(s))?
             }
-            None => ConfigBuilder::layered(&self.config, &self.set)?,
+            None => ConfigBuilder::layered(&self.config, &sets)?,
         };
         let builder = builder.weights_from(from.as_deref().map(ptrain_core::config::run_dir_of));
         Ok(builder.build_with(|c| self.apply(c))?)
@@ -172,6 +177,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         resume_lines(s, &outcome.run_dir);
     }
     Ok(ExitCode::from(outcome.exit_code as u8))
+}
+
+/// `sets`, then `--base DIR` as `model.init_from`, absolute (a run records absolute paths).
+pub fn with_base(sets: &[String], base: Option<&std::path::Path>) -> anyhow::Result<Vec<String>> {
+    let mut sets = sets.to_vec();
+    if let Some(base) = base {
+        let base = std::path::absolute(base)?;
+        sets.push(format!("model.init_from={:?}", base.display().to_string()));
+    }
+    Ok(sets)
 }
 
 /// The closing line: how the run ended, its figures, and what went wrong on the way.

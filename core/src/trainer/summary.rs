@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{ending::FailedBy, failure::RunError};
 use crate::host::{BusyAtSave, Failure, LoadedInfo, Stall};
@@ -21,12 +21,12 @@ pub struct PhaseSummary {
 }
 
 /// One evaluation: the objective's loss and metrics over the held-out batches.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalPoint {
     pub step: u64,
     pub loss: f64,
     /// Classification's accuracy (also among `metrics`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
     /// Held-out samples the evaluation covered, all ranks together (rows; with
     /// `data.packing`, packed sequences; text windows for language-model data).
@@ -174,6 +174,7 @@ impl Summary {
     pub fn with_parts(mut self, path: &std::path::Path, started_at: f64) -> Summary {
         let earlier =
             self.resumed_from.as_ref().and_then(|_| std::fs::read(path).ok()).and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        let found = earlier.clone().filter(|_| self.steps == 0);
         let mut parts: Vec<serde_json::Value> = match earlier {
             Some(serde_json::Value::Object(mut old)) => match old.remove("parts") {
                 Some(serde_json::Value::Array(parts)) => parts,
@@ -189,7 +190,23 @@ impl Summary {
         parts.retain(|p| p.get("started_at").and_then(serde_json::Value::as_f64) != Some(started_at));
         parts.push(self.part(started_at));
         self.parts = parts;
+        if let Some(found) = found {
+            self.carry_losses(&found);
+        }
         self
+    }
+
+    /// A resumed part that trained nothing (a finished run resumed: "nothing to
+    /// train") keeps the run's losses and evaluations from the summary it found,
+    /// rather than blanking the record of the run with its own empty ones.
+    fn carry_losses(&mut self, old: &serde_json::Value) {
+        let loss = |key: &str| old.get(key).and_then(serde_json::Value::as_f64);
+        self.first_loss = self.first_loss.or(loss("first_loss"));
+        self.final_loss = self.final_loss.or(loss("final_loss"));
+        self.final_eval_loss = self.final_eval_loss.or(loss("final_eval_loss"));
+        if self.evals.is_empty() {
+            self.evals = old.get("evals").and_then(|e| serde_json::from_value(e.clone()).ok()).unwrap_or_default();
+        }
     }
 
     /// Writes the summary through a temporary file and a rename; a write that fails

@@ -18,7 +18,7 @@ use crate::{
     objective::{self, Objective},
     optim::{CutModel, GradMemory, ParamSharding},
     trainer::{
-        eval::Evaluator,
+        eval::{held_out_samples, Evaluator},
         learner::Learner,
         state::{self, TrainState},
         ModelFactory,
@@ -41,7 +41,7 @@ pub(in crate::trainer) fn data(
     let evaluator = Evaluator::new(config, dataset.val_len(), rank, world, device)?;
     match (evaluator.enabled(), rank) {
         (false, 0) => tracing::info!("nothing is held out (data.val_fraction = 0, no data.val_path): no evaluation"),
-        (true, 0) => tracing::info!("each evaluation covers {} held-out samples", evaluator.covers()),
+        (true, 0) => tracing::info!("each evaluation covers {}", held_out_samples(evaluator.covers())),
         _ => {}
     }
     Ok((dataset, evaluator))
