@@ -35,6 +35,7 @@ mod plugin_cache;
 mod plugins;
 mod run;
 mod scaffold;
+mod scaffold_python;
 mod sync;
 mod tokenize;
 

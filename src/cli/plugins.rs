@@ -27,6 +27,10 @@ pub enum PluginsCommand {
         /// Where to write the crate (default `./<NAME>`); must be missing or empty.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// A Python module for the `python` plugin and its tests instead of a crate
+        /// (docs/python-plugins.md): nothing to build.
+        #[arg(long, conflicts_with = "sink")]
+        python: bool,
     },
 }
 
@@ -72,7 +76,8 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
             let lib = loader::load(&path)?;
             out!("{}", describe(&lib, &path));
         }
-        PluginsCommand::New { name, sink, dir } => super::scaffold::run(&name, sink, dir)?,
+        PluginsCommand::New { name, python: true, dir, .. } => super::scaffold_python::run(&name, dir)?,
+        PluginsCommand::New { name, sink, dir, .. } => super::scaffold::run(&name, sink, dir)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -57,7 +57,7 @@ impl Origin {
 }
 
 /// `gradwatch` or `grad-watch`: lowercase letters, digits and inner dashes.
-fn check_name(name: &str) -> Result<(), Error> {
+pub(super) fn check_name(name: &str) -> Result<(), Error> {
     let ok = name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !name.ends_with('-')
