@@ -36,6 +36,7 @@ mod plugins;
 mod run;
 mod scaffold;
 mod scaffold_python;
+mod scaffold_version;
 mod sync;
 mod tokenize;
 

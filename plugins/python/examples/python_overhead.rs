@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use ptrain_plugin_api::{testing, HostApi, Hook, Metric, MetricBatch, Outbox, Plugin, PluginResult, StepContext};
+use ptrain_plugin_api::{testing, Hook, HostApi, Metric, MetricBatch, Outbox, Plugin, PluginResult, StepContext};
 use ptrain_plugin_python::PythonPlugin;
 
 const MODULE: &str = "EVERY = {\"on_step_end\": 1}\n\ndef on_step_end(ctx):\n    return None\n\ndef on_metrics(step, metrics):\n    pass\n";
