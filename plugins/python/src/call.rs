@@ -7,46 +7,46 @@ use tch::Tensor;
 /// The module's functions the plugin calls, in the order of its attachments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Function {
-    OnMetrics,
-    OnStepStart,
-    OnAfterForward,
-    OnAfterBackward,
-    OnStepEnd,
-    OnEval,
-    OnCheckpoint,
-    OnRunStart,
-    OnRunEnd,
+    Metrics,
+    StepStart,
+    AfterForward,
+    AfterBackward,
+    StepEnd,
+    Eval,
+    Checkpoint,
+    RunStart,
+    RunEnd,
 }
 
 impl Function {
     /// The functions a module may define that are called through attachments.
     pub const SCHEDULED: [Function; 7] = [
-        Function::OnMetrics,
-        Function::OnStepStart,
-        Function::OnAfterForward,
-        Function::OnAfterBackward,
-        Function::OnStepEnd,
-        Function::OnEval,
-        Function::OnCheckpoint,
+        Function::Metrics,
+        Function::StepStart,
+        Function::AfterForward,
+        Function::AfterBackward,
+        Function::StepEnd,
+        Function::Eval,
+        Function::Checkpoint,
     ];
 
     pub const fn name(self) -> &'static str {
         match self {
-            Function::OnMetrics => "on_metrics",
-            Function::OnStepStart => "on_step_start",
-            Function::OnAfterForward => "on_after_forward",
-            Function::OnAfterBackward => "on_after_backward",
-            Function::OnStepEnd => "on_step_end",
-            Function::OnEval => "on_eval",
-            Function::OnCheckpoint => "on_checkpoint",
-            Function::OnRunStart => "on_run_start",
-            Function::OnRunEnd => "on_run_end",
+            Function::Metrics => "on_metrics",
+            Function::StepStart => "on_step_start",
+            Function::AfterForward => "on_after_forward",
+            Function::AfterBackward => "on_after_backward",
+            Function::StepEnd => "on_step_end",
+            Function::Eval => "on_eval",
+            Function::Checkpoint => "on_checkpoint",
+            Function::RunStart => "on_run_start",
+            Function::RunEnd => "on_run_end",
         }
     }
 
     /// Hooks whose calls hand tensors over (the module then needs torch).
     pub const fn takes_tensors(self) -> bool {
-        matches!(self, Function::OnAfterForward | Function::OnAfterBackward)
+        matches!(self, Function::AfterForward | Function::AfterBackward)
     }
 }
 

@@ -25,30 +25,30 @@ const DESCRIPTION: &str = "monitors, guards and sinks written in Python (plugins
 /// The hook each scheduled function attaches to, and what it is handed.
 const fn attachment(function: Function, cadence: Cadence) -> Attachment {
     let (hook, needs) = match function {
-        Function::OnMetrics => (Hook::Metrics, Needs::BASIC_METRICS),
-        Function::OnStepStart => (Hook::StepStart, Needs::NONE),
-        Function::OnAfterForward => {
+        Function::Metrics => (Hook::Metrics, Needs::BASIC_METRICS),
+        Function::StepStart => (Hook::StepStart, Needs::NONE),
+        Function::AfterForward => {
             (Hook::AfterForward, Needs::LOSS.union(Needs::LOGITS).union(Needs::LABELS).union(Needs::INPUTS).union(Needs::DATASET_IDS))
         }
-        Function::OnAfterBackward => (Hook::AfterBackward, Needs::LOSS.union(Needs::PARAMS).union(Needs::GRADS)),
-        Function::OnStepEnd => (Hook::StepEnd, Needs::NONE),
-        Function::OnEval => (Hook::Eval, Needs::NONE),
-        Function::OnCheckpoint => (Hook::Checkpoint, Needs::NONE),
-        Function::OnRunStart => (Hook::RunStart, Needs::NONE),
-        Function::OnRunEnd => (Hook::RunEnd, Needs::NONE),
+        Function::AfterBackward => (Hook::AfterBackward, Needs::LOSS.union(Needs::PARAMS).union(Needs::GRADS)),
+        Function::StepEnd => (Hook::StepEnd, Needs::NONE),
+        Function::Eval => (Hook::Eval, Needs::NONE),
+        Function::Checkpoint => (Hook::Checkpoint, Needs::NONE),
+        Function::RunStart => (Hook::RunStart, Needs::NONE),
+        Function::RunEnd => (Hook::RunEnd, Needs::NONE),
     };
     Attachment::new(function.name(), hook, cadence).needs(needs)
 }
 
 /// `on_metrics` first: the table's own cadence keys (`plugins.python.every`) are its.
 const UNLOADED: [Attachment; 7] = [
-    attachment(Function::OnMetrics, Cadence::NEVER),
-    attachment(Function::OnStepStart, Cadence::NEVER),
-    attachment(Function::OnAfterForward, Cadence::NEVER),
-    attachment(Function::OnAfterBackward, Cadence::NEVER),
-    attachment(Function::OnStepEnd, Cadence::NEVER),
-    attachment(Function::OnEval, Cadence::NEVER),
-    attachment(Function::OnCheckpoint, Cadence::NEVER),
+    attachment(Function::Metrics, Cadence::NEVER),
+    attachment(Function::StepStart, Cadence::NEVER),
+    attachment(Function::AfterForward, Cadence::NEVER),
+    attachment(Function::AfterBackward, Cadence::NEVER),
+    attachment(Function::StepEnd, Cadence::NEVER),
+    attachment(Function::Eval, Cadence::NEVER),
+    attachment(Function::Checkpoint, Cadence::NEVER),
 ];
 
 pub const BEFORE_LOADING: Descriptor = Descriptor::new("python", env!("CARGO_PKG_VERSION"), DESCRIPTION, Threading::Inline, &UNLOADED);

@@ -97,17 +97,17 @@ impl Plugin for PythonPlugin {
     }
 
     fn on_run_start(&mut self, run: &RunInfo<'_>) -> PluginResult {
-        self.interpreter.call(Function::OnRunStart, run.start_step, Args::Json(step::run_info(run)))?;
+        self.interpreter.call(Function::RunStart, run.start_step, Args::Json(step::run_info(run)))?;
         Ok(())
     }
 
     fn on_step(&mut self, ctx: &StepContext<'_>, out: &mut Outbox) -> PluginResult {
         let function = match ctx.hook {
-            Hook::StepStart => Function::OnStepStart,
-            Hook::AfterForward => Function::OnAfterForward,
-            Hook::AfterBackward => Function::OnAfterBackward,
-            Hook::StepEnd => Function::OnStepEnd,
-            Hook::Eval => Function::OnEval,
+            Hook::StepStart => Function::StepStart,
+            Hook::AfterForward => Function::AfterForward,
+            Hook::AfterBackward => Function::AfterBackward,
+            Hook::StepEnd => Function::StepEnd,
+            Hook::Eval => Function::Eval,
             _ => return Ok(()),
         };
         if let Returned::Scalars(scalars) = self.interpreter.call(function, ctx.step, Args::Step(Box::new(step::step_args(ctx))))? {
@@ -127,7 +127,7 @@ impl Plugin for PythonPlugin {
                 MetricValue::Histogram(_) => {}
             }
         }
-        self.interpreter.send(Function::OnMetrics, batch.step, Args::Metrics { step: batch.step, scalars, texts })?;
+        self.interpreter.send(Function::Metrics, batch.step, Args::Metrics { step: batch.step, scalars, texts })?;
         Ok(())
     }
 
@@ -138,13 +138,13 @@ impl Plugin for PythonPlugin {
             CheckpointReason::Interrupted => "interrupted",
             CheckpointReason::NonFinite => "non_finite",
         };
-        self.interpreter.send(Function::OnCheckpoint, payload.step, Args::Checkpoint { step: payload.step, reason })?;
+        self.interpreter.send(Function::Checkpoint, payload.step, Args::Checkpoint { step: payload.step, reason })?;
         Ok(())
     }
 
     fn on_run_end(&mut self, end: &RunEnd<'_>) -> PluginResult<Option<serde_json::Value>> {
         // Waits for the sinks' queue to drain too: the call runs after them.
-        let returned = self.interpreter.call(Function::OnRunEnd, end.step, Args::Json(step::run_end(end)))?;
+        let returned = self.interpreter.call(Function::RunEnd, end.step, Args::Json(step::run_end(end)))?;
         let mut summary = serde_json::json!({ "module": self.module, "sink_drops": self.interpreter.dropped() });
         if let Returned::Json(Some(value)) = returned {
             summary["returned"] = value;

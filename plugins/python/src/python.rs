@@ -102,9 +102,9 @@ fn cadence(function: Function, value: &Bound<'_, PyAny>) -> Result<Cadence, Stri
 /// is a cost the module should choose).
 fn default_cadence(function: Function) -> Option<Cadence> {
     match function {
-        Function::OnMetrics => Some(Cadence::every(10).with_end()),
-        Function::OnEval => Some(Cadence::NEVER.with_eval()),
-        Function::OnCheckpoint => Some(Cadence::NEVER.with_checkpoint()),
+        Function::Metrics => Some(Cadence::every(10).with_end()),
+        Function::Eval => Some(Cadence::NEVER.with_eval()),
+        Function::Checkpoint => Some(Cadence::NEVER.with_checkpoint()),
         _ => None,
     }
 }
@@ -153,7 +153,7 @@ fn declare(py: Python<'_>, module: &Bound<'_, PyModule>) -> Result<(Loaded, Decl
         Err(_) => None,
     };
     let (mut functions, mut declared) = (Vec::new(), Vec::new());
-    for function in Function::SCHEDULED.into_iter().chain([Function::OnRunStart, Function::OnRunEnd]) {
+    for function in Function::SCHEDULED.into_iter().chain([Function::RunStart, Function::RunEnd]) {
         let Ok(f) = module.getattr(function.name()) else { continue };
         if !f.is_callable() {
             return Err(format!("`{}` is not a function", function.name()));
@@ -181,7 +181,7 @@ fn declare(py: Python<'_>, module: &Bound<'_, PyModule>) -> Result<(Loaded, Decl
         }
     }
     if functions.is_empty() {
-        let names: Vec<&str> = Function::SCHEDULED.iter().chain(&[Function::OnRunStart, Function::OnRunEnd]).map(|f| f.name()).collect();
+        let names: Vec<&str> = Function::SCHEDULED.iter().chain(&[Function::RunStart, Function::RunEnd]).map(|f| f.name()).collect();
         return Err(format!("the module defines none of the functions the plugin calls: {}", names.join(", ")));
     }
     let from_dlpack = match functions.iter().any(|(f, _)| f.takes_tensors()) {
@@ -280,11 +280,11 @@ pub fn run(loaded: &Loaded, function: Function, args: Args) -> Result<Returned, 
 fn returned_value(function: Function, value: &Bound<'_, PyAny>) -> PyResult<Returned> {
     if value.is_none() {
         return Ok(match function {
-            Function::OnRunEnd => Returned::Json(None),
+            Function::RunEnd => Returned::Json(None),
             _ => Returned::Scalars(Vec::new()),
         });
     }
-    if function == Function::OnRunEnd {
+    if function == Function::RunEnd {
         return py_to_json(value).map(|v| Returned::Json(Some(v)));
     }
     let dict = value
