@@ -199,3 +199,18 @@ fn the_scaffolds_module_passes_its_own_tests_against_this_ptrain() {
     let report = stderr(&output);
     assert!(report.contains("Run.test_ptrain_loads_it_and_records_its_metric) ... ok") && report.contains("Ran 4 tests"), "{report}");
 }
+
+#[test]
+fn on_eval_runs_at_every_evaluation_with_its_loss() {
+    let source = "def on_eval(ctx):\n    return {\"pyeval/loss\": ctx[\"scalars\"][\"eval/loss\"], \"pyeval/step\": ctx[\"step\"]}\n";
+    let (dir, _) = run(source, 10, "python,jsonl", &["train.eval_every=4", "plugins.jsonl.every=100"], 0);
+    let rows = read_jsonl(&dir.path().join("run/metrics.jsonl"));
+    let evals: Vec<(f64, f64, f64)> = rows
+        .iter()
+        .filter(|r| r["pyeval/loss"].is_number())
+        .map(|r| {
+            (r["step"].as_f64().unwrap(), r["pyeval/step"].as_f64().unwrap(), r["pyeval/loss"].as_f64().unwrap() - r["eval/loss"].as_f64().unwrap())
+        })
+        .collect();
+    assert_eq!(evals, [(4.0, 4.0, 0.0), (8.0, 8.0, 0.0), (10.0, 10.0, 0.0)], "{rows:?}");
+}
