@@ -200,20 +200,24 @@ impl PluginHost {
                 message: explain_option_error(&name, e.as_str(), &names, scheduled, worker, origins),
             };
             let index = host.instances.len();
-            let (plugin_slots, declared) = attach::slots(d, index, &name, &settings);
-            slots.extend(plugin_slots);
             let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
             let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
-            let (runner, watched) = match runs_here {
+            let ((runner, watched), declared) = match runs_here {
                 true => {
                     let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
                     let windows = plugin.step_windows().into_result().map_err(refused)?;
+                    let (plugin_slots, declared) = attach::slots(&attach::described(&lib, d, &name)?, index, &name, &settings);
+                    slots.extend(plugin_slots);
                     if !windows.is_none() {
                         attach::set_windows(&mut slots, index, windows);
                     }
-                    start(&name, plugin, d.threading, &settings, &services).map_err(refused)?
+                    (start(&name, plugin, d.threading, &settings, &services).map_err(refused)?, declared)
                 }
-                false => (Runner::Absent, Watched::new(&name, hook_warn, None, settings.critical.then(|| services.clone()))),
+                false => {
+                    let (plugin_slots, declared) = attach::slots(d, index, &name, &settings);
+                    slots.extend(plugin_slots);
+                    ((Runner::Absent, Watched::new(&name, hook_warn, None, settings.critical.then(|| services.clone()))), declared)
+                }
             };
             let threading = if d.threading == Threading::Inline { "inline" } else { "worker" };
             host.instances.push(Instance {
