@@ -14,12 +14,12 @@ fn spelled<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_value(value).map_or_else(|_| String::new(), |v| v.to_string())
 }
 
-fn bad(key: &str, message: impl Into<String>) -> Error {
+pub(super) fn bad(key: &str, message: impl Into<String>) -> Error {
     ConfigError { origin: "configuration".into(), key: key.into(), message: message.into() }.into()
 }
 
 /// The kinds with blocks, quoted: `"gpt" or "llama"`.
-fn quoted_kinds() -> String {
+pub(super) fn quoted_kinds() -> String {
     ModelKind::with_blocks(|k| format!("\"{k}\""))
 }
 
@@ -29,7 +29,7 @@ impl Config {
     pub fn tokenizes(&self) -> bool {
         !self.data.tokenizer.is_empty()
             && self.data.tokenizer != BYTES_TOKENIZER
-            && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_instruction())
+            && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl | DataKind::Rollouts) || self.data.kind.is_instruction())
     }
 
     /// The positions per chunk of the loss (0: the whole logits): `train.loss_chunk`
