@@ -13,5 +13,5 @@ cargo build --release --workspace
 # abi_stable, zip, ndarray, ... with the features of the whole workspace, a plugin's smaller
 # graph needs variants of its own; `ptrain plugins new` seeds its build cache with these, so a
 # first plugin build compiles only plugin-api and the plugin (docs/plugins.md, section 9).
-cargo build --release -p ptrain-plugin-entropy
+cargo build --release -p ptrain-example-plugin-entropy
 exec target/release/ptrain run "$@"

@@ -13,7 +13,7 @@ cargo build --release --workspace --all-targets
 # abi_stable, zip, ndarray, ... with the features of the whole workspace, a plugin's smaller
 # graph needs variants of its own; `ptrain plugins new` seeds its build cache with these, so a
 # first plugin build compiles only plugin-api and the plugin (docs/plugins.md, section 9).
-cargo build --release -p ptrain-plugin-entropy
+cargo build --release -p ptrain-example-plugin-entropy
 # Tests that cannot check their point here (no right to mount, ...) say SKIP and
 # are listed here after the run; .ci/run sets PTRAIN_TEST_NO_SKIPS, which fails them.
 export PTRAIN_TEST_SKIPS="$root/target/test-skips.txt"
