@@ -12,9 +12,12 @@
 #   lora    LoRA r=16 without checkpointing against peft + checkpointing: batch 1 (6 steps), batch 4 (4 steps)
 #   lorab1  lora's batch-1 pair alone
 # Both sides time the same work: transformers' loop the steps alone (bench/memory.py hf: from before the first
-# step to after the last), ptrain the steps alone too (steps / (wall_s - setup_s), with data.val_fraction = 0: no
-# evaluation, which the loop does not do either; its summary's steps_per_s, with set-up, is logged beside it).
-# Before 2026-11-28 20:18 UTC ptrain's figure was summary.json's steps_per_s after a final evaluation of one batch.
+# step to after the last), ptrain the steps alone too: its summary's steps_per_s, steps / wall_s, where wall_s
+# starts after set-up (docs/summary.md says which interval each `_s` field covers), with data.val_fraction = 0: no
+# evaluation, which the loop does not do either; steps / (setup_s + wall_s), set-up included, is logged beside it.
+# Before 2026-11-28 20:18 UTC ptrain's figure was summary.json's steps_per_s after a final evaluation of one batch;
+# from then until 2026-11-29 it was steps / (wall_s - setup_s), which took set-up off twice (issue 63, item 9:
+# BENCHMARKS.md restates those rows from the recorded figures).
 # Run it on a quiet machine: bench/qwen05b_pairs.sh load loraload b1 b4full b4rest lora
 set -u
 [ $# -gt 0 ] || { echo "usage: bench/qwen05b_pairs.sh PHASE... (load loraload b1 b1full b4full b4rest lora lorab1)" >&2; exit 2; }
@@ -38,7 +41,7 @@ p() { # name batch steps sets...
     --set data.max_seq_len=512 --set data.val_fraction=0 "${sets[@]}" >/dev/null 2>&1
   log "ptrain $name b$batch s$steps: $($PY -c "
 import json; s=json.load(open('$O/p-$name/summary.json'))
-print('peak %.0f MiB, %.4f steps/s, %.4f with setup, setup %.2f s, first %.4f last %.4f, trainable %d' % (s['peak_memory_bytes']/2**20, s['steps']/(s['wall_s']-s['setup_s']), s['steps_per_s'], s['setup_s'], s['first_loss'], s['final_loss'], s['trainable_parameters']))") $(cat $O/time-$name)"
+print('peak %.0f MiB, %.4f steps/s, %.4f with setup, setup %.2f s, wall %.2f s, first %.4f last %.4f, trainable %d' % (s['peak_memory_bytes']/2**20, s['steps_per_s'], s['steps']/(s['setup_s']+s['wall_s']), s['setup_s'], s['wall_s'], s['first_loss'], s['final_loss'], s['trainable_parameters']))") $(cat $O/time-$name)"
 }
 h() { # name batch steps flags...
   local name=$1 batch=$2 steps=$3; shift 3

@@ -16,7 +16,9 @@
 # default all but trace and diag): check, validate, sdpa, qwen05b (LENT_QWEN: its ptrain variants,
 # default chunked,whole,plugins; also lora (r = 16) and ac (full activation checkpointing)), bench, phases (GPT-small fast mode, with the logging plugins, and
 # with the checkpoint plugin, each with perf's per-phase times), trace (a Kineto trace of
-# GPT-small's steps 10-12), diag (whether libtorch_cuda loads by dlopen alone).
+# GPT-small's steps 10-12), diag (whether libtorch_cuda loads by dlopen alone), trl (TRL's
+# SFTTrainer on the qwen05b step's model and tokens, without and with Liger-Kernel: gpu/trl_sft.py;
+# the image lacks TRL and Liger, so carry their wheels in the bundle first: gpu/wheels.sh bundle/wheels).
 set -uo pipefail
 smoke=0
 [ "${1:-}" = --smoke ] && { smoke=1; shift; }
@@ -34,7 +36,12 @@ export PYTHONUNBUFFERED=1
 torch_lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 2
 export LD_LIBRARY_PATH="$torch_lib" PTRAIN_TORCH_LIB="$torch_lib" PTRAIN_PLUGIN_PATH="$bin"
 dev=cuda; [ $smoke = 1 ] && dev=cpu
-steps_wanted=",${LENT_STEPS:-check,validate,sdpa,qwen05b,bench,phases},"
+steps_wanted=",${LENT_STEPS:-check,validate,sdpa,qwen05b,trl,bench,phases},"
+# Wheels carried with the bundle (gpu/wheels.sh): installed apart, for the trl step.
+if ls "$here"/wheels/*.whl >/dev/null 2>&1; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lent-site "$here"/wheels/*.whl \
+    >/tmp/lent-wheels.log 2>&1 && export PYTHONPATH="/tmp/lent-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 want() { [[ "$steps_wanted" == *",$1,"* ]]; }
 # Logs how a step that ran exited (steps LENT_STEPS leaves out log nothing).
 exited() { log "  $1 exited $2"; }
@@ -67,7 +74,7 @@ q="$o/qwen05b" w=$(mktemp -d /tmp/lent-work.XXXX)
 mkdir -p "$q"
 batch=4 seq=2048 steps=30 tiny=()
 [ $smoke = 1 ] && batch=2 seq=64 steps=5 tiny=(--tiny)
-want qwen05b && timeout "$(cap 90)" "$py" "$here/gpu/qwen05b.py" make "$w/model" "$w/tokens.bin" "${tiny[@]}" >"$q/make.log" 2>&1
+{ want qwen05b || want trl; } && timeout "$(cap 90)" "$py" "$here/gpu/qwen05b.py" make "$w/model" "$w/tokens.bin" "${tiny[@]}" >"$q/make.log" 2>&1
 common=(--device "$dev" --steps "$steps" --quiet --set model.kind=\"llama\" --set "model.init_from=\"$w/model\""
   --set data.kind=\"tokens\" --set "data.path=\"$w/tokens.bin\"" --set "data.max_seq_len=$seq" --set "data.batch_size=$batch"
   --set train.precision=\"bf16\" --set optim.lr=1e-5 --set optim.schedule=\"constant\" --set optim.warmup_steps=0
@@ -89,6 +96,15 @@ if want qwen05b; then
   timeout "$(cap 120)" "$py" "$here/gpu/qwen05b.py" hf "$w/model" "$w/tokens.bin" "$batch" "$seq" "$steps" >"$q/hf.json" 2>"$q/hf.err"
   exited "qwen05b's transformers loop" $?
 fi
+
+tv=(plain); [ $smoke = 0 ] && tv=(plain liger)
+want trl && log "trl sft"
+for variant in "${tv[@]}"; do
+  want trl || break
+  liger=(); [ $variant = liger ] && liger=(--liger)
+  timeout "$(cap 150)" "$py" "$here/gpu/trl_sft.py" "$w/model" "$w/tokens.bin" "$batch" "$seq" "$steps" "${liger[@]}" >"$q/trl-$variant.json" 2>"$q/trl-$variant.err"
+  exited "trl $variant" $?
+done
 
 if [ $smoke = 0 ] && want bench; then
   log "bench/run.py gpt-small"
@@ -133,6 +149,9 @@ EOF
   done
   echo "transformers loop: $(cat "$q/hf.json" 2>/dev/null)"
   tail -n 3 "$q/hf.err" 2>/dev/null
+  for v in "${tv[@]}"; do
+    want trl && { echo "trl sft $v: $(tail -n 1 "$q/trl-$v.json" 2>/dev/null)"; [ -s "$q/trl-$v.json" ] || tail -n 3 "$q/trl-$v.err"; }
+  done
   echo; tail -n 40 "$o/bench.log" 2>/dev/null
   [ -f "$o/diag.txt" ] && { echo "diag:"; cat "$o/diag.txt"; }
   for v in fast loggers checkpoint; do

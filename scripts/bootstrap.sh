@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything ptrain needs on a fresh Debian machine:
-#   - Debian packages: a C++ toolchain, libgloo-dev (Gloo headers for the c10d shim) and
-#     libgoogle-perftools-dev (tcmalloc, linked into the binary: build.rs);
+#   - Debian packages: a C++ toolchain, libgloo-dev (Gloo headers for the c10d shim),
+#     libgoogle-perftools-dev (tcmalloc, linked into the binary: build.rs) and libpython3-dev
+#     (the shared libpython the `python` plugin embeds: plugins/python);
 #   - a project-local .venv with PyPI torch==2.11.0 (libtorch for tch) and the pinned test tools.
 # Only package registries are contacted. Re-running does nothing when all is in place.
 set -euo pipefail
@@ -10,7 +11,7 @@ venv="${PTRAIN_VENV:-$root/.venv}"
 reqs="$root/scripts/requirements.txt"
 
 need_debs=()
-for pkg in libgloo-dev g++ pkg-config libgoogle-perftools-dev; do
+for pkg in libgloo-dev g++ pkg-config libgoogle-perftools-dev libpython3-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")
 done
 if [ ${#need_debs[@]} -gt 0 ]; then

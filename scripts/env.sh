@@ -14,4 +14,6 @@ if [ -n "$_ptrain_torch_lib" ]; then
   case ":${LD_LIBRARY_PATH:-}:" in *":$_ptrain_torch_lib:"*) ;; *) export LD_LIBRARY_PATH="$_ptrain_torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
 fi
 export PTRAIN_PYTHON="$VIRTUAL_ENV/bin/python"
+# The interpreter the `python` plugin embeds (pyo3 builds against its libpython).
+export PYO3_PYTHON="$PTRAIN_PYTHON"
 unset _ptrain_root _ptrain_torch_lib

@@ -8,4 +8,10 @@ cd "$root"
 scripts/bootstrap.sh
 . scripts/env.sh
 cargo build --release --workspace
+# A plugin crate's dependency graph alone (examples/plugin-entropy depends on exactly what an
+# inline `ptrain plugins new` crate does): the workspace build compiles serde, syn, tch,
+# abi_stable, zip, ndarray, ... with the features of the whole workspace, a plugin's smaller
+# graph needs variants of its own; `ptrain plugins new` seeds its build cache with these, so a
+# first plugin build compiles only plugin-api and the plugin (docs/plugins.md, section 9).
+cargo build --release -p ptrain-example-plugin-entropy
 exec target/release/ptrain run "$@"

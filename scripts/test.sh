@@ -8,6 +8,12 @@ scripts/bootstrap.sh
 # One profile for the binary, the plugins, the tests and the benches: libtorch's
 # bindings compile once.
 cargo build --release --workspace --all-targets
+# A plugin crate's dependency graph alone (examples/plugin-entropy depends on exactly what an
+# inline `ptrain plugins new` crate does): the workspace build compiles serde, syn, tch,
+# abi_stable, zip, ndarray, ... with the features of the whole workspace, a plugin's smaller
+# graph needs variants of its own; `ptrain plugins new` seeds its build cache with these, so a
+# first plugin build compiles only plugin-api and the plugin (docs/plugins.md, section 9).
+cargo build --release -p ptrain-example-plugin-entropy
 # Tests that cannot check their point here (no right to mount, ...) say SKIP and
 # are listed here after the run; .ci/run sets PTRAIN_TEST_NO_SKIPS, which fails them.
 export PTRAIN_TEST_SKIPS="$root/target/test-skips.txt"

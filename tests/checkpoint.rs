@@ -339,10 +339,11 @@ fn on_save_error_stop_ends_the_run() {
         1,
     );
     let s = summary(&run);
-    assert_eq!(s["status"], "stopped");
-    assert_eq!(s["exit_code"], 1, "a stop asked for because of a failure is a failure");
-    assert_eq!(s["stopped_by"], "checkpoint");
-    assert!(s["stop_reason"].as_str().unwrap().contains("asked to stop: saving step 4 failed"), "{s}");
+    // A stop asked for because of a failure is a failure (issue 62, item 1): named with
+    // the hook and step it asked in.
+    assert_eq!((s["status"].as_str(), s["exit_code"].as_i64(), s.get("stopped_by")), (Some("failed"), Some(1), None), "{s}");
+    assert_eq!(s["failed_by"], serde_json::json!({"plugin": "checkpoint", "hook": "checkpoint", "step": 4}), "{s}");
+    assert!(s["stop_reason"].as_str().unwrap().contains("plugin `checkpoint` stopped the run as failed: saving step 4 failed"), "{s}");
     assert!(s["last_step"].as_u64().unwrap() < 20);
 }
 

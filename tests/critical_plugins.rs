@@ -1,8 +1,10 @@
 //! `plugins.<name>.critical = true`: a guard whose failure must not leave the run
 //! unguarded. Its error, panic or stall (a call past `hook_warn_s`) stops the run at
-//! once as failed (summary written, exit 1, `stopped_by` naming it and the
-//! `stop_reason` its hook); its abandonment at the end fails a run that completed.
-//! Without the key the same faults only disable the plugin (tests/plugins.rs).
+//! once as failed (summary written, exit 1, `status = "failed"`, `failed_by` naming it,
+//! its hook and step, and the `stop_reason` what happened); its abandonment at the end
+//! fails a run that completed. Without the key the same faults only disable the plugin
+//! (tests/plugins.rs). Where it shows that a plugin is critical: `plugins_loaded`, the
+//! start line, `ptrain plugins info`.
 
 mod common;
 
@@ -26,11 +28,16 @@ fn run(steps: u64, plugin: &str, sets: &[&str], code: i32) -> serde_json::Value 
     summary(dir.path())
 }
 
-/// The summary of a run a critical plugin stopped: failed, by `plugin`, for `why`.
+/// The summary of a run a critical plugin stopped: failed (issue 62, item 1: it said
+/// "stopped", as a harmless early stop does), by `plugin` in `hook` at `step`, for `why`.
 fn assert_stopped_by(s: &serde_json::Value, plugin: &str, why: &str) {
-    assert_eq!((s["status"].as_str(), s["exit_code"].as_i64(), s["stopped_by"].as_str()), (Some("stopped"), Some(1), Some(plugin)), "{s}");
+    assert_eq!((s["status"].as_str(), s["exit_code"].as_i64()), (Some("failed"), Some(1)), "{s}");
+    assert_eq!((s["failed_by"]["plugin"].as_str(), s.get("stopped_by")), (Some(plugin), None), "{s}");
     let reason = s["stop_reason"].as_str().unwrap();
     assert!(reason.starts_with(&format!("critical plugin `{plugin}` {why}")), "{reason}");
+    assert_eq!((s["error"]["kind"].as_str(), s["error"]["message"].as_str()), (Some("plugin"), Some(reason)), "{s}");
+    let (hook, step) = (s["failed_by"]["hook"].as_str().unwrap(), s["failed_by"]["step"].as_u64().unwrap());
+    assert!(why.contains(&format!(" in {hook} at step {step}")), "failed_by {hook} at {step}, the reason: {why}");
 }
 
 #[test]
@@ -107,6 +114,25 @@ fn worker_keys_on_an_inline_plugin_and_a_critical_that_is_no_bool_are_refused() 
 fn a_plugin_critical_by_its_descriptor_stops_the_run_unless_its_table_says_otherwise() {
     let s = run(8, "guard", &["plugins.guard.fail_at=3"], 1);
     assert_stopped_by(&s, "guard", "failed in step_end at step 3: budget exceeded");
+    assert_eq!(s["plugins_loaded"][0]["critical"], true, "issue 62, item 2: {s}");
     let s = run(8, "guard", &["plugins.guard.fail_at=3", "plugins.guard.critical=false"], 0);
     assert_eq!((s["status"].as_str(), s["last_step"].as_u64()), (Some("completed"), Some(8)), "{s}");
+    assert_eq!(s["plugins_loaded"][0]["critical"], false, "{s}");
+}
+
+/// Issue 62, item 2: `ptrain plugins info` and the run's start line say a plugin is critical.
+#[test]
+fn plugins_info_and_the_start_line_say_a_plugin_is_critical() {
+    let info = run_expect(ptrain().args(["plugins", "info", &fixture("guard")]), 0);
+    assert!(stdout(&info).contains("critical: its error, panic or stall fails the run"), "{}", stdout(&info));
+    let info = run_expect(ptrain().args(["plugins", "info", &fixture("inline-faults")]), 0);
+    assert!(!stdout(&info).contains("critical"), "{}", stdout(&info));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(2)).args(["--plugins", &format!("{},{}", fixture("guard"), fixture("inline-faults"))]);
+    let out = run_expect(cmd.arg("--run-dir").arg(dir.path()).env("PTRAIN_LOG", "info"), 0);
+    let line = stderr(&out).lines().find(|l| l.contains("INFO plugins: ")).map(str::to_string);
+    let line = line.unwrap_or_else(|| panic!("no start line naming the plugins: {}", stderr(&out)));
+    assert!(line.contains("guard 0.1.0 (inline, critical: its failure fails the run)"), "{line}");
+    assert!(line.contains("inline-faults") && !line.contains("inline-faults 0.1.0 (inline, critical"), "{line}");
 }

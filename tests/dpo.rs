@@ -17,6 +17,7 @@ use common::{
 };
 
 const SIX: [&str; 6] = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"];
+const LOGITS: [&str; 2] = ["logits/chosen", "logits/rejected"];
 
 fn dpo_py(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
     support_py("dpo.py", args)
@@ -77,6 +78,11 @@ fn check_against_trl(run_dir: &Path, theirs: &serde_json::Value, what: &str) {
         close(mine(name), plain[name].as_f64().unwrap(), 1e-4, &format!("{what}: {name} vs transformers' forward"));
         close(mine(name), theirs[name].as_f64().unwrap(), 1e-4, &format!("{what}: {name} vs DPOTrainer's"));
     }
+    // Issue 61, item 6: the logits averaged over the vocabulary and the completion tokens.
+    for name in LOGITS {
+        close(mine(name), theirs[name].as_f64().unwrap(), 1e-4, &format!("{what}: {name} vs DPOTrainer's"));
+    }
+    assert_ne!(mine(LOGITS[0]), mine(LOGITS[1]), "{what}: chosen and rejected completions differ");
 }
 
 fn lines(path: &Path) -> usize {
@@ -451,4 +457,30 @@ fn the_precomputed_reference_is_stored_beside_the_token_cache_and_reused_without
     std::fs::write(&config, std::fs::read(&config).unwrap()).unwrap();
     let (_, log) = logged("changed");
     assert!(log.contains("pairs computed") && !log.contains("reused from"), "a changed reference computes: {log}");
+}
+
+/// Issue 61, items 3 to 5: `data.val_fraction = 0` without `data.val_path` holds
+/// nothing out (no evaluation, as DPOTrainer without an eval_dataset), for a run and
+/// for `ptrain tokenize`; a held-out set is read once an evaluation, however many
+/// batches are asked for, and `train.eval_batches = 0` is the whole of it.
+#[test]
+fn no_held_out_pairs_means_no_evaluation_and_held_out_pairs_are_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path(), 8);
+    let none = ["data.val_path=\"\"", "data.val_fraction=0", "train.steps=2", "data.batch_size=4"].map(String::from);
+    let run_dir = run(&d, "no-val", "conv.jsonl", &none);
+    let sum = summary(&run_dir);
+    assert!(sum["evals"].as_array().unwrap().is_empty() && sum["final_eval_loss"].is_null(), "nothing held out: {sum}");
+    assert_eq!(sum["samples"], 8, "every pair trained: {sum}");
+    assert!(!tokenize(&d, "conv.jsonl", &none).is_empty(), "ptrain tokenize takes it too");
+
+    let held_out = |name: &str, batches: &str| {
+        let extra = ["train.steps=1", "data.batch_size=4", &format!("train.eval_batches={batches}")].map(String::from);
+        let point = summary(&run(&d, name, "conv.jsonl", &extra))["evals"][0].clone();
+        (point["samples"].as_u64().unwrap(), point["loss"].as_f64().unwrap())
+    };
+    let (many, whole, one) = (held_out("twenty", "20"), held_out("whole", "0"), held_out("one", "1"));
+    assert_eq!(many.0, 8, "20 batches asked of 8 pairs: each pair once");
+    assert_eq!(whole, many, "eval_batches = 0 is the whole held-out set, once");
+    assert_eq!(one.0, 4, "one batch of 4");
 }

@@ -147,6 +147,7 @@ fn the_lent_device_script_runs_its_steps_on_the_cpu() {
         "ptrain whole: ",
         "ptrain plugins: ",
         "transformers loop: {\"tokens_per_s\"",
+        "trl sft plain: {\"tokens_per_s\"",
         "gpt-small fast: wall",
         "gpt-small checkpoint: wall",
     ] {
@@ -154,7 +155,7 @@ fn the_lent_device_script_runs_its_steps_on_the_cpu() {
     }
     assert!(!summary.contains("no summary"), "a ptrain run failed:\n{summary}");
     // Each step that ran says how it exited (validate, sdpa and bench do not run on the CPU).
-    for ran in ["check exited 0", "qwen05b's transformers loop exited 0"] {
+    for ran in ["check exited 0", "qwen05b's transformers loop exited 0", "trl plain exited 0"] {
         assert!(summary.contains(ran), "no `{ran}` in the summary:\n{summary}");
     }
     assert!(!summary.contains("validate exited") && !summary.contains("bench exited"), "{summary}");

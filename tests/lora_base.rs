@@ -20,6 +20,9 @@ fn sets(pairs: &[&str]) -> Vec<String> {
 /// steps into `dir/run`; returns (model, run).
 fn lora_run(dir: &Path) -> (PathBuf, PathBuf) {
     let model = fixture::copy("chat.py", &["make", fixture::OUT, "40", "3"], &dir.join("model"));
+    // The rows apart from the model, which tests move.
+    let rows = dir.join("chat.jsonl");
+    std::fs::copy(model.join("chat.jsonl"), &rows).unwrap();
     let run_dir = dir.join("run");
     let mut cmd = ptrain();
     cmd.args(["run", "--quiet", "--device", "cpu", "--plugins", "checkpoint", "--steps", "8", "--run-dir"]).arg(&run_dir);
@@ -27,7 +30,7 @@ fn lora_run(dir: &Path) -> (PathBuf, PathBuf) {
         "run.threads=1",
         &format!("model.init_from={}", s(&model)),
         "data.kind=chat",
-        &format!("data.path={}", s(&model.join("chat.jsonl"))),
+        &format!("data.path={}", s(&rows)),
         &format!("data.tokens_cache={}", s(&dir.join("cache"))),
         "data.batch_size=2",
         "train.eval_batches=1",
@@ -102,4 +105,42 @@ fn generate_reads_a_peft_directory_and_a_moved_base_is_taken_only_with_its_own_w
     let (code, err) = generate(&merged, Some(&moved)).unwrap_err();
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("whole model"), "{err}");
+}
+
+/// Issue 61, items 8 and 9: a moved base is named where it is now with `--base` (on
+/// `run` too), every refusal says so, and a peft export records the base as an
+/// absolute path (read from any folder), warning when the recorded one is gone.
+#[test]
+fn a_moved_base_is_named_with_base_and_a_peft_export_records_it_absolute() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, run_dir) = lora_run(dir.path());
+    std::fs::rename(&model, dir.path().join("moved")).unwrap();
+    let in_dir = |args: &[&str]| {
+        let mut cmd = ptrain();
+        cmd.current_dir(dir.path()).args(args);
+        cmd
+    };
+    // Without --base: the export warns that the recorded base is gone; the rest refuse, saying what to pass.
+    let out = run_expect(&mut in_dir(&["export", "--format", "peft", "--checkpoint", "run", "--out", "stale"]), 0);
+    assert!(stderr(&out).contains("is no longer there") && stderr(&out).contains("--base DIR"), "{}", stderr(&out));
+    let refusals = [
+        vec!["generate", "--device", "cpu", "--prompt-ids", "5,9", "--max-new-tokens", "2", "--checkpoint", "run"],
+        vec!["logits", "--checkpoint", "run", "--split", "val", "--out", "l.safetensors"],
+        vec!["run", "--quiet", "--device", "cpu", "--run-dir", "run", "--auto-resume", "--steps", "9"],
+    ];
+    for args in &refusals {
+        let out = run_expect(&mut in_dir(args), 2);
+        assert!(stderr(&out).contains("--base DIR"), "{}: {}", args[0], stderr(&out));
+    }
+    // With a relative --base: each takes it.
+    for args in &refusals {
+        run_expect(in_dir(args).args(["--base", "moved"]), 0);
+    }
+    assert_eq!(summary(&run_dir)["last_step"], 9, "the resumed run trained its step over the moved base");
+    run_expect(&mut in_dir(&["export", "--format", "peft", "--checkpoint", "run", "--out", "adapter", "--base", "moved"]), 0);
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("adapter/adapter_config.json")).unwrap()).unwrap();
+    let base = config["base_model_name_or_path"].as_str().unwrap();
+    assert_eq!(Path::new(base), dir.path().join("moved"), "absolute: {config}");
+    // From another folder, the export's recorded base is found.
+    assert!(generate(&dir.path().join("adapter"), None).is_ok(), "generate from another folder reads the absolute base");
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{
-    hf::{made_dir, made_file},
+    hf::{chat_model, made_dir, made_file},
     *,
 };
 
@@ -122,4 +122,63 @@ fn a_train_on_that_does_not_fit_the_data_kind_names_the_values_as_a_file_spells_
     let err = stderr(&out);
     assert!(err.contains("\"last_assistant\" does not apply to data.kind = \"prompt_completion\""), "{err}");
     assert!(err.contains("use one of \"auto\", \"completion\", \"all\"") && !err.contains("lastassistant"), "{err}");
+}
+
+/// Issue 61, item 2: a finished run resumed ("nothing to train") keeps its record:
+/// the losses and evaluations of the run it found, and a part saying nothing ran.
+#[test]
+fn resuming_a_finished_run_keeps_its_losses_and_evaluations() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let run = |extra: &[&str]| run_expect(ptrain().args(tiny_gpt(3)).args(["--plugins", "checkpoint", "--run-dir"]).arg(&run_dir).args(extra), 0);
+    run(&[]);
+    let before = summary(&run_dir);
+    assert!(before["final_eval_loss"].as_f64().is_some() && !before["evals"].as_array().unwrap().is_empty(), "{before}");
+    let out = run(&["--auto-resume"]);
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(said.contains("nothing to train"), "{said}");
+    let after = summary(&run_dir);
+    for key in ["first_loss", "final_loss", "final_eval_loss", "evals"] {
+        assert_eq!(after[key], before[key], "{key} after a resume that trained nothing: {after}");
+    }
+    let parts = after["parts"].as_array().unwrap();
+    assert_eq!(parts.len(), 2, "{after}");
+    assert_eq!((parts[1]["steps"].as_u64(), parts[1]["first_loss"].as_f64()), (Some(0), None), "the part that ran nothing says so");
+}
+
+/// Issue 61, item 12: one held-out sample is "1 held-out sample".
+#[test]
+fn one_held_out_sample_is_said_in_the_singular() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, val) = (dir.path().join("train.txt"), dir.path().join("val.txt"));
+    let text: String = (0..100).map(|i| format!("line {i} of the text. ")).collect();
+    std::fs::write(&train, &text).unwrap();
+    // 34 bytes: one window of 32 + 1 (a split needs a byte more than a window).
+    std::fs::write(&val, &text.as_bytes()[..34]).unwrap();
+    let mut args = tiny_gpt(1);
+    args.extend(["--set".into(), "data.kind=text".into(), "--set".into(), format!("data.path={}", train.display())]);
+    args.extend(["--set".into(), format!("data.val_path={}", val.display())]);
+    let out = run_expect(ptrain().args(args).env("PTRAIN_LOG", "info").arg("--run-dir").arg(dir.path().join("r")), 0);
+    let log = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(log.contains("each evaluation covers 1 held-out sample") && !log.contains("1 held-out samples"), "{log}");
+}
+
+/// Issue 61, item 10: the shipped SFT and LoRA configs train on every row, as TRL does
+/// without an eval_dataset (they held out 10% quietly): no evaluation without
+/// `data.val_path`.
+#[test]
+fn the_shipped_chat_configs_train_on_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let [init, data, cache] = chat_model(dir.path(), 12, 1);
+    for config in ["qwen2-chat", "qwen2-lora"] {
+        let run_dir = dir.path().join(config);
+        let mut cmd = ptrain();
+        cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "1", "--config"]).arg(repo().join(format!("configs/{config}.toml")));
+        for set in [init.as_str(), &data, &cache, "data.max_seq_len=0", "run.threads=1", "optim.accum_steps=1"] {
+            cmd.args(["--set", set]);
+        }
+        run_expect(cmd.arg("--run-dir").arg(&run_dir), 0);
+        let sum = summary(&run_dir);
+        assert!(sum["evals"].as_array().unwrap().is_empty() && sum["final_eval_loss"].is_null(), "{config}: nothing held out: {sum}");
+    }
 }

@@ -44,6 +44,7 @@ fn main() {
             "csrc/profiler.cpp",
             "csrc/trace.cpp",
             "csrc/cuda.cpp",
+            "csrc/cuda_graph.cpp",
             "csrc/autocast.cpp",
             "csrc/pin.cpp",
             "csrc/checkpoint.cpp",

@@ -52,3 +52,14 @@ pub fn find_resumable(checkpoints: &Path) -> (Option<PathBuf>, Vec<String>) {
     }
     (None, warnings)
 }
+
+/// The newest checkpoint under `checkpoints` that is complete as the disk holds it
+/// now (its manifest read, every file it lists there at its size), without reading
+/// the files through (no checksums): what the end of a run names as its newest.
+pub fn newest_complete(checkpoints: &Path) -> Option<(u64, PathBuf)> {
+    list(checkpoints).into_iter().rev().find(|(_, path)| {
+        let Ok(text) = std::fs::read(path.join(crate::MANIFEST_FILE)) else { return false };
+        let Ok(manifest) = serde_json::from_slice::<crate::Manifest>(&text) else { return false };
+        manifest.files.iter().all(|f| std::fs::metadata(path.join(&f.path)).is_ok_and(|m| m.len() == f.size))
+    })
+}

@@ -37,7 +37,7 @@ mod write;
 use std::path::{Path, PathBuf};
 
 pub use commit::{commit_best, commit_latest, delete, read_best, read_latest};
-pub use find::{checkpoints_in, find_resumable, list, resolve};
+pub use find::{checkpoints_in, find_resumable, list, newest_complete, resolve};
 pub use params::{ParamEntry, ParamLayout, UnitLayout};
 pub use read::{read, read_model, read_without_tensors, validate, Checkpoint, Tensor};
 pub use shard::{part_name, write_part, write_sharded, ShardEntry, ShardLayout, ShardSet};

@@ -95,6 +95,8 @@ fn spawn_rank(spec: &LaunchSpec, rank: u32, store: &TcpListener, threads: Option
         .env("LOCAL_WORLD_SIZE", spec.nproc.to_string())
         .env("MASTER_ADDR", &spec.master_addr)
         .env("MASTER_PORT", port.to_string())
+        // How long a rank has after SIGTERM before SIGKILL: its end fits its summary in it.
+        .env(ptrain_core::trainer::GRACE_ENV, spec.grace.as_secs_f64().to_string())
         // Its own process group: a terminal's Ctrl-C reaches the launcher only,
         // which forwards it once (a second SIGINT makes ptrain exit at once).
         .process_group(0);

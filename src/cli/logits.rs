@@ -48,16 +48,21 @@ pub struct LogitsArgs {
     /// Where to write the results.
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
+    /// The base model of a LoRA checkpoint, when it is no longer where the run
+    /// recorded it (`--set model.init_from=DIR`).
+    #[arg(long, value_name = "DIR")]
+    base: Option<PathBuf>,
 }
 
 pub fn run(args: LogitsArgs) -> anyhow::Result<ExitCode> {
     let recorded = args.checkpoint.as_ref().map(|c| ptrain_core::model::hf::resolve_checkpoint(c)).transpose()?;
+    let sets = super::run::with_base(&args.set, args.base.as_deref())?;
     let builder = match &recorded {
         Some(checkpoint) if args.config.is_empty() => {
             let own = ptrain_core::ConfigBuilder::default().recorded_file(&checkpoint.join("config.toml"))?;
-            args.set.iter().try_fold(own, |b, s| b.set(s))?
+            sets.iter().try_fold(own, |b, s| b.set(s))?
         }
-        _ => ptrain_core::ConfigBuilder::layered(&args.config, &args.set)?,
+        _ => ptrain_core::ConfigBuilder::layered(&args.config, &sets)?,
     };
     let run = recorded.as_deref().map(ptrain_core::config::run_dir_of);
     let mut config = builder.weights_from(run).build()?;

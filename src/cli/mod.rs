@@ -35,6 +35,8 @@ mod plugin_cache;
 mod plugins;
 mod run;
 mod scaffold;
+mod scaffold_python;
+mod scaffold_version;
 mod sync;
 mod tokenize;
 

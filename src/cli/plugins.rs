@@ -27,6 +27,14 @@ pub enum PluginsCommand {
         /// Where to write the crate (default `./<NAME>`); must be missing or empty.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// Depend on ptrain-plugin-api by this version (from a registry) instead of by path
+        /// into this machine's ptrain checkout: for a ptrain installed without its source.
+        #[arg(long, value_name = "VERSION", conflicts_with = "python")]
+        api_version: Option<String>,
+        /// A Python module for the `python` plugin and its tests instead of a crate
+        /// (docs/python-plugins.md): nothing to build.
+        #[arg(long, conflicts_with = "sink")]
+        python: bool,
     },
 }
 
@@ -40,6 +48,9 @@ fn describe(lib: &loader::PluginLibrary, path: &std::path::Path) -> String {
         d.description,
         path.display()
     );
+    if d.critical {
+        out.push_str("  critical: its error, panic or stall fails the run (`critical = false` in its [plugins.<name>] table turns it off)\n");
+    }
     for a in d.attachments.iter() {
         let cadence = match a.hook {
             h if h.is_scheduled() => a.cadence.to_string(),
@@ -72,7 +83,8 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
             let lib = loader::load(&path)?;
             out!("{}", describe(&lib, &path));
         }
-        PluginsCommand::New { name, sink, dir } => super::scaffold::run(&name, sink, dir)?,
+        PluginsCommand::New { name, python: true, dir, .. } => super::scaffold_python::run(&name, dir)?,
+        PluginsCommand::New { name, sink, dir, api_version, .. } => super::scaffold::run(&name, sink, dir, api_version)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -52,6 +52,11 @@ pub struct RunArgs {
     /// Random seed (`run.seed`).
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// The base model's directory, where it is now (`--set model.init_from=DIR`, after
+    /// the other layers): for resuming a run whose base moved since it recorded it (a
+    /// LoRA run's base is checked against the digest it recorded).
+    #[arg(long, value_name = "DIR")]
+    base: Option<PathBuf>,
     /// Resume from a checkpoint directory, or from the newest valid checkpoint of a run directory.
     #[arg(long, value_name = "PATH", conflicts_with = "auto_resume")]
     resume: Option<PathBuf>,
@@ -114,14 +119,14 @@ impl RunArgs {
             (None, true, Some(dir)) => ptrain_core::checkpoint::resolve(dir).0,
             _ => None,
         };
+        let sets = with_base(&self.set, self.base.as_deref())?;
         let builder = match own {
             Some(own) => {
                 tracing::info!("--auto-resume without --config: the run's own {}", own.display());
-                self.set
-                    .iter()
+                sets.iter()
                     .try_fold(ConfigBuilder::default().recorded(&recorded_without_debug(&own)?, &own.display().to_string())?, |b, s| b.set(s))?
             }
-            None => ConfigBuilder::layered(&self.config, &self.set)?,
+            None => ConfigBuilder::layered(&self.config, &sets)?,
         };
         let builder = builder.weights_from(from.as_deref().map(ptrain_core::config::run_dir_of));
         Ok(builder.build_with(|c| self.apply(c))?)
@@ -174,6 +179,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(outcome.exit_code as u8))
 }
 
+/// `sets`, then `--base DIR` as `model.init_from`, absolute (a run records absolute paths).
+pub fn with_base(sets: &[String], base: Option<&std::path::Path>) -> anyhow::Result<Vec<String>> {
+    let mut sets = sets.to_vec();
+    if let Some(base) = base {
+        let base = std::path::absolute(base)?;
+        sets.push(format!("model.init_from={:?}", base.display().to_string()));
+    }
+    Ok(sets)
+}
+
 /// The closing line: how the run ended, its figures, and what went wrong on the way.
 fn closing_line(s: &ptrain_core::Summary) -> String {
     let loss = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
@@ -211,8 +226,11 @@ fn closing_line(s: &ptrain_core::Summary) -> String {
 /// What `summary.json` would have said that a user needs, on one line of JSON:
 /// how the run ended, where it got to, its losses, and its newest checkpoint.
 fn essentials(s: &ptrain_core::Summary) -> serde_json::Value {
-    let checkpoint =
-        s.plugins.get("checkpoint").map(|c| serde_json::json!({ "dir": c.get("dir"), "latest": c.get("latest"), "kept": c.get("kept") }));
+    // As the disk holds it at the end; the plugin's report beside it.
+    let checkpoint = s
+        .plugins
+        .get("checkpoint")
+        .map(|c| serde_json::json!({ "newest": s.checkpoint, "dir": c.get("dir"), "latest": c.get("latest"), "kept": c.get("kept") }));
     serde_json::json!({
         "status": s.status,
         "exit_code": s.exit_code,
@@ -241,10 +259,12 @@ fn recorded_without_debug(path: &std::path::Path) -> anyhow::Result<String> {
 
 /// After Ctrl-C: the checkpoint saved, and the command that resumes, each on a line.
 fn resume_lines(s: &ptrain_core::Summary, run_dir: &std::path::Path) {
-    let saved = s.plugins.get("checkpoint").and_then(|c| Some(std::path::Path::new(c.get("dir")?.as_str()?).join(c.get("latest")?.as_str()?)));
-    match saved {
-        Some(path) => reportln!("checkpoint: {}", path.display()),
-        None => reportln!("checkpoint: none (load the checkpoint plugin, --plugins checkpoint, to resume interrupted runs)"),
+    // The newest checkpoint as the disk holds it (a save given up on is not there).
+    let loaded = s.plugins_loaded.iter().any(|p| p.name == "checkpoint");
+    match (&s.checkpoint, loaded) {
+        (Some(c), _) => reportln!("checkpoint: {}", c.path.display()),
+        (None, true) => reportln!("checkpoint: none written yet (the run starts over from its beginning)"),
+        (None, false) => reportln!("checkpoint: none (load the checkpoint plugin, --plugins checkpoint, to resume interrupted runs)"),
     }
     // Several ranks resume as several ranks: the same global batch, the same data stream.
     match s.world_size {
@@ -266,9 +286,10 @@ fn problems(s: &ptrain_core::Summary) -> Vec<String> {
         if failed == 0 {
             continue;
         }
-        // A checkpoint plugin lists the checkpoints it kept; others only count.
+        // A checkpoint plugin lists the checkpoints it kept; others only count. The
+        // newest is the one on disk at the end, when there is one.
         let kept = report.get("kept").and_then(|k| k.as_array());
-        let newest = kept.and_then(|k| k.iter().filter_map(|v| v.as_u64()).max());
+        let newest = s.checkpoint.as_ref().map(|c| c.step).or_else(|| kept.and_then(|k| k.iter().filter_map(|v| v.as_u64()).max()));
         out.push(match (kept, newest) {
             (_, Some(step)) => {
                 format!("{failed} {name} save(s) failed, the newest checkpoint is step {step} ({} steps old)", s.last_step.saturating_sub(step))
@@ -284,12 +305,21 @@ fn problems(s: &ptrain_core::Summary) -> Vec<String> {
         out.push(format!("plugin {name} left the schedule ({why})"));
     }
     for (name, lost) in &s.abandoned_plugins {
-        out.push(format!("plugin {name} abandoned with {lost} event(s) unhandled"));
+        // A checkpoint writer given up on: which checkpoint the run can resume from.
+        let newest = match (&s.checkpoint, s.plugins_loaded.iter().any(|p| &p.name == name && name == "checkpoint")) {
+            (Some(c), true) => format!(", the newest checkpoint is step {} ({} steps old)", c.step, s.last_step.saturating_sub(c.step)),
+            (None, true) => ", and there is no checkpoint".into(),
+            (_, false) => String::new(),
+        };
+        out.push(format!("plugin {name} abandoned with {lost} event(s) unhandled{newest}"));
     }
     for (name, stall) in &s.plugin_stalls {
         out.push(format!(
-            "plugin {name} stalled {} time(s), the longest {:.0}s in {} at step {}",
-            stall.count, stall.seconds, stall.hook, stall.step
+            "plugin {name} stalled {} time(s), the longest {} in {} at step {}",
+            stall.count,
+            ptrain_core::host::seconds(stall.seconds),
+            stall.hook,
+            stall.step
         ));
     }
     for (name, dropped) in s.queue_drops.iter().filter(|(_, n)| **n > 0) {

@@ -54,10 +54,19 @@ impl Origin {
         let canonical = |p: PathBuf| p.canonicalize().unwrap_or(p);
         Ok(Origin { checkout: canonical(checkout), build_dir: build_dir.map(canonical), cache: plugin_cache::dir(), torch_lib })
     }
+
+    /// A ptrain installed without its checkout: no plugin-api source or Cargo.lock to
+    /// take (the crate depends on plugin-api by version), a build beside the binary if any.
+    fn installed() -> Origin {
+        let exe_dir = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.to_path_buf())).unwrap_or_default();
+        let build_dir = exe_dir.parent().map(Path::to_path_buf).filter(|dir| has_torch_sys(dir));
+        let torch_lib = std::env::var_os("PTRAIN_TORCH_LIB").map(PathBuf::from).filter(|dir| dir.is_dir());
+        Origin { checkout: exe_dir, build_dir, cache: plugin_cache::dir(), torch_lib }
+    }
 }
 
 /// `gradwatch` or `grad-watch`: lowercase letters, digits and inner dashes.
-fn check_name(name: &str) -> Result<(), Error> {
+pub(super) fn check_name(name: &str) -> Result<(), Error> {
     let ok = name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !name.ends_with('-')
@@ -203,14 +212,25 @@ fn prepare_cache(origin: &Origin, sink: bool) {
     }
 }
 
-pub fn run(name: &str, sink: bool, dir: Option<PathBuf>) -> anyhow::Result<()> {
+pub fn run(name: &str, sink: bool, dir: Option<PathBuf>, api_version: Option<String>) -> anyhow::Result<()> {
     check_name(name)?;
+    if let Some(version) = &api_version {
+        super::scaffold_version::check(version)?;
+    }
     let dir = dir.unwrap_or_else(|| PathBuf::from(name));
     if dir.exists() && std::fs::read_dir(&dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
         return Err(Error::Plugin { name: name.into(), message: format!("{} exists and is not empty", dir.display()) }.into());
     }
-    let origin = Origin::find()?;
-    for (path, text) in files(name, sink, &origin) {
+    // An installed ptrain without its checkout still writes a crate by --api-version.
+    let origin = match (Origin::find(), &api_version) {
+        (Ok(origin), _) => origin,
+        (Err(_), Some(_)) => Origin::installed(),
+        (Err(e), None) => return Err(e),
+    };
+    for (path, mut text) in files(name, sink, &origin) {
+        if let (Some(version), "Cargo.toml") = (&api_version, path) {
+            text = super::scaffold_version::by_version(&text, version);
+        }
         let path = dir.join(path);
         std::fs::create_dir_all(path.parent().expect("a file in the crate")).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -222,7 +242,10 @@ pub fn run(name: &str, sink: bool, dir: Option<PathBuf>) -> anyhow::Result<()> {
     }
     let kind = if sink { "a sink (worker thread): metrics batches to CSV" } else { "inline: reads gradients every 20 steps" };
     outln!("created plugin `{name}` in {}, {kind}", dir.display());
-    outln!("  plugin-api: {}", origin.checkout.join("plugin-api").display());
+    match &api_version {
+        Some(version) => outln!("  plugin-api: ptrain-plugin-api {version}, from your registry"),
+        None => outln!("  plugin-api: {}", origin.checkout.join("plugin-api").display()),
+    }
     prepare_cache(&origin, sink);
     outln!("next:\n  cd {} && cargo build --release && cargo test --release", dir.display());
     outln!("  PTRAIN_PLUGIN_PATH=$PWD/target/release {} run --plugins {name}", ptrain_exe());

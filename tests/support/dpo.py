@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chat  # noqa: E402
 
 SIX = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"]
+# DPOTrainer's mean over the batch's completion tokens of the logits averaged over the vocabulary.
+LOGITS = ["logits/chosen", "logits/rejected"]
 
 
 def out(obj):
@@ -136,7 +138,7 @@ def first_step(policy, ref, data, loss_type, beta, precompute=False):
         with torch.no_grad():
             loss = t.compute_loss(t.model, batch)
         metrics = {k: v[-1] for k, v in t._metrics["train"].items()}
-    out({"loss": float(loss), "pairs": len(rows), **{k: float(metrics[k]) for k in SIX},
+    out({"loss": float(loss), "pairs": len(rows), **{k: float(metrics[k]) for k in SIX + LOGITS},
          "plain": plain(policy, ref, batch, loss_type, float(beta))})
 
 

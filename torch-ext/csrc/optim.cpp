@@ -26,28 +26,46 @@ static std::optional<at::Tensor> maybe(ptx_tensor t) {
 extern "C" void ptx_free(char* message) { std::free(message); }
 
 // `steps` holds one float tensor per parameter (it may repeat one tensor); the
-// caller increments it before the call, as torch.optim does.
+// caller increments it before the call, as torch.optim does. `lr_tensor`, when not
+// null, is the learning rate as a 0-dim tensor read by the kernel (float32 on CUDA,
+// where a captured step replays with what it then holds; on the CPU the kernel reads
+// its value), else `lr` is.
 extern "C" char* ptx_fused_adamw(ptx_tensor* params, ptx_tensor* grads, ptx_tensor* exp_avgs,
                                  ptx_tensor* exp_avg_sqs, ptx_tensor* steps, int64_t n, double lr,
-                                 double beta1, double beta2, double weight_decay, double eps,
-                                 ptx_tensor found_inf) {
+                                 ptx_tensor lr_tensor, double beta1, double beta2,
+                                 double weight_decay, double eps, ptx_tensor found_inf) {
   PTX_TRY
-  at::_fused_adamw_(list(params, n), list(grads, n), list(exp_avgs, n), list(exp_avg_sqs, n), {},
-                    list(steps, n), lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
-                    /*maximize=*/false, /*grad_scale=*/std::nullopt, maybe(found_inf));
+  auto ps = list(params, n), gs = list(grads, n), ms = list(exp_avgs, n), vs = list(exp_avg_sqs, n);
+  auto ss = list(steps, n);
+  if (lr_tensor != nullptr) {
+    at::_fused_adamw_(ps, gs, ms, vs, {}, ss, *static_cast<at::Tensor*>(lr_tensor), beta1, beta2,
+                      weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
+                      /*grad_scale=*/std::nullopt, maybe(found_inf));
+  } else {
+    at::_fused_adamw_(ps, gs, ms, vs, {}, ss, lr, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                      maybe(found_inf));
+  }
   PTX_CATCH
 }
 
 // Momentum buffers start at zero, which with dampening 0 equals torch's first-step
 // initialisation (buf = grad), so is_first_step is always false.
 extern "C" char* ptx_fused_sgd(ptx_tensor* params, ptx_tensor* grads, ptx_tensor* momentum_bufs,
-                               int64_t n, double lr, double momentum, double weight_decay,
-                               bool nesterov, ptx_tensor found_inf) {
+                               int64_t n, double lr, ptx_tensor lr_tensor, double momentum,
+                               double weight_decay, bool nesterov, ptx_tensor found_inf) {
   PTX_TRY
   std::vector<at::Tensor> bufs = momentum > 0 ? list(momentum_bufs, n) : std::vector<at::Tensor>{};
-  at::_fused_sgd_(list(params, n), list(grads, n), bufs, weight_decay, momentum, lr,
-                  /*dampening=*/0.0, nesterov, /*maximize=*/false, /*is_first_step=*/false,
-                  /*grad_scale=*/std::nullopt, maybe(found_inf));
+  if (lr_tensor != nullptr) {
+    at::_fused_sgd_(list(params, n), list(grads, n), bufs, weight_decay, momentum,
+                    *static_cast<at::Tensor*>(lr_tensor), /*dampening=*/0.0, nesterov,
+                    /*maximize=*/false, /*is_first_step=*/false, /*grad_scale=*/std::nullopt,
+                    maybe(found_inf));
+  } else {
+    at::_fused_sgd_(list(params, n), list(grads, n), bufs, weight_decay, momentum, lr,
+                    /*dampening=*/0.0, nesterov, /*maximize=*/false, /*is_first_step=*/false,
+                    /*grad_scale=*/std::nullopt, maybe(found_inf));
+  }
   PTX_CATCH
 }
 

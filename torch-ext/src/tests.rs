@@ -25,7 +25,7 @@ fn fused_adamw_matches_the_adamw_formula_and_skips_on_found_inf() {
     let (m, v, step) = (p.zeros_like(), p.zeros_like(), Tensor::zeros([], (Kind::Float, Device::Cpu)));
     let lists = [p.shallow_clone(), g.shallow_clone(), m.shallow_clone(), v.shallow_clone()].map(|x| TensorList::new(vec![x]));
     let steps = TensorList::repeat(&step, 1);
-    let hp = AdamW { lr: 0.1, beta1: 0.9, beta2: 0.999, weight_decay: 0.0, eps: 1e-8 };
+    let hp = AdamW { lr: Lr::Value(0.1), beta1: 0.9, beta2: 0.999, weight_decay: 0.0, eps: 1e-8 };
 
     let skip = Tensor::from(1.0f32);
     fused_adamw(&lists[0], &lists[1], &lists[2], &lists[3], &steps, hp, Some(&skip)).unwrap();
@@ -36,6 +36,40 @@ fn fused_adamw_matches_the_adamw_formula_and_skips_on_found_inf() {
     // First AdamW step moves every coordinate by lr * sign(grad).
     let after: Vec<f32> = Vec::try_from(&p).unwrap();
     assert!((after[0] - 0.9).abs() < 1e-5 && (after[1] + 2.1).abs() < 1e-5, "{after:?}");
+}
+
+/// One AdamW update of `[1.0, -2.0]` by `[0.5, 0.25]` after `prior` earlier ones at `lr`.
+fn adamw_after(lr: Lr, prior: &[Lr]) -> Vec<f32> {
+    let p = t(&[1.0, -2.0]);
+    let g = t(&[0.5, 0.25]);
+    let (m, v, step) = (p.zeros_like(), p.zeros_like(), Tensor::zeros([], (Kind::Float, Device::Cpu)));
+    let lists = [p.shallow_clone(), g.shallow_clone(), m.shallow_clone(), v.shallow_clone()].map(|x| TensorList::new(vec![x]));
+    let steps = TensorList::repeat(&step, 1);
+    for lr in prior.iter().copied().chain([lr]) {
+        let _ = step.shallow_clone().g_add_scalar_(1.0);
+        let hp = AdamW { lr, beta1: 0.9, beta2: 0.999, weight_decay: 0.01, eps: 1e-8 };
+        fused_adamw(&lists[0], &lists[1], &lists[2], &lists[3], &steps, hp, None).unwrap();
+    }
+    Vec::try_from(&p).unwrap()
+}
+
+#[test]
+fn a_learning_rate_tensor_is_read_when_the_kernel_runs_and_equals_the_value() {
+    let lr = Tensor::from(1e-3f64);
+    // The same update bit for bit: on the CPU the kernel reads the float64 tensor's value.
+    assert_eq!(adamw_after(Lr::Tensor(&lr), &[]), adamw_after(Lr::Value(1e-3), &[]));
+    // What the tensor holds when the call runs counts (a replayed step's schedule).
+    let _ = lr.shallow_clone().fill_(0.25);
+    assert_eq!(adamw_after(Lr::Tensor(&lr), &[Lr::Value(1e-3)]), adamw_after(Lr::Value(0.25), &[Lr::Value(1e-3)]));
+    assert_ne!(adamw_after(Lr::Tensor(&lr), &[]), adamw_after(Lr::Value(1e-3), &[]));
+    // SGD takes it alike.
+    let run_sgd = |lr: Lr| {
+        let p = t(&[1.0, -2.0]);
+        let lists = [p.shallow_clone(), t(&[0.5, 0.25]), p.zeros_like()].map(|x| TensorList::new(vec![x]));
+        fused_sgd(&lists[0], &lists[1], &lists[2], Sgd { lr, momentum: 0.9, weight_decay: 0.0, nesterov: false }, None).unwrap();
+        Vec::<f32>::try_from(&p).unwrap()
+    };
+    assert_eq!(run_sgd(Lr::Tensor(&lr)), run_sgd(Lr::Value(0.25)));
 }
 
 #[test]

@@ -178,7 +178,7 @@ impl FusedAdamW {
         }
         let _ = self.step.g_add_scalar_(1.0);
         for g in &self.groups {
-            let hp = ext::AdamW { lr, beta1: self.beta1, beta2: self.beta2, weight_decay: g.weight_decay, eps: self.eps };
+            let hp = ext::AdamW { lr: ext::Lr::Value(lr), beta1: self.beta1, beta2: self.beta2, weight_decay: g.weight_decay, eps: self.eps };
             ext::fused_adamw(&g.params, &g.grads, &g.exp_avgs, &g.exp_avg_sqs, &g.steps, hp, found_inf)?;
         }
         if let Some(skipped) = found_inf {

@@ -14,12 +14,12 @@ fn spelled<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_value(value).map_or_else(|_| String::new(), |v| v.to_string())
 }
 
-fn bad(key: &str, message: impl Into<String>) -> Error {
+pub(super) fn bad(key: &str, message: impl Into<String>) -> Error {
     ConfigError { origin: "configuration".into(), key: key.into(), message: message.into() }.into()
 }
 
 /// The kinds with blocks, quoted: `"gpt" or "llama"`.
-fn quoted_kinds() -> String {
+pub(super) fn quoted_kinds() -> String {
     ModelKind::with_blocks(|k| format!("\"{k}\""))
 }
 
@@ -29,7 +29,7 @@ impl Config {
     pub fn tokenizes(&self) -> bool {
         !self.data.tokenizer.is_empty()
             && self.data.tokenizer != BYTES_TOKENIZER
-            && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_instruction())
+            && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl | DataKind::Rollouts) || self.data.kind.is_instruction())
     }
 
     /// The positions per chunk of the loss (0: the whole logits): `train.loss_chunk`
@@ -75,6 +75,35 @@ impl Config {
             return Err(bad("train.activation_checkpointing", format!("recomputes a transformer's blocks: model.kind = {}", quoted_kinds())));
         }
         Ok(())
+    }
+
+    /// One micro-batch's token ids (`data.batch_size` rows of the sequence and its
+    /// target, 8 bytes each) must fit in this machine's memory: a size past it is
+    /// refused here, before training, rather than aborting the process when the
+    /// buffer is allocated (exit 134, no summary). Only the first buffer a step needs:
+    /// the activations are far larger, and their failure is a run's out of memory.
+    pub(super) fn validate_batch_memory(&self) -> Result<(), Error> {
+        if !self.model.kind.has_blocks() {
+            return Ok(());
+        }
+        let seq = self.model.block_size.max(self.data.max_seq_len) as u64 + 1;
+        let bytes = (self.data.batch_size as u64).checked_mul(seq).and_then(|n| n.checked_mul(8));
+        let Some(memory) = memory_bytes() else { return Ok(()) };
+        if bytes.is_some_and(|b| b <= memory) {
+            return Ok(());
+        }
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let needs = bytes.map_or_else(|| "more than 2^64 bytes".into(), |b| format!("{:.1} GiB", gib(b)));
+        Err(bad(
+            "data.batch_size",
+            format!(
+                "{}: one batch's token ids alone ({} rows x {seq} positions x 8 bytes) take {needs}, more than this machine's \
+                 {:.1} GiB of memory and swap; lower data.batch_size (optim.accum_steps keeps the global batch)",
+                self.data.batch_size,
+                self.data.batch_size,
+                gib(memory)
+            ),
+        ))
     }
 
     /// The combinations instruction data (`chat`, `prompt_completion`) allows.
@@ -181,4 +210,11 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The machine's memory and swap (Linux: `/proc/meminfo`), if known.
+fn memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| info.lines().find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok());
+    Some((kib("MemTotal:")? + kib("SwapTotal:").unwrap_or(0)) * 1024)
 }

@@ -163,6 +163,10 @@ pub enum DataKind {
     /// Preference pairs `{"prompt", "chosen", "rejected"}` (strings, or message
     /// lists rendered with the chat template) for DPO (`[dpo]`, docs/preference.md).
     Preference,
+    /// Scored rollouts for GRPO (`[grpo]`, docs/rl.md): one group a line, `prompt_ids`
+    /// or `prompt`, `completion_ids` or `completions` (one per generation) and
+    /// `rewards` (one number per completion, or one list per reward function).
+    Rollouts,
 }
 
 impl DataKind {

@@ -9,6 +9,7 @@ mod data;
 mod debug;
 mod dist;
 mod dpo;
+mod grpo;
 mod lora;
 mod model;
 mod optim;
@@ -33,6 +34,7 @@ pub use data::{is_pattern, ColumnMap, DataConfig, DataFormat, DataKind, DatasetS
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use dpo::{DpoConfig, DpoLoss, TruncationMode};
+pub use grpo::{GrpoConfig, GrpoLoss, RewardSpec, ScaleRewards};
 pub use lora::LoraConfig;
 pub(crate) use model::move_flat_keys;
 use model::refuse_flat_keys;
@@ -73,6 +75,9 @@ pub struct Config {
     /// `[dpo]`: what DPO does with preference data (`data.kind = "preference"`).
     #[serde(default)]
     pub dpo: DpoConfig,
+    /// `[grpo]`: GRPO on scored rollouts (`data.kind = "rollouts"`).
+    #[serde(default)]
+    pub grpo: GrpoConfig,
     /// `[lora]`: absent (the default) = full fine-tuning; see [`Config::lora`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
@@ -257,9 +262,11 @@ impl Config {
         }
         self.validate_pretrained()?;
         self.validate_instruction()?;
+        self.validate_grpo()?;
         self.validate_loss_chunk()?;
         self.validate_activation_checkpointing()?;
         self.validate_offload()?;
+        self.validate_batch_memory()?;
         for (key, path) in self.input_files() {
             if !path.exists() {
                 return Err(Error::MissingFile { what: key, path });

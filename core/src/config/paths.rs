@@ -95,6 +95,10 @@ impl Config {
         for d in &mut config.data.datasets {
             fix("path", &mut d.path);
         }
+        // Where the checkpoints are: resuming from another working directory looks there.
+        if let Some(toml::Value::String(dir)) = config.plugins.get_mut("checkpoint").and_then(|t| t.get_mut("dir")) {
+            fix("dir", dir);
+        }
         config.to_toml()
     }
 }

@@ -7,10 +7,21 @@ use std::{collections::BTreeMap, path::Path};
 use super::{move_flat_keys, refuse_flat_keys};
 use crate::error::{ConfigError, Error};
 
+/// A configuration file's text. What is no TOML text (a directory, bytes that are
+/// not UTF-8) is refused as a bad configuration (exit 2), naming the file and where.
 pub(super) fn read_file(path: &Path) -> Result<String, Error> {
-    std::fs::read_to_string(path).map_err(|e| match e.kind() {
+    let bad = |message: String| ConfigError { origin: path.display().to_string(), key: String::new(), message }.into();
+    if path.is_dir() {
+        return Err(bad("is a directory: --config takes a TOML file".into()));
+    }
+    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::MissingFile { what: "config file", path: path.to_owned() },
         _ => Error::Io { path: path.to_owned(), source: e },
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|b| **b == b'\n').count() + 1;
+        bad(format!("not UTF-8 text: line {line}, byte {at} (a TOML file is UTF-8)"))
     })
 }
 

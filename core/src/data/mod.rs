@@ -13,6 +13,7 @@ pub mod instruct;
 pub mod loader;
 pub mod preference;
 pub mod reader;
+pub mod rollouts;
 pub mod text;
 pub mod token_cache;
 pub mod tokenize;
@@ -68,6 +69,9 @@ pub enum Payload {
     /// training ones, then the held-out ones), by which DPO finds the reference's
     /// log-probabilities it precomputed ([`crate::objective::Dpo`]).
     Pairs(Tensor),
+    /// Scored rollouts: each completion's advantage and the batch's reward
+    /// statistics, for [`crate::objective::Grpo`].
+    Rollouts(rollouts::Rollouts),
 }
 
 impl Payload {
@@ -79,9 +83,10 @@ impl Payload {
         }
     }
 
-    fn map(self, f: impl FnOnce(Tensor) -> Tensor) -> Payload {
+    fn map(self, f: impl Fn(Tensor) -> Tensor) -> Payload {
         match self {
             Payload::Pairs(ids) => Payload::Pairs(f(ids)),
+            Payload::Rollouts(r) => Payload::Rollouts(rollouts::Rollouts { advantages: f(r.advantages), stats: f(r.stats), ..r }),
             other => other,
         }
     }
@@ -224,6 +229,7 @@ pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
     let tokenized = config.tokenizes();
     Ok(match (data.kind, classify) {
         (DataKind::Preference, _) => Arc::new(preference::PreferenceData::from_config(config, seq_len)?),
+        (DataKind::Rollouts, _) => Arc::new(rollouts::RolloutData::from_config(config, seq_len)?),
         (DataKind::Chat | DataKind::PromptCompletion, _) => Arc::new(instruct::InstructData::from_config(config, seq_len)?),
         _ if tokenized => Arc::new(token_cache::windows(config, seq_len)?),
         (DataKind::Synthetic, false) => Arc::new(TokenWindows::synthetic(config, seq_len)),

@@ -4,8 +4,10 @@
 
 use ptrain_plugin_api::{Descriptor, Hook, StepWindows, Threading};
 
+use super::PluginLibrary;
 use crate::{
     config::PluginSettings,
+    error::Error,
     schedule::{Cadence, Owner, SlotSpec},
 };
 
@@ -52,6 +54,23 @@ pub(super) fn slots(d: &Descriptor, index: usize, name: &str, settings: &PluginS
         slots.push(SlotSpec { owner: Owner::Plugin(index), hook: a.hook, cadence, needs: a.needs, windows: StepWindows::NONE });
     }
     (slots, declared)
+}
+
+/// The plugin's attachments once it is created: a plugin may describe them from its
+/// options (the `python` plugin: the functions its module defines, at the cadences
+/// the module declares), so the host asks again. Only the cadences and needs of the
+/// attachments it declared at load may change, and which of them it keeps.
+pub(super) fn described(lib: &PluginLibrary, loaded: &Descriptor, name: &str) -> Result<Descriptor, Error> {
+    let refuse = |message: String| Error::Plugin { name: name.to_string(), message };
+    let d = lib.module.descriptor()().into_result().map_err(|e| refuse(format!("failed to describe itself: {e}")))?;
+    let known = |a: &ptrain_plugin_api::Attachment| loaded.attachments.iter().any(|l| l.name == a.name && l.hook == a.hook);
+    if d.threading != loaded.threading || d.name != loaded.name {
+        return Err(refuse("described itself differently once created (its name or threading changed)".into()));
+    }
+    if let Some(new) = d.attachments.iter().find(|a| !known(a)) {
+        return Err(refuse(format!("added attachment `{}` once created: only those declared at load may be kept", new.name)));
+    }
+    Ok(d)
 }
 
 /// Gives the step hooks of plugin `index` its profiling `windows` (runs of

@@ -16,14 +16,13 @@ fn host(shutdown: Duration) -> (PluginHost, Arc<HostServices>) {
     let services = HostServices::new(Arc::new(Gate::new(0)), Arc::new(SingleRank), shutdown);
     let (mut host, _) = PluginHost::load(&[], &BTreeMap::new(), &KeyOrigins::default(), services.clone(), 0).unwrap();
     host.instances.push(Instance {
-        info: LoadedInfo { name: "p".into(), version: "0".into(), path: "p".into(), threading: "inline" },
+        info: LoadedInfo { name: "p".into(), version: "0".into(), path: "p".into(), threading: "inline", critical: false },
         runner: Runner::Absent,
         failed: false,
         detached: None,
         declared: 0,
         finish_timeout: Duration::from_secs(60),
         hook_warn: Duration::from_secs(60),
-        critical: false,
         watched: Watched::new("p", Duration::from_secs(60), None, None),
     });
     (host, services)

@@ -11,7 +11,7 @@ use ptrain_plugin_api::{Metric, NamedBlob, Needs};
 
 use super::{
     event::{call, Event, Reply},
-    worker::Drain,
+    worker::{Drain, Now},
     Failure, PluginHost, RunEndData, Runner, StopRequest,
 };
 use crate::schedule::Due;
@@ -93,11 +93,13 @@ impl PluginHost {
                     worker.send(owned);
                     Ok(Reply::Done)
                 }
-                None => worker.call_now(event).unwrap_or_else(|| {
-                    let name = &instance.info.name;
-                    tracing::warn!("plugin `{name}` is busy in a call of its own: its {} at step {} is skipped", event.name(), event.step());
-                    Ok(Reply::Done)
-                }),
+                None => match worker.call_now(event) {
+                    Now::Called(result) => result,
+                    Now::Busy(last) => {
+                        let reply = self.busy_at_save.note(&instance.info.name, event, last.as_ref().map(|(step, _)| *step));
+                        Ok(last.filter(|_| reply).map_or(Reply::Done, |(_, bytes)| Reply::State(bytes)))
+                    }
+                },
             },
             Runner::Absent => Ok(Reply::Done),
         };
@@ -115,9 +117,9 @@ impl PluginHost {
     pub(super) fn record_failure(&mut self, index: usize, hook: &str, step: u64, error: String) {
         let instance = &mut self.instances[index];
         instance.failed = true;
-        if instance.critical {
+        if instance.info.critical {
             let what = format!("failed in {hook} at step {step}: {error}");
-            self.services.request_stop(StopRequest::critical(&instance.info.name, what));
+            self.services.request_stop(StopRequest::critical(&instance.info.name, hook, step, what));
         }
         self.failures.push(Failure { plugin: instance.info.name.clone(), hook: hook.into(), step, error });
         self.departed.push(index);
@@ -195,7 +197,12 @@ impl PluginHost {
                 continue; // given up already, during the run (a save stuck in I/O)
             }
             let deadline = started + instance.finish_timeout.min(shutdown);
-            match w.drain_until(deadline, interrupted) {
+            let drain = w.drain_until(deadline, interrupted);
+            // From the queue's close to the thread's return (or to being given up on):
+            // what this plugin added to the end of the run.
+            let drained = w.exited_at().unwrap_or_else(Instant::now).saturating_duration_since(started);
+            self.drain_s.insert(instance.info.name.clone(), drained.as_secs_f64());
+            match drain {
                 Drain::Done => {
                     if let Some(summary) = w.take_summary() {
                         fragments.push((index, Reply::Summary(summary)));

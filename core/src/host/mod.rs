@@ -18,6 +18,7 @@
 //!   only.
 
 mod attach;
+mod busy;
 mod deferred;
 mod dispatch;
 mod event;
@@ -34,6 +35,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 use ptrain_plugin_api::{Hook, Outbox, PluginBox, Threading};
 use serde::Serialize;
 
+pub use busy::BusyAtSave;
 pub use dispatch::Reach;
 pub use event::{Event, Reply};
 pub use loader::{available, resolve, search_dirs, PluginLibrary};
@@ -41,7 +43,7 @@ pub use queue::{BoundedQueue, QueueItem};
 pub use run_data::{RunData, RunEndData};
 pub use services::{HostServices, StopRequest};
 
-pub use watchdog::{Calls, Running, Stall};
+pub use watchdog::{seconds, Calls, Running, Stall};
 
 use self::{
     watchdog::{Watchdog, Watched},
@@ -67,6 +69,9 @@ pub struct LoadedInfo {
     pub version: String,
     pub path: PathBuf,
     pub threading: &'static str,
+    /// Its failure, stall or abandonment fails the run (`critical`, from its table or
+    /// its descriptor).
+    pub critical: bool,
 }
 
 enum Runner {
@@ -90,8 +95,6 @@ struct Instance {
     finish_timeout: Duration,
     /// `hook_warn_s`: when a wait on it is worth a warning.
     hook_warn: Duration,
-    /// `critical`: its failure, stall or abandonment fails the run.
-    critical: bool,
     /// Its calls in progress and its stalls (`hook_warn_s`), for the watchdog.
     watched: Arc<Watched>,
 }
@@ -137,6 +140,10 @@ pub struct PluginHost {
     /// Workers given up on at the end, with how many events they never handled,
     /// and plugins whose deferred jobs had not all run by then, with how many.
     abandoned: BTreeMap<String, u64>,
+    /// Each worker's end-of-run drain, in seconds.
+    drain_s: BTreeMap<String, f64>,
+    /// Saves that found a worker busy: its state reused or left out.
+    busy_at_save: busy::BusySaves,
     /// Warns while a plugin's call runs too long; only with plugins that run here.
     watchdog: Option<Watchdog>,
     /// Last: dropped after the plugins, which may call it until they are.
@@ -160,6 +167,8 @@ impl PluginHost {
             failures: Vec::new(),
             departed: Vec::new(),
             abandoned: BTreeMap::new(),
+            busy_at_save: busy::BusySaves::default(),
+            drain_s: BTreeMap::new(),
             watchdog: None,
             services: services.clone(),
         };
@@ -191,36 +200,53 @@ impl PluginHost {
                 message: explain_option_error(&name, e.as_str(), &names, scheduled, worker, origins),
             };
             let index = host.instances.len();
-            let (plugin_slots, declared) = attach::slots(d, index, &name, &settings);
-            slots.extend(plugin_slots);
             let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
             let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
-            let (runner, watched) = match runs_here {
+            let ((runner, watched), declared) = match runs_here {
                 true => {
                     let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
                     let windows = plugin.step_windows().into_result().map_err(refused)?;
+                    let (plugin_slots, declared) = attach::slots(&attach::described(&lib, d, &name)?, index, &name, &settings);
+                    slots.extend(plugin_slots);
                     if !windows.is_none() {
                         attach::set_windows(&mut slots, index, windows);
                     }
-                    start(&name, plugin, d.threading, &settings, &services).map_err(refused)?
+                    (start(&name, plugin, d.threading, &settings, &services).map_err(refused)?, declared)
                 }
-                false => (Runner::Absent, Watched::new(&name, hook_warn, None, settings.critical.then(|| services.clone()))),
+                false => {
+                    let (plugin_slots, declared) = attach::slots(d, index, &name, &settings);
+                    slots.extend(plugin_slots);
+                    ((Runner::Absent, Watched::new(&name, hook_warn, None, settings.critical.then(|| services.clone()))), declared)
+                }
             };
             let threading = if d.threading == Threading::Inline { "inline" } else { "worker" };
             host.instances.push(Instance {
-                info: LoadedInfo { name, version: d.version.as_str().to_string(), path: path.canonicalize().unwrap_or(path), threading },
+                info: LoadedInfo {
+                    name,
+                    version: d.version.as_str().to_string(),
+                    path: path.canonicalize().unwrap_or(path),
+                    threading,
+                    critical: settings.critical,
+                },
                 runner,
                 failed: false,
                 detached: None,
                 declared,
                 finish_timeout: Duration::from_secs_f64(settings.finish_timeout_s),
                 hook_warn,
-                critical: settings.critical,
                 watched,
             });
         }
-        let here = host.instances.iter().filter(|i| !matches!(i.runner, Runner::Absent));
-        host.watchdog = Watchdog::start(here.map(|i| i.watched.clone()).collect());
+        let here: Vec<_> = host.instances.iter().filter(|i| !matches!(i.runner, Runner::Absent)).map(|i| i.watched.clone()).collect();
+        host.services.watch(&here);
+        if !host.instances.is_empty() {
+            let each = host.instances.iter().map(|i| {
+                let critical = if i.info.critical { ", critical: its failure fails the run" } else { "" };
+                format!("{} {} ({}{critical})", i.info.name, i.info.version, i.info.threading)
+            });
+            tracing::info!("plugins: {}", each.collect::<Vec<_>>().join(", "));
+        }
+        host.watchdog = Watchdog::start(here);
         Ok((host, slots))
     }
 
@@ -252,7 +278,7 @@ impl PluginHost {
     /// Whether a critical plugin failed or was abandoned at the end: the run fails
     /// (one that stopped already stopped as failed, `StopRequest::failure`).
     pub fn critical_lost(&self) -> bool {
-        self.instances.iter().any(|i| i.critical && (i.failed || self.abandoned.contains_key(&i.info.name)))
+        self.instances.iter().any(|i| i.info.critical && (i.failed || self.abandoned.contains_key(&i.info.name)))
     }
 
     /// Workers abandoned at the end, with how many events each never handled, and
@@ -261,9 +287,30 @@ impl PluginHost {
         &self.abandoned
     }
 
+    /// Saves that found a worker plugin busy, by plugin ([`BusyAtSave`]).
+    pub fn busy_at_save(&self) -> BTreeMap<String, BusyAtSave> {
+        self.busy_at_save.by_plugin()
+    }
+
     /// Plugins that took themselves off the schedule, with why.
     pub fn detached(&self) -> BTreeMap<String, String> {
         self.instances.iter().filter_map(|i| Some((i.info.name.clone(), i.detached.clone()?))).collect()
+    }
+
+    /// How long each worker took to drain its queue at the end of the run (from
+    /// closing it to its thread's return, or to being given up on).
+    pub fn drain_s(&self) -> &BTreeMap<String, f64> {
+        &self.drain_s
+    }
+
+    /// How long the training thread waited for room in each worker's full queue
+    /// (`on_full = "block"`), in seconds.
+    pub fn queue_blocked_s(&self) -> BTreeMap<String, f64> {
+        let workers = self.instances.iter().filter_map(|i| match &i.runner {
+            Runner::Worker(w) => Some((i.info.name.clone(), w.queue.blocked().as_secs_f64())),
+            _ => None,
+        });
+        workers.collect()
     }
 
     /// Metrics dropped from each worker's full queue.

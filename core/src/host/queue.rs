@@ -40,8 +40,9 @@ pub struct BoundedQueue<T> {
     capacity: usize,
     policy: OnFull,
     dropped: AtomicU64,
-    /// Pushes that waited for room (`on_full = "block"`).
+    /// Pushes that waited for room (`on_full = "block"`), and how long they waited in all.
     waited: AtomicU64,
+    blocked_ns: AtomicU64,
 }
 
 impl<T: QueueItem> BoundedQueue<T> {
@@ -54,6 +55,7 @@ impl<T: QueueItem> BoundedQueue<T> {
             policy,
             dropped: AtomicU64::new(0),
             waited: AtomicU64::new(0),
+            blocked_ns: AtomicU64::new(0),
         }
     }
 
@@ -61,7 +63,8 @@ impl<T: QueueItem> BoundedQueue<T> {
     pub fn push(&self, item: T) -> bool {
         let mut state = self.state.lock().expect("queue lock");
         if item.droppable() {
-            let mut counted = false;
+            // Read only once the queue is full: a push with room costs no clock read.
+            let mut blocked_since: Option<Instant> = None;
             while state.items.len() >= self.capacity && !state.closed {
                 match self.policy {
                     OnFull::DropOldest => match state.items.iter().position(QueueItem::droppable) {
@@ -72,13 +75,16 @@ impl<T: QueueItem> BoundedQueue<T> {
                         None => break,
                     },
                     OnFull::Block => {
-                        if !counted {
-                            counted = true;
+                        if blocked_since.is_none() {
+                            blocked_since = Some(Instant::now());
                             self.waited.fetch_add(1, Ordering::Relaxed);
                         }
                         state = self.not_full.wait(state).expect("queue lock");
                     }
                 }
+            }
+            if let Some(since) = blocked_since {
+                self.blocked_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
         }
         if state.closed {
@@ -137,6 +143,11 @@ impl<T: QueueItem> BoundedQueue<T> {
     /// How many pushes waited for room.
     pub fn waited(&self) -> u64 {
         self.waited.load(Ordering::Relaxed)
+    }
+
+    /// How long pushes waited for room, in all.
+    pub fn blocked(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.blocked_ns.load(Ordering::Relaxed))
     }
 
     pub fn len(&self) -> usize {

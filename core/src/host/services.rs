@@ -19,7 +19,7 @@ use abi_stable::std_types::{RResult, RStr, RString};
 use ptrain_plugin_api::{DeferredBox, HostApi, LogLevel, TensorRef, STOP_FAILURE_PREFIX};
 use tch::Tensor;
 
-use super::deferred::Deferred;
+use super::{deferred::Deferred, watchdog::Watched};
 use crate::{dist::Collectives, schedule::Gate};
 
 /// A plugin's request to end the run (`HostApi::request_stop`).
@@ -32,6 +32,8 @@ pub struct StopRequest {
     /// Not asked by the plugin: the host ends the run (as a failure) because this
     /// plugin, set `critical`, failed, stalled or was abandoned (`reason` says which).
     pub critical: bool,
+    /// The plugin's hook, and its step, where it failed or asked (when known).
+    pub at: Option<(String, u64)>,
 }
 
 impl StopRequest {
@@ -41,13 +43,13 @@ impl StopRequest {
             Some(rest) => (rest, true),
             None => (reason, false),
         };
-        StopRequest { plugin: plugin.to_string(), reason: reason.to_string(), failure, critical: false }
+        StopRequest { plugin: plugin.to_string(), reason: reason.to_string(), failure, critical: false, at: None }
     }
 
-    /// The host's stop of a failed run for critical plugin `plugin`; `what` went wrong
-    /// ("failed in step_end at step 3: ...").
-    pub fn critical(plugin: &str, what: String) -> StopRequest {
-        StopRequest { plugin: plugin.to_string(), reason: what, failure: true, critical: true }
+    /// The host's stop of a failed run for critical plugin `plugin`, which failed or
+    /// stalled in `hook` at `step`; `what` went wrong ("failed in step_end at step 3: ...").
+    pub fn critical(plugin: &str, hook: &str, step: u64, what: String) -> StopRequest {
+        StopRequest { plugin: plugin.to_string(), reason: what, failure: true, critical: true, at: Some((hook.to_string(), step)) }
     }
 }
 
@@ -57,6 +59,8 @@ impl std::fmt::Display for StopRequest {
             f.write_str(&self.reason)
         } else if self.critical {
             write!(f, "critical plugin `{}` {}", self.plugin, self.reason)
+        } else if self.failure {
+            write!(f, "plugin `{}` stopped the run as failed: {}", self.plugin, self.reason)
         } else {
             write!(f, "plugin `{}` asked to stop: {}", self.plugin, self.reason)
         }
@@ -74,6 +78,9 @@ pub struct HostServices {
     detach_pending: AtomicBool,
     /// Inline plugins' jobs run off the training thread (`HostApi::defer`).
     pub deferred: Deferred,
+    /// The plugins' calls in progress, to say where a plugin asked to stop (weak: a
+    /// critical plugin's watch holds these services).
+    calls: std::sync::OnceLock<Vec<std::sync::Weak<Watched>>>,
 }
 
 impl HostServices {
@@ -87,7 +94,19 @@ impl HostServices {
             detach_requests: Mutex::new(Vec::new()),
             detach_pending: AtomicBool::new(false),
             deferred: Deferred::new(shutdown),
+            calls: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The plugins' watches, set once they are loaded.
+    pub(super) fn watch(&self, plugins: &[Arc<Watched>]) {
+        let _ = self.calls.set(plugins.iter().map(Arc::downgrade).collect());
+    }
+
+    /// The hook and step `plugin` is in now, if it is in a call.
+    fn running_call(&self, plugin: &str) -> Option<(String, u64)> {
+        let watched = self.calls.get()?.iter().filter_map(std::sync::Weak::upgrade).find(|w| w.name == plugin)?;
+        watched.running().map(|r| (r.hook.to_string(), r.step))
     }
 
     pub fn request_stop(&self, request: StopRequest) {
@@ -164,7 +183,10 @@ extern "C" fn log(_ctx: *const (), level: LogLevel, plugin: RStr<'_>, message: R
 }
 
 extern "C" fn request_stop(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {
-    services(ctx).request_stop(StopRequest::new(plugin.as_str(), reason.as_str()));
+    let services = services(ctx);
+    let mut request = StopRequest::new(plugin.as_str(), reason.as_str());
+    request.at = services.running_call(plugin.as_str());
+    services.request_stop(request);
 }
 
 extern "C" fn detach(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>) {

@@ -22,8 +22,25 @@ use serde::Serialize;
 
 use super::{HostServices, StopRequest};
 
-/// How often a warning about the same call is repeated.
+/// How often a warning about the same call is repeated, and how often a plugin's
+/// stalled calls are warned about at most (those between are counted in the next).
 const REPEAT: Duration = Duration::from_secs(60);
+
+/// Seconds as the summary holds them, to the precision a stall under a second needs.
+pub fn seconds(s: f64) -> String {
+    match s {
+        s if s < 1.0 => format!("{s:.3}s"),
+        s if s < 10.0 => format!("{s:.2}s"),
+        s => format!("{s:.1}s"),
+    }
+}
+
+/// When a plugin's stalls were last warned about, and how many came since unsaid.
+#[derive(Default)]
+struct Warned {
+    last: Option<Instant>,
+    unsaid: u64,
+}
 
 /// A call in progress.
 struct Call {
@@ -64,6 +81,7 @@ pub struct Watched {
     critical: Option<Arc<HostServices>>,
     call: Mutex<Option<Call>>,
     stall: Mutex<Option<Stall>>,
+    warned: Mutex<Warned>,
 }
 
 impl Watched {
@@ -73,7 +91,15 @@ impl Watched {
         queued: Option<Box<dyn Fn() -> usize + Send + Sync>>,
         critical: Option<Arc<HostServices>>,
     ) -> Arc<Watched> {
-        Arc::new(Watched { name: name.to_string(), warn_after, queued, critical, call: Mutex::new(None), stall: Mutex::new(None) })
+        Arc::new(Watched {
+            name: name.to_string(),
+            warn_after,
+            queued,
+            critical,
+            call: Mutex::new(None),
+            stall: Mutex::new(None),
+            warned: Mutex::default(),
+        })
     }
 
     pub fn begin(&self, hook: &'static str, step: u64) {
@@ -127,7 +153,7 @@ impl Watched {
         }
         let first = call.warned_at.is_none();
         call.warned_at = Some(now);
-        let (name, hook, step, secs) = (&self.name, call.hook, call.step, running.as_secs_f64());
+        let (name, hook, step, secs) = (&self.name, call.hook, call.step, seconds(running.as_secs_f64()));
         let setting = format!("plugins.{name}.hook_warn_s = {}", self.warn_after.as_secs_f64());
         if let Some(services) = self.critical.as_ref().filter(|_| first) {
             // Training stops at its next step: at once for a worker; for an inline
@@ -135,14 +161,28 @@ impl Watched {
             tracing::error!("critical plugin `{name}` stalled in {hook} at step {step} ({setting}): the run stops as failed");
             services.request_stop(StopRequest::critical(
                 name,
+                hook,
+                step,
                 format!("stalled in {hook} at step {step} for more than {}s", self.warn_after.as_secs_f64()),
             ));
         }
+        // One warning per plugin per REPEAT: a sink slow at every batch would otherwise
+        // warn at every batch. The calls left unsaid are counted in the next.
+        let mut warned = self.warned.lock().expect("watchdog lock");
+        if first && warned.last.is_some_and(|last| now - last < REPEAT) {
+            warned.unsaid += 1;
+            return;
+        }
+        let more = match std::mem::take(&mut warned.unsaid) {
+            0 => String::new(),
+            n => format!("; {n} more call(s) ran past plugins.{name}.hook_warn_s since the last warning"),
+        };
+        warned.last = Some(now);
         match &self.queued {
-            None => tracing::warn!("plugin `{name}` has been in {hook} for {secs:.0}s at step {step}: training waits for it ({setting})"),
+            None => tracing::warn!("plugin `{name}` has been in {hook} for {secs} at step {step}: training waits for it ({setting}){more}"),
             Some(queued) => tracing::warn!(
-                "plugin `{name}` has been in {hook} for {secs:.0}s at step {step}, {} event(s) waiting in its queue: training goes on \
-                 without it, the end of the run waits for it at most plugins.{name}.finish_timeout_s ({setting})",
+                "plugin `{name}` has been in {hook} for {secs} at step {step}, {} event(s) waiting in its queue: training goes on \
+                 without it, the end of the run waits for it at most plugins.{name}.finish_timeout_s ({setting}){more}",
                 queued()
             ),
         }

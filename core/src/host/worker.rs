@@ -21,6 +21,7 @@ use ptrain_plugin_api::{Needs, Outbox, PluginBox, Threading};
 use super::{
     event::{call, Event, Queued, Reply},
     queue::{BoundedQueue, Popped, QueueItem},
+    saves::SaveTracker,
     watchdog::Watched,
     HostServices,
 };
@@ -28,38 +29,6 @@ use super::{
 impl QueueItem for Queued {
     fn droppable(&self) -> bool {
         self.0.droppable()
-    }
-}
-
-/// Saves handed to the worker and not yet finished; the host waits on it before
-/// starting the next save, so saves never overlap and none is dropped.
-#[derive(Default)]
-pub struct SaveTracker {
-    in_flight: Mutex<u64>,
-    done: Condvar,
-}
-
-impl SaveTracker {
-    fn begin(&self) {
-        *self.in_flight.lock().expect("tracker lock") += 1;
-    }
-
-    fn end(&self) {
-        *self.in_flight.lock().expect("tracker lock") -= 1;
-        self.done.notify_all();
-    }
-
-    /// Waits until no save is in flight or `deadline` passes; returns whether none is.
-    pub fn wait_idle_until(&self, deadline: Instant) -> bool {
-        let mut n = self.in_flight.lock().expect("tracker lock");
-        while *n > 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            n = self.done.wait_timeout(n, deadline - now).expect("tracker lock").0;
-        }
-        true
     }
 }
 
@@ -96,8 +65,8 @@ pub struct Shared {
     busy: AtomicBool,
     /// The host gave up waiting: handle nothing more.
     abandoned: AtomicBool,
-    /// The thread has returned; signalled through `exit`.
-    exited: Mutex<bool>,
+    /// When the thread returned (`None`: it has not); signalled through `exit`.
+    exited: Mutex<Option<Instant>>,
     exit: Condvar,
 }
 
@@ -109,9 +78,17 @@ pub enum Drain {
     Abandoned(u64),
 }
 
-/// How long a state call waits for a worker busy in a call of its own before the
-/// checkpoint goes without that plugin's state.
-const STATE_WAIT: Duration = Duration::from_secs(5);
+/// How long handing a resumed state to a worker busy in a call of its own (its
+/// run start: set-up, not training) waits before the plugin goes without it.
+const LOAD_WAIT: Duration = Duration::from_secs(5);
+
+/// What a worker answered a state call made on the training thread.
+pub enum Now {
+    Called(Result<Reply, String>),
+    /// Busy in a call of its own: a save does not wait for a sink. With the state it
+    /// gave at an earlier save (its step), if any.
+    Busy(Option<(u64, Vec<u8>)>),
+}
 
 impl Shared {
     fn record(&self, hook: &'static str, step: u64, error: String) {
@@ -124,6 +101,8 @@ pub struct Worker {
     pub queue: Arc<BoundedQueue<Queued>>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// The state it last gave for a checkpoint, and that save's step.
+    last_state: Option<(u64, Vec<u8>)>,
 }
 
 impl Worker {
@@ -147,7 +126,7 @@ impl Worker {
             saves: SaveTracker::default(),
             busy: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
-            exited: Mutex::new(false),
+            exited: Mutex::new(None),
             exit: Condvar::new(),
         });
         let (q, s, plugin_name) = (queue.clone(), shared.clone(), name.to_string());
@@ -156,7 +135,7 @@ impl Worker {
             .name(format!("ptrain-plugin-{name}"))
             .spawn(move || {
                 run(&plugin_name, &q, &s, &w, timer);
-                *s.exited.lock().expect("exit lock") = true;
+                *s.exited.lock().expect("exit lock") = Some(Instant::now());
                 s.exit.notify_all();
                 // The plugin (in `s`, unless the host still holds it) before the
                 // services it may call while it is dropped.
@@ -164,7 +143,7 @@ impl Worker {
                 drop(services);
             })
             .expect("spawn plugin worker");
-        Worker { queue, shared, thread: Some(thread) }
+        Worker { queue, shared, thread: Some(thread), last_state: None }
     }
 
     /// Queues an event for the worker thread.
@@ -178,19 +157,25 @@ impl Worker {
     }
 
     /// Calls the plugin on this thread, between two of the worker's own calls
-    /// (for the state events, whose answer the caller needs now). `None` when the
-    /// worker stayed busy in a call of its own for [`STATE_WAIT`]: a hung sink must
-    /// not hang the training thread.
-    pub fn call_now(&self, event: &Event<'_>) -> Option<Result<Reply, String>> {
+    /// (for the state events, whose answer the caller needs now). A save's state
+    /// call never waits for a worker busy in a call of its own (a slow or hung
+    /// sink must not stall the training thread): it gets [`Now::Busy`] with the state
+    /// the plugin gave last. Handing over a resumed state waits at most [`LOAD_WAIT`].
+    pub fn call_now(&mut self, event: &Event<'_>) -> Now {
         let started = Instant::now();
-        loop {
+        let wait = if matches!(event, Event::LoadState { .. }) { LOAD_WAIT } else { Duration::ZERO };
+        let result = loop {
             match self.shared.plugin.try_lock() {
-                Ok(mut plugin) => return Some(call(&mut plugin, event, Needs::NONE, &mut Outbox::new())),
-                Err(std::sync::TryLockError::Poisoned(e)) => return Some(call(&mut e.into_inner(), event, Needs::NONE, &mut Outbox::new())),
-                Err(std::sync::TryLockError::WouldBlock) if started.elapsed() < STATE_WAIT => std::thread::sleep(Duration::from_millis(2)),
-                Err(std::sync::TryLockError::WouldBlock) => return None,
+                Ok(mut plugin) => break call(&mut plugin, event, Needs::NONE, &mut Outbox::new()),
+                Err(std::sync::TryLockError::Poisoned(e)) => break call(&mut e.into_inner(), event, Needs::NONE, &mut Outbox::new()),
+                Err(std::sync::TryLockError::WouldBlock) if started.elapsed() < wait => std::thread::sleep(Duration::from_millis(2)),
+                Err(std::sync::TryLockError::WouldBlock) => return Now::Busy(self.last_state.clone()),
             }
+        };
+        if let (Ok(Reply::State(bytes)), Event::SaveState { step }) = (&result, event) {
+            self.last_state = Some((*step, bytes.clone()));
         }
+        Now::Called(result)
     }
 
     /// The failure the worker thread reported, if any.
@@ -208,8 +193,13 @@ impl Worker {
 
     /// Waits for the saves handed over to be written, until `deadline`; returns
     /// whether they were.
-    pub fn wait_saves_until(&self, deadline: Instant) -> bool {
-        self.shared.saves.wait_idle_until(deadline)
+    pub fn wait_saves_until(&self, deadline: Instant, interrupted: &dyn Fn() -> bool) -> bool {
+        self.shared.saves.wait_idle_until(deadline, interrupted)
+    }
+
+    /// When its thread returned, if it has.
+    pub fn exited_at(&self) -> Option<Instant> {
+        *self.shared.exited.lock().expect("exit lock")
     }
 
     /// Whether the host gave up on it ([`Worker::abandon`]).
@@ -236,7 +226,7 @@ impl Worker {
     /// or until `interrupted` says to stop waiting; then abandons it.
     pub fn drain_until(&mut self, deadline: Instant, interrupted: &dyn Fn() -> bool) -> Drain {
         let mut exited = self.shared.exited.lock().expect("exit lock");
-        while !*exited {
+        while exited.is_none() {
             let now = Instant::now();
             if now >= deadline || interrupted() {
                 drop(exited);
@@ -262,7 +252,7 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.queue.close();
         // Joined only if it has returned (or is about to): never wait on a plugin.
-        if *self.shared.exited.lock().expect("exit lock") {
+        if self.shared.exited.lock().expect("exit lock").is_some() {
             if let Some(thread) = self.thread.take() {
                 let _ = thread.join();
             }

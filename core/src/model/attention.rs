@@ -175,6 +175,24 @@ fn capped(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: boo
     Ok(weights.f_matmul(&v)?)
 }
 
+/// A per-head norm applied to queries or keys before RoPE (Qwen3's and Gemma 3's
+/// `q_norm`/`k_norm`).
+pub trait HeadNorm {
+    fn norm(&self, x: &Tensor) -> Result<Tensor>;
+}
+
+/// `[B, T, heads * head_dim]` projections as `[B, heads, T, head_dim]`, each head
+/// normed first where the family norms them.
+pub fn split_heads(x: Tensor, heads: i64, head_dim: i64, norm: Option<&dyn HeadNorm>) -> Result<Tensor> {
+    let (b, t, _) = x.size3()?;
+    let x = x.f_view([b, t, heads, head_dim])?;
+    let x = match norm {
+        Some(n) => n.norm(&x)?,
+        None => x,
+    };
+    Ok(x.f_transpose(1, 2)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

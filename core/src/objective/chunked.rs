@@ -149,30 +149,50 @@ fn capped(head: &Head, logits: Tensor) -> Result<(Tensor, Option<Tensor>)> {
 /// float32 shaped as `targets` (0 where the target is [`IGNORE_INDEX`]), `chunk`
 /// positions at a time, without gradient.
 pub fn token_logps(hidden: &Tensor, head: &Head, targets: &Tensor, chunk: i64) -> Result<Tensor> {
+    Ok(token_values(hidden, head, targets, chunk, false)?.0)
+}
+
+/// [`token_logps`], and each position's logits averaged over the vocabulary (TRL's
+/// `mean_logits`, for DPO's `logits/chosen`), from the same chunks' logits.
+pub fn token_logps_and_logit_means(hidden: &Tensor, head: &Head, targets: &Tensor, chunk: i64) -> Result<(Tensor, Tensor)> {
+    let (logps, means) = token_values(hidden, head, targets, chunk, true)?;
+    Ok((logps, means.ok_or_else(|| Error::Other("chunked loss: no logit means".into()))?))
+}
+
+fn token_values(hidden: &Tensor, head: &Head, targets: &Tensor, chunk: i64, with_means: bool) -> Result<(Tensor, Option<Tensor>)> {
     tch::no_grad(|| {
         let (h, y, trained) = trained_positions(hidden, targets)?;
         let w = head.weight.f_to_kind(h.kind())?;
         let n = h.size()[0];
         let mut pieces = Vec::with_capacity((n / chunk.max(1) + 1) as usize);
+        let mut means = Vec::new();
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
             let yc = y.f_narrow(0, start, len)?;
             let mut logits = head.cap(matmul_t(&h.f_narrow(0, start, len)?, &w)?.f_to_kind(Kind::Float)?)?;
+            let is_trained = yc.f_ne(IGNORE_INDEX)?;
+            if with_means {
+                means.push(logits.f_mean_dim(Some(&[1i64][..]), false, Kind::Float)?.f_mul(&is_trained)?);
+            }
             let picked = logits.f_gather(1, &yc.f_clamp_min(0)?.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
             let (_, lse) = exp_shifted_(&mut logits)?;
-            pieces.push(picked.f_sub(&lse)?.f_mul(&yc.f_ne(IGNORE_INDEX)?)?);
+            pieces.push(picked.f_sub(&lse)?.f_mul(&is_trained)?);
             start += len;
         }
-        let values = match pieces.is_empty() {
-            true => Tensor::f_zeros([0], (Kind::Float, h.device()))?,
-            false => Tensor::f_cat(&pieces, 0)?,
+        // The pieces placed back at their positions, shaped as `targets`.
+        let place = |pieces: &[Tensor]| -> Result<Tensor> {
+            let values = match pieces.is_empty() {
+                true => Tensor::f_zeros([0], (Kind::Float, h.device()))?,
+                false => Tensor::f_cat(pieces, 0)?,
+            };
+            let all = match &trained {
+                None => values,
+                Some(trained) => Tensor::f_zeros([targets.numel() as i64], (Kind::Float, h.device()))?.f_index_copy(0, trained, &values)?,
+            };
+            Ok(all.f_view_as(targets)?)
         };
-        let all = match trained {
-            None => values,
-            Some(trained) => Tensor::f_zeros([targets.numel() as i64], (Kind::Float, h.device()))?.f_index_copy(0, &trained, &values)?,
-        };
-        Ok(all.f_view_as(targets)?)
+        Ok((place(&pieces)?, if with_means { Some(place(&means)?) } else { None }))
     })
 }
 

@@ -14,7 +14,9 @@
 //! pairs ([`Count::Units`]). The metrics are TRL's, means over the pairs:
 //! `rewards/chosen` (`beta * (chosen - ref_chosen)`), `rewards/rejected`,
 //! `rewards/accuracies` (chosen rewarded above rejected), `rewards/margins`,
-//! `logps/chosen`, `logps/rejected`.
+//! `logps/chosen`, `logps/rejected`; and `logits/chosen`, `logits/rejected`, the
+//! logits averaged over the vocabulary and the completion tokens (see
+//! [`Dpo::metrics`]).
 //!
 //! With `train.loss_chunk`, the log-probabilities come from the hidden states a
 //! chunk of positions at a time ([`Output::Hidden`]), without gradient; the pair
@@ -128,16 +130,17 @@ impl Objective for Dpo {
         // The reference first: its logits are freed before the policy's graph is built.
         let reference = self.reference_logps(model, batch)?;
         let output = Output::of(model, batch, train, self.chunk)?;
-        let logps = output.completion_logps(batch)?;
+        let (logps, logit_sums) = output.completion_logps_and_logit_sums(batch)?;
+        let metrics = self.metrics(&logps, &reference, &logit_sums, batch)?;
         match output {
             Output::Logits(logits) => {
-                let (loss, metrics) = self.loss_and_metrics(&logps, &reference, batch)?;
+                let loss = self.pair_loss_sum(&logps, &reference, batch)?;
                 Ok(Sum { loss, metrics, logits: Some(logits) })
             }
             Output::Hidden { states, head, chunk } if states.requires_grad() => {
                 let mut leaf = logps.f_detach()?;
                 let leaf = leaf.f_requires_grad_(true)?;
-                let (loss, metrics) = self.loss_and_metrics(&leaf, &reference, batch)?;
+                let loss = self.pair_loss_sum(&leaf, &reference, batch)?;
                 let mut grads = Tensor::f_run_backward(&[&loss], &[&leaf], false, false)?;
                 let grad = grads.pop().ok_or_else(|| Error::Other("DPO: no gradient for the log-probabilities".into()))?;
                 // d loss / d logp(token) is its completion's; the cross-entropy is -logp.
@@ -147,7 +150,7 @@ impl Objective for Dpo {
                 Ok(Sum { loss, metrics, logits: None })
             }
             Output::Hidden { .. } => {
-                let (loss, metrics) = self.loss_and_metrics(&logps, &reference, batch)?;
+                let loss = self.pair_loss_sum(&logps, &reference, batch)?;
                 Ok(Sum { loss, metrics, logits: None })
             }
         }
@@ -155,19 +158,34 @@ impl Objective for Dpo {
 }
 
 impl Dpo {
-    /// The summed loss of the batch's pairs and TRL's six metrics, from the policy's
-    /// and the reference's completion log-probabilities (`[2B]` each).
-    fn loss_and_metrics(&self, logps: &Tensor, reference: &Tensor, batch: &Batch) -> Result<(Tensor, Metrics)> {
+    /// The summed loss of the batch's pairs, from the policy's and the reference's
+    /// completion log-probabilities (`[2B]` each).
+    fn pair_loss_sum(&self, logps: &Tensor, reference: &Tensor, batch: &Batch) -> Result<Tensor> {
+        let (chosen, rejected) = halves(logps, batch.samples)?;
+        let (ref_chosen, ref_rejected) = halves(reference, batch.samples)?;
+        Ok(self.pair_losses(&chosen.f_sub(&ref_chosen)?, &rejected.f_sub(&ref_rejected)?, batch)?.f_sum(Kind::Float)?)
+    }
+
+    /// TRL's eight metrics, summed over the batch's pairs: the six of the rewards and
+    /// log-probabilities, and `logits/chosen`, `logits/rejected`, which TRL averages
+    /// over the completion tokens of its batch (the vocabulary-mean logit of each),
+    /// here that mean times the batch's pairs, so that a step or an evaluation
+    /// reports the pair-weighted mean of its micro-batches' token means (one
+    /// micro-batch: TRL's value).
+    fn metrics(&self, logps: &Tensor, reference: &Tensor, logit_sums: &Tensor, batch: &Batch) -> Result<Metrics> {
         let pairs = batch.samples;
-        let (chosen, rejected) = halves(logps, pairs)?;
-        let (ref_chosen, ref_rejected) = halves(reference, pairs)?;
-        let chosen_ratio = chosen.f_sub(&ref_chosen)?;
-        let rejected_ratio = rejected.f_sub(&ref_rejected)?;
-        let loss = self.pair_losses(&chosen_ratio, &rejected_ratio, batch)?.f_sum(Kind::Float)?;
-        let metrics = tch::no_grad(|| -> Result<Metrics> {
-            let chosen_rewards = chosen_ratio.f_mul_scalar(self.beta)?;
-            let rejected_rewards = rejected_ratio.f_mul_scalar(self.beta)?;
+        tch::no_grad(|| -> Result<Metrics> {
+            let (chosen, rejected) = halves(&logps.f_detach()?, pairs)?;
+            let (ref_chosen, ref_rejected) = halves(reference, pairs)?;
+            let chosen_rewards = chosen.f_sub(&ref_chosen)?.f_mul_scalar(self.beta)?;
+            let rejected_rewards = rejected.f_sub(&ref_rejected)?.f_mul_scalar(self.beta)?;
             let sum = |t: &Tensor| t.f_sum(Kind::Float);
+            let tokens = per_completion(&batch.targets.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Float)?, batch)?;
+            let (chosen_tokens, rejected_tokens) = halves(&tokens, pairs)?;
+            let (chosen_logits, rejected_logits) = halves(logit_sums, pairs)?;
+            let token_mean = |logits: &Tensor, tokens: &Tensor| -> Result<Tensor> {
+                Ok(sum(logits)?.f_div(&sum(tokens)?.f_clamp_min(1.0)?)?.f_mul_scalar(pairs as f64)?)
+            };
             Ok(vec![
                 ("rewards/chosen", sum(&chosen_rewards)?),
                 ("rewards/rejected", sum(&rejected_rewards)?),
@@ -175,8 +193,9 @@ impl Dpo {
                 ("rewards/margins", sum(&chosen_rewards.f_sub(&rejected_rewards)?)?),
                 ("logps/chosen", sum(&chosen)?),
                 ("logps/rejected", sum(&rejected)?),
+                ("logits/chosen", token_mean(&chosen_logits, &chosen_tokens)?),
+                ("logits/rejected", token_mean(&rejected_logits, &rejected_tokens)?),
             ])
-        })?;
-        Ok((loss, metrics))
+        })
     }
 }

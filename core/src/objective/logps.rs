@@ -5,7 +5,7 @@
 
 use tch::{Kind, Reduction, Tensor};
 
-use super::{chunked, cross_entropy, Forward};
+use super::{chunked, cross_entropy, Forward, IGNORE_INDEX};
 use crate::{
     data::{
         preference::{CHOSEN, REJECTED},
@@ -78,6 +78,25 @@ impl Output {
             Output::Hidden { states, head, chunk } => {
                 tch::no_grad(|| per_completion(&chunked::token_logps(states, head, &batch.targets, *chunk)?, batch))
             }
+        }
+    }
+
+    /// [`Output::completion_logps`], and each completion's logits averaged over the
+    /// vocabulary, summed over its tokens (`[2B]`, without gradient): TRL's
+    /// `mean_logits` under the completion mask.
+    pub fn completion_logps_and_logit_sums(&self, batch: &Batch) -> Result<(Tensor, Tensor)> {
+        match self {
+            Output::Logits(logits) => {
+                let means = tch::no_grad(|| -> Result<Tensor> {
+                    let trained = batch.targets.f_ne(IGNORE_INDEX)?;
+                    per_completion(&logits.f_mean_dim(Some(&[-1i64][..]), false, Kind::Float)?.f_mul(&trained)?, batch)
+                })?;
+                Ok((self.completion_logps(batch)?, means))
+            }
+            Output::Hidden { states, head, chunk } => tch::no_grad(|| {
+                let (logps, means) = chunked::token_logps_and_logit_means(states, head, &batch.targets, *chunk)?;
+                Ok((per_completion(&logps, batch)?, per_completion(&means, batch)?))
+            }),
         }
     }
 }

@@ -18,7 +18,9 @@
 //!   accuracy in evaluation;
 //! - [`Dpo`] (`dpo`): preference pairs (`data.kind = "preference"`), each pair's
 //!   loss against a frozen [`Reference`] model (`reference`), the mean over the
-//!   step's pairs, with TRL's reward and log-probability metrics.
+//!   step's pairs, with TRL's reward and log-probability metrics;
+//! - [`Grpo`] (`grpo`): scored rollouts (`data.kind = "rollouts"`), TRL's GRPO
+//!   with its loss types, clipping, KL and metrics.
 //!
 //! They share one cross-entropy ([`cross_entropy`], on tch's `f_` functions) and,
 //! with `train.loss_chunk`, compute a language model's loss a chunk of positions at
@@ -38,6 +40,7 @@ mod classification;
 mod cross_entropy;
 mod dpo;
 mod forward;
+mod grpo;
 mod logps;
 mod precompute;
 mod reference;
@@ -52,6 +55,7 @@ pub use classification::Classification;
 pub use cross_entropy::{cross_entropy, IGNORE_INDEX};
 pub use dpo::Dpo;
 pub use forward::{Forward, Runner};
+pub use grpo::Grpo;
 pub use reference::Reference;
 pub use scale::StepScale;
 
@@ -146,6 +150,7 @@ pub fn from_config(config: &Config, task: Task) -> Box<dyn Objective> {
 pub fn build(config: &Config, model: &mut dyn Model, vars: &nn::VarStore, dataset: &dyn Dataset) -> Result<Box<dyn Objective>> {
     match config.data.kind {
         DataKind::Preference => Ok(Box::new(Dpo::build(config, model, vars, dataset)?)),
+        DataKind::Rollouts => Ok(Box::new(Grpo::build(config, vars, dataset)?)),
         _ => Ok(from_config(config, model.task())),
     }
 }

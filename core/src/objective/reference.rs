@@ -36,12 +36,17 @@ impl Reference {
     /// The reference `config` names, on the device of the policy's `policy` store
     /// (built from `config` before any checkpoint is restored into it).
     pub fn build(config: &Config, policy: &nn::VarStore, dataset: &dyn Dataset) -> Result<Reference> {
-        if config.lora().is_some() && config.dpo.reference.is_empty() {
-            tracing::info!("dpo: reference = the base model (the policy with its LoRA adapters off)");
+        Reference::named(config, "dpo", &config.dpo.reference, policy, dataset)
+    }
+
+    /// The reference `reference` names (`what`'s: `dpo`, `grpo`), as [`Reference::build`].
+    pub fn named(config: &Config, what: &str, reference: &str, policy: &nn::VarStore, dataset: &dyn Dataset) -> Result<Reference> {
+        if config.lora().is_some() && reference.is_empty() {
+            tracing::info!("{what}: reference = the base model (the policy with its LoRA adapters off)");
             return Ok(Reference::Adapters);
         }
         let device = policy.device();
-        let (model, mut vars) = match config.dpo.reference.as_str() {
+        let (model, mut vars) = match reference {
             "" => {
                 let mut base = config.clone();
                 base.lora = None;
@@ -49,7 +54,7 @@ impl Reference {
                 let model = model::build(&base, &vars, dataset)?;
                 if config.model.init_from.is_empty() {
                     let mut copy = vars;
-                    copy.copy(policy).map_err(|e| Error::Other(format!("dpo.reference: copying the starting model: {e}")))?;
+                    copy.copy(policy).map_err(|e| Error::Other(format!("{what}.reference: copying the starting model: {e}")))?;
                     (model, copy)
                 } else {
                     (model, vars)
@@ -62,7 +67,7 @@ impl Reference {
                     return Err(Error::Data {
                         path: path.into(),
                         message: format!(
-                            "dpo.reference has a vocabulary of {theirs} tokens, the policy {ours}: it must be the same model family and tokenizer"
+                            "{what}.reference has a vocabulary of {theirs} tokens, the policy {ours}: it must be the same model family and tokenizer"
                         ),
                     });
                 }
@@ -75,8 +80,8 @@ impl Reference {
             vars.bfloat16();
         }
         tracing::info!(
-            "dpo: reference {} ({} parameters{}, frozen)",
-            if config.dpo.reference.is_empty() { "= the starting model" } else { config.dpo.reference.as_str() },
+            "{what}: reference {} ({} parameters{}, frozen)",
+            if reference.is_empty() { "= the starting model" } else { reference },
             vars.variables().values().map(|t| t.numel()).sum::<usize>(),
             if bf16 { ", bf16" } else { "" }
         );
@@ -87,11 +92,15 @@ impl Reference {
     /// autograd (`policy` is the model trained, whose adapters may be switched off),
     /// `chunk` positions at a time from hidden states when `chunk > 0`.
     pub fn logps(&mut self, policy: &mut dyn Forward, batch: &Batch, chunk: i64) -> Result<Tensor> {
+        self.run(policy, |model| Output::of(model, batch, false, chunk)?.completion_logps(batch))
+    }
+
+    /// `f` of the reference model, without autograd (`policy` is the model trained,
+    /// whose adapters may be switched off).
+    pub fn run<R>(&mut self, policy: &mut dyn Forward, f: impl FnOnce(&mut dyn Forward) -> Result<R>) -> Result<R> {
         tch::no_grad(|| match self {
-            Reference::Adapters => lora::without_adapters(|| Output::of(policy, batch, false, chunk)?.completion_logps(batch)),
-            Reference::Model { model, autocast, .. } => {
-                Output::of(&mut Runner { model: model.as_mut(), autocast: *autocast }, batch, false, chunk)?.completion_logps(batch)
-            }
+            Reference::Adapters => lora::without_adapters(|| f(policy)),
+            Reference::Model { model, autocast, .. } => f(&mut Runner { model: model.as_mut(), autocast: *autocast }),
         })
     }
 }

@@ -20,7 +20,7 @@ use super::{
     mixed::gather_in,
     names_and_sizes,
     offload::Offload,
-    state_kinds, torch_err, update, Group, Optimizer, SavedState, ShardSpec,
+    state_kinds, torch_err, update, Group, LearningRate, Optimizer, SavedState, ShardSpec,
 };
 use crate::{
     checkpoint::{Checkpoint, ParamEntry, ParamLayout, ShardLayout, UnitLayout},
@@ -260,9 +260,9 @@ impl Optimizer for FullySharded {
 
     /// The update on the chunks; every gathered unit goes (the next gather brings
     /// the new values).
-    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+    fn step(&mut self, lr: &LearningRate, found_inf: Option<&Tensor>) -> Result<()> {
         match &self.offload {
-            None => update(&self.config, &self.groups, &mut self.step, lr, found_inf)?,
+            None => update(&self.config, &self.groups, &mut self.step, lr.on_device(), found_inf)?,
             Some(o) => o.step(&self.config, &self.groups, &mut self.step, lr, found_inf, [&self.grads, &self.master])?,
         }
         self.units.lock().release_all()

@@ -19,6 +19,7 @@ mod from_whole;
 mod fully_sharded;
 mod gather;
 pub mod layout;
+mod learning_rate;
 mod lr_schedule;
 mod mixed;
 mod offload;
@@ -35,6 +36,7 @@ use tch::Tensor;
 
 pub use cut::{cut_whole, CutModel, OwnedPiece};
 pub use fully_sharded::{FullySharded, ParamSharding};
+pub use learning_rate::LearningRate;
 pub use lr_schedule::LrSchedule;
 pub use replicated::Replicated;
 pub use saved::{CheckpointState, SavedState};
@@ -66,8 +68,9 @@ pub trait Optimizer: Send {
     fn reduce_gradients(&mut self, dp: &mut dyn DataParallel, found_inf: &Tensor) -> Result<()>;
     /// Global gradient norm (a device scalar), clipping to `grad_clip` when set.
     fn clip_grad_norm(&self) -> Result<Tensor>;
-    /// One update at `lr`. `found_inf` (a float device scalar) set to 1 skips it.
-    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()>;
+    /// One update at `lr` (read on the device). `found_inf` (a float device scalar)
+    /// set to 1 skips it.
+    fn step(&mut self, lr: &LearningRate, found_inf: Option<&Tensor>) -> Result<()>;
     /// After the update: makes every rank's parameters equal again.
     fn sync_params(&mut self, dp: &mut dyn DataParallel) -> Result<()>;
     /// State tensors by name, sharing storage with the live state: `step`, then
@@ -178,7 +181,7 @@ fn torch_err(e: ext::TorchError) -> Error {
 }
 
 /// One update of every group at `lr`; `step` counts the updates taken.
-fn update(config: &OptimConfig, groups: &[Group], step: &mut Tensor, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+fn update(config: &OptimConfig, groups: &[Group], step: &mut Tensor, lr: ext::Lr, found_inf: Option<&Tensor>) -> Result<()> {
     let c = config;
     match c.name {
         OptimName::Adamw => {

@@ -7,7 +7,9 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{update, Group};
+use ptrain_torch_ext as ext;
+
+use super::{update, Group, LearningRate};
 use crate::{
     config::OptimConfig,
     error::{Error, Result},
@@ -43,7 +45,7 @@ impl Offload {
         config: &OptimConfig,
         groups: &[Group],
         step: &mut Tensor,
-        lr: f64,
+        lr: &LearningRate,
         found_inf: Option<&Tensor>,
         [grads, master]: [&Tensor; 2],
     ) -> Result<()> {
@@ -52,7 +54,8 @@ impl Offload {
             if let Some(flag) = found_inf {
                 self.found_inf.shallow_clone().f_copy_(flag).map_err(torch)?;
             }
-            update(config, groups, step, lr, found_inf.map(|_| &self.found_inf))?;
+            // The host's kernels take the value: the device's tensor would be read back.
+            update(config, groups, step, ext::Lr::Value(lr.value()), found_inf.map(|_| &self.found_inf))?;
             master.shallow_clone().f_copy_(&self.master).map_err(torch)?;
             Ok(())
         })

@@ -7,7 +7,7 @@ use std::{cell::Cell, collections::HashMap};
 use ptrain_torch_ext::{self as ext, TensorList};
 use tch::{Kind, Tensor};
 
-use super::{live, load_step, names_and_sizes, state_kinds, torch_err, update, GradMemory, Group, Optimizer, SavedState};
+use super::{live, load_step, names_and_sizes, state_kinds, torch_err, update, GradMemory, Group, LearningRate, Optimizer, SavedState};
 use crate::{
     checkpoint::ShardLayout,
     config::{OptimConfig, OptimName, ShardMode},
@@ -168,10 +168,10 @@ impl Optimizer for Replicated {
         ext::clip_grad_norm(&self.all_grads, self.config.grad_clip).map_err(torch_err)
     }
 
-    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+    fn step(&mut self, lr: &LearningRate, found_inf: Option<&Tensor>) -> Result<()> {
         self.bind_grads()?;
         self.zero_unwritten_state()?;
-        update(&self.config, &self.groups, &mut self.step, lr, found_inf)
+        update(&self.config, &self.groups, &mut self.step, lr.on_device(), found_inf)
     }
 
     fn sync_params(&mut self, _dp: &mut dyn DataParallel) -> Result<()> {

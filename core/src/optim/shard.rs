@@ -21,7 +21,7 @@
 use ptrain_torch_ext::{self as ext, grads, TensorList};
 use tch::{Kind, Tensor};
 
-use super::{layout::FlatLayout, load_step, names_and_sizes, state_kinds, torch_err, update, Group, Optimizer, SavedState, ShardSpec};
+use super::{layout::FlatLayout, load_step, names_and_sizes, state_kinds, torch_err, update, Group, LearningRate, Optimizer, SavedState, ShardSpec};
 use crate::{
     checkpoint::ShardLayout,
     config::{OptimConfig, ShardMode},
@@ -237,12 +237,12 @@ impl Optimizer for Sharded {
         Ok(norm)
     }
 
-    fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+    fn step(&mut self, lr: &LearningRate, found_inf: Option<&Tensor>) -> Result<()> {
         // `gradients`: reduced into this rank's slice by now, the full-size gradient can go.
         if self.spec.mode == ShardMode::Gradients && self.flat_grads.take().is_some() {
             grads::detach(&self.params).map_err(torch_err)?;
         }
-        update(&self.config, &self.groups, &mut self.step, lr, found_inf)
+        update(&self.config, &self.groups, &mut self.step, lr.on_device(), found_inf)
     }
 
     /// Every rank's updated slice to every rank, in place.

@@ -5,7 +5,7 @@ use tch::{Device, Kind, Tensor};
 
 use std::ops::Range;
 
-use super::{GradMemory, Optimizer, Replicated, SavedState, ShardSpec, Sharded};
+use super::{GradMemory, LearningRate, Optimizer, Replicated, SavedState, ShardSpec, Sharded};
 use crate::{
     config::{Config, ShardMode},
     dist::{DataParallel, SingleRank},
@@ -28,7 +28,7 @@ fn train(optimizer: &mut dyn Optimizer, params: &[(String, Tensor)]) -> (Vec<f32
         let found_inf = Tensor::zeros([], (Kind::Float, Device::Cpu));
         optimizer.reduce_gradients(&mut dp, &found_inf).expect("reduce");
         norms.push(optimizer.clip_grad_norm().expect("clip").double_value(&[]));
-        optimizer.step(0.1, Some(&found_inf)).expect("step");
+        optimizer.step(&LearningRate::at(Device::Cpu, 0.1).unwrap(), Some(&found_inf)).expect("step");
         optimizer.sync_params(&mut dp).expect("sync");
     }
     let flat = Tensor::cat(&params.iter().map(|(_, p)| p.detach().flatten(0, -1)).collect::<Vec<_>>(), 0);
@@ -111,7 +111,7 @@ fn the_moments_are_zero_before_the_first_step_and_a_loaded_state_is_kept() {
     params[0].1.sum(Kind::Float).backward();
     let found_inf = Tensor::zeros([], (Kind::Float, Device::Cpu));
     resumed.reduce_gradients(&mut dp, &found_inf).expect("reduce");
-    resumed.step(0.1, Some(&found_inf)).expect("step");
+    resumed.step(&LearningRate::at(Device::Cpu, 0.1).unwrap(), Some(&found_inf)).expect("step");
     let after = moments(&resumed);
     let b_avg = after.iter().find(|(n, _)| n == "exp_avg.b").expect("exp_avg.b");
     // b had no gradient: beta1 times the loaded 2.

@@ -15,6 +15,11 @@ use crate::{
     objective::{Count, Objective},
 };
 
+/// "1 held-out sample", "20 held-out samples".
+pub(super) fn held_out_samples(n: u64) -> String {
+    format!("{n} held-out sample{}", if n == 1 { "" } else { "s" })
+}
+
 pub(super) struct Evaluator {
     /// Batches per evaluation (each `batch_size` samples per rank; the last may be
     /// short): 0 when nothing is held out.
@@ -102,21 +107,21 @@ impl Evaluator {
             for i in 0..self.batches {
                 let first = i * world * b + rank * b;
                 let count = self.held_out.map_or(b, |n| n.saturating_sub(first).min(b));
-                if count == 0 {
-                    continue;
-                }
-                let row = row_of(BatchKey { step: i, micro: 0, first_sample: rank * b, count, stream: first })?;
+                let row = match count {
+                    // Every rank runs one forward per evaluation batch: a sharded
+                    // model's forward gathers its blocks with the other ranks, and a
+                    // rank that skipped one would leave them waiting (a hang until
+                    // dist.timeout_s). A rank past the end of the held-out set
+                    // forwards a stand-in row and counts nothing of it.
+                    0 => row_of(BatchKey { step: i, micro: 0, first_sample: 0, count: 1, stream: 0 })?.f_zeros_like()?,
+                    _ => row_of(BatchKey { step: i, micro: 0, first_sample: rank * b, count, stream: first })?,
+                };
                 acc = Some(match acc {
                     Some(acc) => acc.f_add(&row)?,
                     None => row,
                 });
             }
-            match acc {
-                Some(acc) => Ok(acc),
-                // A rank the held-out set did not reach still meets the collective
-                // with sums of the same shape, all zero.
-                None => Ok(row_of(BatchKey { step: 0, micro: 0, first_sample: 0, count: 1, stream: 0 })?.f_zeros_like()?),
-            }
+            acc.ok_or_else(|| Error::Other("an evaluation of no batch".into()))
         })?;
         let mut sums = sums;
         dist.all_reduce_sum(&mut sums).map_err(Error::Dist)?;

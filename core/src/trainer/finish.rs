@@ -19,6 +19,7 @@ use tch::{Device, Kind, Tensor};
 use super::{
     ending::Ending,
     failure::RunError,
+    late_signal::{self, EndSignals},
     memory::MemoryFigures,
     run::Run,
     stop::{Stop, StopControl},
@@ -50,17 +51,19 @@ impl Run {
     /// metrics, the figures), the plugins' end, the summary, and the ranks'
     /// agreement around rank 0's writing it.
     pub(super) fn finish(mut self, last_step: u64, stop: Option<Stop>, started: Instant) -> Result<Outcome> {
-        let mut ending = Ending::of(&stop);
-        // The other ranks of a failed run may be anywhere: no more collectives.
-        let mut collective = ending.error.is_none();
-        if let (Some(reason), None) = (&ending.stop_reason, &ending.error) {
+        let mut ending = Ending::of(&stop, last_step);
+        // A plugin's failure stop is agreed by every rank, as any stop: only an error or
+        // a panic in training leaves the other ranks anywhere.
+        let mut collective = !matches!(stop, Some(Stop::Failed(_)));
+        if let Some(reason) = ending.stop_reason.as_ref().filter(|_| collective) {
             self.metrics.progress.println(&format!("stopping after step {last_step}: {reason}"));
         }
         // The end's own work (the last save and metrics, the figures read from the
         // device, the collectives) fails like a step: an error or a panic in it (a
         // libtorch error, a collective that timed out) fails the run, and the rest
         // of the end still happens: the plugins' end and the summary.
-        let read = panic::catching(|| self.end_work(last_step, ending.last_save, stop.is_some(), collective));
+        let mut signals = EndSignals::mark(self.stop.signals.as_ref());
+        let read = panic::catching(|| self.end_work(last_step, ending.last_save, stop.is_some(), collective, &signals));
         self.batches.stop();
         let device = self.env.device;
         let failed_at_end = match read {
@@ -80,21 +83,32 @@ impl Run {
         };
         let wall_s = started.elapsed().as_secs_f64();
         self.metrics.progress.finish();
-        let plugins = self.end_plugins(last_step, &mut ending, wall_s, figures.1);
+        if signals.take(self.stop.signals.as_ref(), &mut ending) {
+            let first = self.summary(last_step, ending.clone(), figures.clone(), wall_s, BTreeMap::new());
+            late_signal::write_first(&self.env, first);
+        }
+        let plugins = self.end_plugins(last_step, &mut ending, wall_s, figures.1, &signals);
         let summary = self.summary(last_step, ending, figures, wall_s, plugins);
-        self.record(summary, collective, last_step)
+        self.record(summary, collective, last_step, signals.late())
     }
 
     /// The plugins' end (workers drain their queues, within `run.shutdown_timeout_s`
     /// or until a signal), and the exit code it decides: a critical plugin failed or
     /// given up on fails a completed run, any plugin under `run.strict_plugins`
     /// makes it exit 3.
-    fn end_plugins(&mut self, last_step: u64, ending: &mut Ending, wall_s: f64, final_loss: Option<f64>) -> BTreeMap<String, serde_json::Value> {
+    fn end_plugins(
+        &mut self,
+        last_step: u64,
+        ending: &mut Ending,
+        wall_s: f64,
+        final_loss: Option<f64>,
+        signals: &EndSignals,
+    ) -> BTreeMap<String, serde_json::Value> {
         let final_eval_loss = self.tally.evals.last().map(|e| e.loss);
         let scalars = [("train/loss", final_loss), ("eval/loss", final_eval_loss)];
         let scalars = scalars.into_iter().filter_map(|(name, v)| Some((name.to_string(), v?))).collect();
         let end = RunEndData { step: last_step, exit_code: ending.exit_code, wall_s, scalars };
-        let shutdown = Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s);
+        let shutdown = signals.bound(Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s));
         let summaries = self.host.run_end(end, shutdown, &*signalled(&self.stop));
         // Decided after the plugins' end, which may fail too; the plugins saw how training
         // went. A plugin given up on at the end counts as failed.
@@ -137,6 +151,7 @@ impl Run {
             stop_reason: ending.stop_reason,
             error: ending.error,
             stopped_by: ending.stopped_by,
+            failed_by: ending.failed_by,
             steps,
             start_step: env.start_step,
             last_step,
@@ -178,6 +193,7 @@ impl Run {
             trainable_parameters: env.run_data.n_params,
             nonfinite_steps: self.nonfinite.total,
             resumed_from: env.resumed_from.clone(),
+            checkpoint: late_signal::newest_checkpoint(env),
             checkpoint_wait_s: tally.checkpoint_wait_s,
             plugins_loaded: self.host.loaded(),
             plugin_failures: self.host.failures().to_vec(),
@@ -185,6 +201,9 @@ impl Run {
             abandoned_plugins: self.host.abandoned().clone(),
             plugin_stalls: self.host.stalls(),
             queue_drops: self.host.queue_drops(),
+            busy_at_save: self.host.busy_at_save(),
+            queue_blocked_s: self.host.queue_blocked_s(),
+            plugin_drain_s: self.host.drain_s().clone(),
             plugins,
             parts: Vec::new(),
         }
@@ -193,10 +212,11 @@ impl Run {
     /// Writes the record: every rank has finished its end (saves waited for, plugins
     /// ended) before rank 0 writes it, and no rank leaves before it has; a rank that
     /// never got there fails the run, named in it.
-    fn record(self, mut summary: Summary, collective: bool, last_step: u64) -> Result<Outcome> {
+    fn record(self, mut summary: Summary, collective: bool, last_step: u64, late: bool) -> Result<Outcome> {
         let env = &self.env;
         let end_timeout = Duration::from_secs(env.config.dist.end_timeout_s);
-        let signalled = signalled(&self.stop);
+        // After a signal in the end, the other ranks are not waited for: the grace is short.
+        let signalled: Box<dyn Fn() -> bool + '_> = if late { Box::new(|| true) } else { signalled(&self.stop) };
         let agreed = collective && env.world > 1 && {
             match self.dist.end_arrive(end_timeout, &*signalled) {
                 Ok(()) => true,
@@ -248,6 +268,7 @@ impl Run {
         last_save: Option<CheckpointReason>,
         stopped: bool,
         collective: bool,
+        signals: &EndSignals,
     ) -> Result<(Option<f64>, Option<f64>, MemoryFigures)> {
         if let Some(reason) = last_save {
             let saved_already = reason == CheckpointReason::End && self.tally.last_save_step == Some(last_step);
@@ -275,7 +296,10 @@ impl Run {
         } else {
             self.figures_after_failure()
         };
-        self.host.wait_saves(last_step, Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s));
+        // A signal ends this wait: the summary is written before anything more is waited for.
+        let received = self.stop.signals.as_ref();
+        let shutdown = Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s);
+        self.host.wait_saves(last_step, shutdown, &|| signals.arrived(received));
         Ok(figures)
     }
 

@@ -11,7 +11,7 @@ use crate::{
     error::{Error, Result},
     model::Model,
     objective::Runner,
-    optim::{self, GradMemory, LrSchedule, Optimizer, ParamSharding, ShardSpec},
+    optim::{self, GradMemory, LearningRate, LrSchedule, Optimizer, ParamSharding, ShardSpec},
 };
 
 pub(super) struct Learner {
@@ -21,6 +21,8 @@ pub(super) struct Learner {
     pub params: Vec<(String, Tensor)>,
     /// Replicated or sharded across the ranks.
     pub optimizer: Box<dyn Optimizer>,
+    /// The rate the next update uses, on the device (set before each step's core).
+    pub lr: LearningRate,
     /// The learning rate at each step (not the run's hook schedule, `Run::schedule`).
     pub lr_schedule: LrSchedule,
     pub dataset: Arc<dyn Dataset>,
@@ -82,6 +84,7 @@ impl Learner {
                 }));
             }
         }
+        let lr = LearningRate::new(vs.device())?;
         Ok(Learner {
             lr_schedule: LrSchedule::new(&config.optim, total_steps),
             // Whether the model draws random numbers is the model's to say.
@@ -93,6 +96,7 @@ impl Learner {
             model,
             params,
             optimizer,
+            lr,
             dataset,
         })
     }

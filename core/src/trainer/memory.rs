@@ -86,7 +86,7 @@ mod tests {
 
         let batch = learner.dataset.batch(Split::Train, BatchKey { step: 1, micro: 0, first_sample: 0, count: 4, stream: 0 }).unwrap();
         learner.runner().forward(&batch, true).unwrap().sum(Kind::Float).backward();
-        learner.optimizer.step(1e-3, None).unwrap();
+        learner.optimizer.step(&crate::optim::LearningRate::at(Device::Cpu, 1e-3).unwrap(), None).unwrap();
         let after = MemoryFigures::gather(learner.optimizer.as_ref(), &SingleRank, Device::Cpu, 0, true).unwrap();
         assert_eq!(after.gradient_bytes, [param_bytes], "one float gradient per parameter after a step");
         assert_eq!(after.gradient_peak_bytes, after.gradient_bytes, "what the first backward made");

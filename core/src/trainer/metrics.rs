@@ -89,7 +89,8 @@ impl MetricsProcessor {
     /// the next batch; returns them, for the `Eval` hook.
     pub fn record_eval(&mut self, point: &EvalPoint) -> &[Metric] {
         let shown: String = point.metrics.iter().map(|(name, v)| format!(", {name} {v:.3}")).collect();
-        self.progress.println(&format!("eval at step {}: loss {:.4}{shown} ({} held-out samples)", point.step, point.loss, point.samples));
+        let samples = super::eval::held_out_samples(point.samples);
+        self.progress.println(&format!("eval at step {}: loss {:.4}{shown} ({samples})", point.step, point.loss));
         let start = self.emitted.len();
         self.emitted.push(Metric::scalar("eval/loss", point.loss));
         self.emitted.extend(point.metrics.iter().map(|(name, v)| Metric::scalar(format!("eval/{name}"), *v)));

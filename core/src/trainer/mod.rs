@@ -51,6 +51,7 @@ mod failure;
 mod finish;
 mod forced;
 mod hooks;
+mod late_signal;
 mod learner;
 mod memory;
 mod metrics;
@@ -78,8 +79,9 @@ use tch::nn;
 
 pub use failure::RunError;
 pub(crate) use progress::eprint_line;
+pub use signals::GRACE_ENV;
 pub use state::{DataPosition, EvalRecord, RngScheme, TrainState};
-pub use summary::{EvalPoint, PhaseSummary, Summary};
+pub use summary::{EvalPoint, OnDisk, PhaseSummary, Summary};
 
 use crate::{
     config::Config,

@@ -10,7 +10,10 @@ use std::{
 };
 
 use super::{clock::stamp, Resume};
-use crate::error::{Error, Result};
+use crate::{
+    config::Config,
+    error::{Error, Result},
+};
 
 /// `<run-dir>/ptrain.lock`: `pid = N` and `host = NAME` of the run holding it.
 pub const LOCK_FILE: &str = "ptrain.lock";
@@ -148,6 +151,14 @@ impl Drop for RunLock {
     }
 }
 
+/// Where the run's checkpoints are: the checkpoint plugin's `dir` when its table
+/// sets one (the run's recorded `config.toml` keeps it, absolute), else
+/// `<run-dir>/checkpoints`. Resuming looks there, and a fresh start is refused there.
+pub fn checkpoints_of(config: &Config, run_dir: &Path) -> PathBuf {
+    let dir = config.plugins.get("checkpoint").and_then(|t| t.get("dir")).and_then(toml::Value::as_str).filter(|d| !d.is_empty());
+    dir.map_or_else(|| ptrain_checkpoint::checkpoints_dir(run_dir), PathBuf::from)
+}
+
 /// Files every run leaves in its directory: `config.toml` when it starts,
 /// `summary.json` when it ends.
 const RECORDS: &[&str] = &["config.toml", "summary.json"];
@@ -159,18 +170,24 @@ const RECORDS: &[&str] = &["config.toml", "summary.json"];
 /// everything there aside first, into a sibling `<dir>.old-<UTC stamp>`, and says where.
 ///
 /// Every rank checks before rank 0 writes this run's `config.toml`: setup sums the
-/// ranks' refusals right after, a collective between the two.
-pub fn guard(dir: &Path, resume: Option<&Resume>, overwrite: bool, lead: bool) -> Result<()> {
+/// ranks' refusals right after, a collective between the two. `checkpoints`: where
+/// this run writes them ([`checkpoints_of`]); a directory of its own
+/// (`plugins.checkpoint.dir`) holding another run's is refused, and moved aside by
+/// `overwrite`, as the run directory is: its retention would delete them.
+pub fn guard(dir: &Path, checkpoints_dir: &Path, resume: Option<&Resume>, overwrite: bool, lead: bool) -> Result<()> {
     if resume.is_some() {
         return Ok(());
     }
-    let checkpoints = ptrain_checkpoint::list(&ptrain_checkpoint::checkpoints_dir(dir));
+    let checkpoints = ptrain_checkpoint::list(checkpoints_dir);
+    let outside = !checkpoints_dir.starts_with(dir);
     if !overwrite {
         let refuse = |message: String| Error::RunDir { path: dir.to_owned(), message };
         if let Some((step, _)) = checkpoints.last() {
+            let whose = if outside { format!("its checkpoints directory {} holds", checkpoints_dir.display()) } else { "holds".into() };
             return Err(refuse(format!(
-                "holds checkpoints of an earlier run (the newest at step {step}): pass --auto-resume to continue it, \
-                 --overwrite to start over (its checkpoints and logs are moved aside), or another --run-dir"
+                "{whose} checkpoints of an earlier run (the newest at step {step}): pass --auto-resume to continue it, \
+                 --overwrite to start over (its checkpoints and logs are moved aside), or another --run-dir{}",
+                if outside { " and plugins.checkpoint.dir" } else { "" }
             )));
         }
         let held: Vec<String> = entries(dir).iter().filter_map(|p| p.file_name()?.to_str().map(str::to_string)).collect();
@@ -188,12 +205,16 @@ pub fn guard(dir: &Path, resume: Option<&Resume>, overwrite: bool, lead: bool) -
     if !lead {
         return Ok(());
     }
+    if outside && !checkpoints.is_empty() {
+        let aside = aside(checkpoints_dir);
+        std::fs::rename(checkpoints_dir, &aside).map_err(Error::writing(checkpoints_dir))?;
+        tracing::warn!("--overwrite: moved {} ({} checkpoint(s)) to {}", checkpoints_dir.display(), checkpoints.len(), aside.display());
+    }
     let entries = entries(dir);
     if entries.is_empty() {
         return Ok(());
     }
-    let name = dir.file_name().map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned());
-    let aside = dir.with_file_name(format!("{name}.old-{}", stamp()));
+    let aside = aside(dir);
     std::fs::create_dir_all(&aside).map_err(Error::writing(&aside))?;
     for entry in &entries {
         let to = aside.join(entry.file_name().unwrap_or_default());
@@ -206,6 +227,12 @@ pub fn guard(dir: &Path, resume: Option<&Resume>, overwrite: bool, lead: bool) -
         aside.display()
     );
     Ok(())
+}
+
+/// `<dir>.old-<UTC stamp>`, beside `dir`: where `--overwrite` moves it.
+fn aside(dir: &Path) -> PathBuf {
+    let name = dir.file_name().map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned());
+    dir.with_file_name(format!("{name}.old-{}", stamp()))
 }
 
 /// What `dir` holds, but this run's lock, sorted.

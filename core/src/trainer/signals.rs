@@ -64,9 +64,12 @@ impl Signals {
                     }
                     match &hung {
                         Some(h) => super::eprint_line(&format!(
-                            "received signal {sig}: plugin `{}` has been in its {} hook for {:.0}s at step {}; the step finishes once it \
+                            "received signal {sig}: plugin `{}` has been in its {} hook for {} at step {}; the step finishes once it \
                              returns, then saving and exiting (again to exit at once, recording the hung hook)",
-                            h.plugin, h.hook, h.seconds, h.step
+                            h.plugin,
+                            h.hook,
+                            crate::host::seconds(h.seconds),
+                            h.step
                         )),
                         None => super::eprint_line(&format!("received signal {sig}: finishing the step, then saving and exiting (again to force)")),
                     }
@@ -85,6 +88,16 @@ impl Signals {
         move || self.count.load(Ordering::SeqCst) > before
     }
 
+    /// Signals received so far, to tell later ones apart ([`Signals::since`]).
+    pub fn count(&self) -> u32 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Whether a signal came after `count` ([`Signals::count`]).
+    pub fn since(&self, count: u32) -> bool {
+        self.count.load(Ordering::SeqCst) > count
+    }
+
     /// The signal received, if any.
     pub fn received(&self) -> Option<i32> {
         match self.received.load(Ordering::SeqCst) {
@@ -92,6 +105,16 @@ impl Signals {
             sig => Some(sig),
         }
     }
+}
+
+/// How long the launcher lets a rank run after its SIGTERM before killing it:
+/// `ptrain launch` says so in this variable; torchrun and the rest do not, so 10 s.
+pub const GRACE_ENV: &str = "PTRAIN_LAUNCH_GRACE_S";
+
+/// The launcher's grace after SIGTERM ([`GRACE_ENV`], else 10 s).
+pub fn grace() -> std::time::Duration {
+    let secs = std::env::var(GRACE_ENV).ok().and_then(|v| v.parse::<f64>().ok()).filter(|s| s.is_finite() && *s > 0.0);
+    std::time::Duration::from_secs_f64(secs.unwrap_or(10.0))
 }
 
 impl Drop for Signals {

@@ -91,8 +91,9 @@ impl TrainState {
 
 /// The checkpoint to resume from, if any: `Resume::Path` names a checkpoint, or a
 /// run or checkpoints directory (its newest valid checkpoint); `Resume::Auto`
-/// takes the run directory's newest valid checkpoint and starts fresh without one.
-pub fn locate(resume: Option<&Resume>, run_dir: &Path, run_dir_given: bool) -> Result<Option<PathBuf>> {
+/// takes the newest valid checkpoint where the run writes them (`checkpoints`:
+/// `<run-dir>/checkpoints`, or `plugins.checkpoint.dir`) and starts fresh without one.
+pub fn locate(resume: Option<&Resume>, checkpoints: &Path, run_dir_given: bool) -> Result<Option<PathBuf>> {
     let path = match resume {
         None => return Ok(None),
         Some(Resume::Auto) if !run_dir_given => {
@@ -103,7 +104,7 @@ pub fn locate(resume: Option<&Resume>, run_dir: &Path, run_dir_given: bool) -> R
             }
             .into())
         }
-        Some(Resume::Auto) => run_dir,
+        Some(Resume::Auto) => checkpoints,
         Some(Resume::Path(p)) if !p.exists() => return Err(Error::MissingFile { what: "checkpoint", path: p.clone() }),
         Some(Resume::Path(p)) => p,
     };
@@ -114,7 +115,7 @@ pub fn locate(resume: Option<&Resume>, run_dir: &Path, run_dir_given: bool) -> R
     match (found, resume) {
         (Some(found), _) => Ok(Some(found)),
         (None, Some(Resume::Auto)) => {
-            tracing::info!("auto-resume: no checkpoint in {}, starting fresh", run_dir.display());
+            tracing::info!("auto-resume: no checkpoint in {}, starting fresh", checkpoints.display());
             Ok(None)
         }
         (None, _) => Err(Error::Checkpoint { path: path.to_owned(), message: "no valid checkpoint here".into() }),

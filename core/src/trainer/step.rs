@@ -103,6 +103,7 @@ impl Run {
             timer.book(Phase::Hooks);
         }
         let scale = self.batches.stage(self.objective.as_ref(), self.dist.as_ref(), &mut timer)?;
+        self.learner.lr.set(lr)?;
         self.tally.step_trained_tokens = self.batches.step_units();
         let core = StepCore {
             learner: &mut self.learner,
@@ -126,7 +127,7 @@ impl Run {
             dump: &mut self.dump,
             train_len,
         };
-        let input = StepInput { step, lr, accum, scale: &scale, grad_norm: detailed };
+        let input = StepInput { step, accum, scale: &scale, grad_norm: detailed };
         let out = core.run(input, &mut self.batches, &mut seams)?;
         self.tally.step_tokens = out.tokens;
         if out.grad_norm.is_some() {
@@ -226,14 +227,17 @@ impl Run {
         }
         let waited = Instant::now();
         // Bounded: a writer stuck in I/O is given up (and disabled) at its timeout.
-        self.host.wait_saves(step, Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s));
-        self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
+        self.host.wait_saves(step, Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s), &|| false);
         if !self.host.has_checkpointer() {
+            self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
             return Ok(());
         }
         let lead = self.env.rank == 0;
         let state = save::train_state(step, &self.env, &self.tally, &self.nonfinite, &self.learner);
+        // The plugins' states count as waiting on the save too (a worker busy in a call
+        // of its own is not waited for: host::busy).
         let plugin_states = if lead { self.host.save_states(step) } else { Vec::new().into() };
+        self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
         let payload = save::payload(reason, &state, &self.learner, lead, &self.env.run_data.config_toml, plugin_states)?;
         let reach = match reason {
             CheckpointReason::Scheduled => Reach::Due(self.schedule.due()),

@@ -73,10 +73,10 @@ pub(super) struct StepOut {
     pub tokens: u64,
 }
 
-/// What one step is: which step, at which learning rate, divided by what.
+/// What one step is: which step, divided by what. Its learning rate is on the
+/// device already (`Learner::lr`, set before the core runs).
 pub(super) struct StepInput<'a> {
     pub step: u64,
-    pub lr: f64,
     pub accum: u64,
     pub scale: &'a StepScale,
     /// Compute the gradient norm even without clipping (detailed metrics asked for it).
@@ -131,7 +131,7 @@ impl StepCore<'_> {
         let found_inf = nonfinite.flag(input.step, &mut loss);
         learner.optimizer.reduce_gradients(dist, found_inf)?;
         let grad_norm = (grad_clip > 0.0 || input.grad_norm).then(|| learner.optimizer.clip_grad_norm()).transpose()?;
-        learner.optimizer.step(input.lr, Some(found_inf))?;
+        learner.optimizer.step(&learner.lr, Some(found_inf))?;
         learner.optimizer.sync_params(dist)?;
         seams.updated(learner)?;
         Ok(StepOut { loss, metrics, grad_norm, tokens })

@@ -95,6 +95,7 @@ impl StopControl {
                 reason: "another rank asked to stop".into(),
                 failure: any_failure,
                 critical: false,
+                at: None,
             }),
         }))
     }

@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::failure::RunError;
-use crate::host::{Failure, LoadedInfo, Stall};
+use super::{ending::FailedBy, failure::RunError};
+use crate::host::{BusyAtSave, Failure, LoadedInfo, Stall};
 
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct PhaseSummary {
@@ -21,12 +21,12 @@ pub struct PhaseSummary {
 }
 
 /// One evaluation: the objective's loss and metrics over the held-out batches.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalPoint {
     pub step: u64,
     pub loss: f64,
     /// Classification's accuracy (also among `metrics`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
     /// Held-out samples the evaluation covered, all ranks together (rows; with
     /// `data.packing`, packed sequences; text windows for language-model data).
@@ -37,10 +37,18 @@ pub struct EvalPoint {
     pub metrics: Vec<(&'static str, f64)>,
 }
 
+/// A checkpoint as the disk holds it at the end of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct OnDisk {
+    pub step: u64,
+    pub path: std::path::PathBuf,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    /// `completed`, `interrupted`, `stopped` (by a plugin: exit 0, or 1 for a
-    /// failure), `nonfinite` or `failed` (an error or a panic: see `error`).
+    /// `completed`, `interrupted`, `stopped` (a plugin ended it early: exit 0),
+    /// `nonfinite` or `failed` (an error or a panic, or a plugin's failure: see
+    /// `error`, and `failed_by`).
     pub status: String,
     pub exit_code: i32,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -51,6 +59,10 @@ pub struct Summary {
     /// The plugin whose request ended the run (`HostApi::request_stop`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,
+    /// The plugin that failed the run, with the hook and step (a critical plugin's
+    /// failure or stall, `HostApi::request_failure_stop`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_by: Option<FailedBy>,
     pub steps: u64,
     pub start_step: u64,
     pub last_step: u64,
@@ -108,6 +120,10 @@ pub struct Summary {
     pub nonfinite_steps: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<String>,
+    /// The newest complete checkpoint on disk once the plugins have ended (rank 0;
+    /// a save given up on is not there), where `--auto-resume` continues.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<OnDisk>,
     pub checkpoint_wait_s: f64,
     pub plugins_loaded: Vec<LoadedInfo>,
     pub plugin_failures: Vec<Failure>,
@@ -120,6 +136,14 @@ pub struct Summary {
     /// training meanwhile): the longest such call, and how many there were.
     pub plugin_stalls: BTreeMap<String, Stall>,
     pub queue_drops: BTreeMap<String, u64>,
+    /// Saves that found a worker plugin busy in a call of its own: how many, and how
+    /// many kept the state it gave at an earlier save (training does not wait for it).
+    pub busy_at_save: BTreeMap<String, BusyAtSave>,
+    /// Per worker plugin: seconds the training thread waited for room in its full
+    /// queue (`on_full = "block"`), inside `wall_s`.
+    pub queue_blocked_s: BTreeMap<String, f64>,
+    /// Per worker plugin: seconds its end-of-run drain took (after `wall_s`).
+    pub plugin_drain_s: BTreeMap<String, f64>,
     pub plugins: BTreeMap<String, serde_json::Value>,
     /// Every part of the run, oldest first, this one last (see the module doc).
     pub parts: Vec<serde_json::Value>,
@@ -150,7 +174,8 @@ impl Summary {
     pub fn with_parts(mut self, path: &std::path::Path, started_at: f64) -> Summary {
         let earlier =
             self.resumed_from.as_ref().and_then(|_| std::fs::read(path).ok()).and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-        let mut parts = match earlier {
+        let found = earlier.clone().filter(|_| self.steps == 0);
+        let mut parts: Vec<serde_json::Value> = match earlier {
             Some(serde_json::Value::Object(mut old)) => match old.remove("parts") {
                 Some(serde_json::Value::Array(parts)) => parts,
                 _ => {
@@ -161,9 +186,27 @@ impl Summary {
             },
             _ => Vec::new(),
         };
+        // This part's own earlier record (the summary written first after a signal at the end).
+        parts.retain(|p| p.get("started_at").and_then(serde_json::Value::as_f64) != Some(started_at));
         parts.push(self.part(started_at));
         self.parts = parts;
+        if let Some(found) = found {
+            self.carry_losses(&found);
+        }
         self
+    }
+
+    /// A resumed part that trained nothing (a finished run resumed: "nothing to
+    /// train") keeps the run's losses and evaluations from the summary it found,
+    /// rather than blanking the record of the run with its own empty ones.
+    fn carry_losses(&mut self, old: &serde_json::Value) {
+        let loss = |key: &str| old.get(key).and_then(serde_json::Value::as_f64);
+        self.first_loss = self.first_loss.or(loss("first_loss"));
+        self.final_loss = self.final_loss.or(loss("final_loss"));
+        self.final_eval_loss = self.final_eval_loss.or(loss("final_eval_loss"));
+        if self.evals.is_empty() {
+            self.evals = old.get("evals").and_then(|e| serde_json::from_value(e.clone()).ok()).unwrap_or_default();
+        }
     }
 
     /// Writes the summary through a temporary file and a rename; a write that fails

@@ -93,8 +93,11 @@ impl PreferenceData {
         if train.is_empty() {
             return Err(bad(&path, format!("no pair is left to train on (every prompt is at least data.max_seq_len + 1 = {limit} tokens long)")));
         }
-        if val.is_empty() {
-            return Err(bad(&path, "no pair is left for validation (set data.val_path, or more rows)".into()));
+        // data.val_fraction = 0 and no data.val_path: nothing held out, no evaluation
+        // (TRL without an eval_dataset); a held-out share asked for must hold a pair.
+        let asked = specs.iter().any(|s| s.name == "val") || data.val_fraction > 0.0;
+        if val.is_empty() && asked {
+            return Err(bad(&path, "no pair is left for validation (set data.val_path, more rows, or data.val_fraction = 0)".into()));
         }
         (counts.train, counts.held_out) = (train.len() as u64, val.len() as u64);
         counts.trained_tokens = train

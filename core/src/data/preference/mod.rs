@@ -145,7 +145,8 @@ impl Dataset for PreferenceData {
     fn batch(&self, split: Split, key: BatchKey) -> Result<Batch> {
         let picks: Vec<usize> = match split {
             Split::Train => (0..key.count).map(|i| self.order.sample(key.stream + i)).collect(),
-            Split::Val => (0..key.count).map(|i| ((key.stream + i) % self.val.len() as u64) as usize).collect(),
+            // The evaluator reads each held-out pair once (`val_len`).
+            Split::Val => (0..key.count).map(|i| ((key.stream + i) % self.val.len().max(1) as u64) as usize).collect(),
         };
         self.batch_of(split, &picks)
     }
@@ -160,6 +161,10 @@ impl Dataset for PreferenceData {
 
     fn train_len(&self) -> u64 {
         self.train.len() as u64
+    }
+
+    fn val_len(&self) -> Option<u64> {
+        Some(self.val.len() as u64)
     }
 
     fn seq_len(&self) -> i64 {

@@ -19,6 +19,16 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_owned(), source }
 }
 
+/// A failed read of `path` after `line` lines: an error of the system is one of
+/// I/O; any other comes from the decompressor (a `.gz` or `.zst` cut short or
+/// damaged), a bad input named by the line it broke in (exit 2).
+fn read_error(path: &Path, line: u64, source: std::io::Error) -> Error {
+    match source.raw_os_error() {
+        Some(_) => Error::Io { path: path.to_owned(), source },
+        None => Error::Data { path: path.to_owned(), message: format!("line {}: the compressed data is damaged or cut short ({source})", line + 1) },
+    }
+}
+
 /// The file's text as a buffered stream: decompressed, past a byte-order mark.
 pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
     let mut raw = BufReader::with_capacity(1 << 20, File::open(path).map_err(io(path))?);
@@ -31,7 +41,7 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
     } else {
         Box::new(raw)
     };
-    let head = reader.fill_buf().map_err(io(path))?;
+    let head = reader.fill_buf().map_err(|e| read_error(path, 0, e))?;
     if head.starts_with(BOM) {
         reader.consume(BOM.len());
     }
@@ -43,7 +53,7 @@ pub fn first_char(path: &Path) -> Result<Option<u8>> {
     let mut reader = open(path)?;
     let mut buf = [0u8; 4096];
     loop {
-        let n = reader.read(&mut buf).map_err(io(path))?;
+        let n = reader.read(&mut buf).map_err(|e| read_error(path, 0, e))?;
         if n == 0 {
             return Ok(None);
         }
@@ -84,7 +94,7 @@ pub fn lines(path: &Path) -> Result<impl Iterator<Item = Result<(u64, String)>>>
         let mut buf = Vec::new();
         match reader.read_until(b'\n', &mut buf) {
             Ok(0) => None,
-            Err(e) => Some(Err(Error::Io { path: path.clone(), source: e })),
+            Err(e) => Some(Err(read_error(&path, number, e))),
             Ok(_) => {
                 number += 1;
                 let line = utf8(&buf).map(|t| t.trim_end_matches(['\n', '\r']).to_string());
@@ -113,7 +123,7 @@ impl Batches for JsonLines {
         let mut out = Vec::with_capacity(max.min(4096));
         while out.len() < max {
             self.buf.clear();
-            let n = self.reader.read_until(b'\n', &mut self.buf).map_err(io(&self.file))?;
+            let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|e| read_error(&self.file, self.line, e))?;
             if n == 0 {
                 break;
             }

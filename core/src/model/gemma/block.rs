@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 
 use super::{
     super::{
-        attention::Scores,
+        attention::{split_heads, HeadNorm, Scores},
         decoder::{Block, BlockInput},
         layout::Made,
         lora, rope,
@@ -32,6 +32,12 @@ impl GemmaNorm {
         let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
         let scale = self.weight.f_to_kind(Kind::Float)?.f_add_scalar(1.0)?;
         Ok(normed.f_mul(&scale)?.f_to_kind(x.kind())?)
+    }
+}
+
+impl HeadNorm for GemmaNorm {
+    fn norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward(x)
     }
 }
 
@@ -90,13 +96,7 @@ impl GemmaBlock {
 
     /// `[B, T, width]` projections as `[B, heads, T, head_dim]`, each head normed (Gemma 3).
     fn heads(&self, x: Tensor, heads: i64, norm: Option<&GemmaNorm>) -> Result<Tensor> {
-        let (b, t, _) = x.size3()?;
-        let x = x.f_view([b, t, heads, self.dims.head_dim])?;
-        let x = match norm {
-            Some(n) => n.forward(&x)?,
-            None => x,
-        };
-        Ok(x.f_transpose(1, 2)?)
+        split_heads(x, heads, self.dims.head_dim, norm.map(|n| n as &dyn HeadNorm))
     }
 
     /// The attention sub-layer's output (before its post-norm) over the normed `h`.

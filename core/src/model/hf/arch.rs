@@ -106,3 +106,16 @@ pub fn insert(table: &mut toml::Table, path: &str, value: toml::Value) {
     }
     t.insert(last.to_string(), value);
 }
+
+/// Writes `bos`/`eos`/`pad_token_id` as null where an id (or one of a list) lies
+/// outside the exported model's vocabulary: a written config.json names no token the
+/// model does not have. Shared by every family's writer.
+pub fn null_foreign_token_ids(out: &mut Map<String, Value>, vocab_size: i64) {
+    let fits = |v: &Value| v.as_i64().is_some_and(|id| (0..vocab_size).contains(&id));
+    for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+        let ok = out.get(key).is_none_or(|v| v.is_null() || fits(v) || v.as_array().is_some_and(|ids| ids.iter().all(fits)));
+        if !ok {
+            out.insert(key.into(), Value::Null);
+        }
+    }
+}

@@ -88,7 +88,13 @@ fn locate(spec: &str) -> Result<PathBuf> {
             }
             .into());
         }
-        return Err(Error::MissingFile { what: "model.init_from directory", path: path.to_owned() });
+        // Most often a base model moved since a run recorded it: say how to name it.
+        return Err(Error::Data {
+            path: path.to_owned(),
+            message: "model.init_from directory not found: if the model moved, give its new directory \
+                      (`--base DIR` to ptrain run, generate, logits and export; or --set model.init_from=DIR)"
+                .into(),
+        });
     }
     if !path.is_dir() {
         return Err(Error::Data { path: path.to_owned(), message: "model.init_from names a file: give the directory holding config.json".into() });

@@ -33,11 +33,22 @@ pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool, base: Option<&
     let Some(lora) = config.lora().cloned() else {
         return Err(bad("--format peft exports LoRA adapters, and this run trained none ([lora]): export it with --format hf".into()));
     };
-    if let Some(base) = base {
-        config.model.init_from = base.display().to_string();
-        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-        let _model = crate::model::build(&config, &vs, &crate::model::pretrained::NoData)?;
-        crate::model::adapters::check_base(&vs, &checkpoint, base)?;
+    match base {
+        Some(base) => {
+            // Absolute: peft and `ptrain generate` read the export from other folders.
+            let base = std::path::absolute(base).map_err(|e| Error::Io { path: base.to_owned(), source: e })?;
+            config.model.init_from = base.display().to_string();
+            let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+            let _model = crate::model::build(&config, &vs, &crate::model::pretrained::NoData)?;
+            crate::model::adapters::check_base(&vs, &checkpoint, &base)?;
+        }
+        None if !config.model.init_from.is_empty() && !Path::new(&config.model.init_from).join(super::CONFIG_JSON).is_file() => tracing::warn!(
+            "the run's base model {} (model.init_from) is no longer there: {} names it as base_model_name_or_path, which peft \
+             and `ptrain generate` cannot load; export with --base DIR naming where the base model is now",
+            config.model.init_from,
+            out.join(ADAPTER_CONFIG).display()
+        ),
+        None => {}
     }
     if with_tokenizer {
         tokenizer_readable(&config)?;

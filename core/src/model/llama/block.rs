@@ -4,6 +4,7 @@
 use tch::{Kind, Tensor};
 
 use super::super::{
+    attention::{split_heads, HeadNorm},
     decoder::{Block, BlockInput},
     layout::Made,
     lora, rope,
@@ -24,6 +25,12 @@ impl RmsNorm {
         let variance = x32.f_square()?.f_mean_dim(-1, true, Kind::Float)?;
         let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
         Ok(self.weight.f_mul(&normed.f_to_kind(x.kind())?)?)
+    }
+}
+
+impl HeadNorm for RmsNorm {
+    fn norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward(x)
     }
 }
 
@@ -101,13 +108,7 @@ impl SelfAttention {
 
     /// `[B, T, width]` projections as `[B, heads, T, head_dim]`, each head normed (Qwen3).
     fn heads(&self, x: Tensor, heads: i64, norm: Option<&RmsNorm>) -> Result<Tensor> {
-        let (b, t, _) = x.size3()?;
-        let x = x.f_view([b, t, heads, self.dims.head_dim])?;
-        let x = match norm {
-            Some(n) => n.forward(&x)?,
-            None => x,
-        };
-        Ok(x.f_transpose(1, 2)?)
+        split_heads(x, heads, self.dims.head_dim, norm.map(|n| n as &dyn HeadNorm))
     }
 
     /// `x` plus the attention over it (`[B, T, D]`), with RoPE's cos and sin at its positions.

@@ -309,13 +309,7 @@ impl LlamaArch {
             out.insert("sliding_window".into(), Value::Null);
         }
         out.remove("torch_dtype");
-        for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
-            let fits = |v: &Value| v.as_i64().is_some_and(|id| (0..self.vocab_size).contains(&id));
-            let ok = out.get(key).is_none_or(|v| v.is_null() || fits(v) || v.as_array().is_some_and(|ids| ids.iter().all(fits)));
-            if !ok {
-                out.insert(key.into(), Value::Null);
-            }
-        }
+        super::super::hf::arch::null_foreign_token_ids(&mut out, self.vocab_size);
         out
     }
 }

@@ -18,7 +18,7 @@ use crate::{
     objective::{self, Objective},
     optim::{CutModel, GradMemory, ParamSharding},
     trainer::{
-        eval::Evaluator,
+        eval::{held_out_samples, Evaluator},
         learner::Learner,
         state::{self, TrainState},
         ModelFactory,
@@ -38,10 +38,15 @@ pub(in crate::trainer) fn data(
         None => crate::data::from_config(config)?,
     };
     let (rank, world) = (dist.rank(), dist.world_size());
+    if world > 1 && config.data.kind == crate::config::DataKind::Rollouts && config.grpo.scale_rewards == crate::config::ScaleRewards::Batch {
+        let message =
+            "\"batch\" divides by the standard deviation of a rank's rewards; on several ranks that is not the batch's: use \"group\" or \"none\"";
+        return Err(crate::error::ConfigError { origin: "configuration".into(), key: "grpo.scale_rewards".into(), message: message.into() }.into());
+    }
     let evaluator = Evaluator::new(config, dataset.val_len(), rank, world, device)?;
     match (evaluator.enabled(), rank) {
         (false, 0) => tracing::info!("nothing is held out (data.val_fraction = 0, no data.val_path): no evaluation"),
-        (true, 0) => tracing::info!("each evaluation covers {} held-out samples", evaluator.covers()),
+        (true, 0) => tracing::info!("each evaluation covers {}", held_out_samples(evaluator.covers())),
         _ => {}
     }
     Ok((dataset, evaluator))

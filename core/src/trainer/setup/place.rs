@@ -27,6 +27,8 @@ pub(in crate::trainer) struct Place {
     /// Rank 0's lock, held for the launch: the other ranks write under it.
     pub lock: Option<RunLock>,
     pub shard: Option<ShardSpec>,
+    /// Where the run's checkpoints are ([`run_dir::checkpoints_of`]).
+    pub checkpoints: PathBuf,
 }
 
 impl Place {
@@ -59,7 +61,8 @@ pub(in crate::trainer) fn claim(config: &Config, dist: &dyn DataParallel, resume
         (0, _, _) => (run_dir.clone(), Some(RunLock::acquire(&run_dir)?)),
         _ => (run_dir, None),
     };
-    let guarded = run_dir::guard(&run_dir, resume, overwrite, rank == 0);
+    let checkpoints = run_dir::checkpoints_of(config, &run_dir);
+    let guarded = run_dir::guard(&run_dir, &checkpoints, resume, overwrite, rank == 0);
     if world > 1 {
         // Every rank checks the directory before rank 0 writes its config.toml there:
         // this sum is the collective between the two (parameter sharding has no
@@ -71,7 +74,7 @@ pub(in crate::trainer) fn claim(config: &Config, dist: &dyn DataParallel, resume
         }
     }
     guarded?;
-    Ok(Place { run_dir, lock, shard })
+    Ok(Place { run_dir, lock, shard, checkpoints })
 }
 
 /// The checkpoint to resume, read (without its tensors when parameters are sharded:
@@ -87,7 +90,8 @@ pub(in crate::trainer) fn checkpoint(
     allow_batch_change: bool,
 ) -> Result<Option<Checkpoint>> {
     sharding::refuse_unblocked_kind(config, place.shards_params() && !factory)?;
-    let located = state::locate(resume, &place.run_dir, !config.run.run_dir.is_empty())?;
+    let located = state::locate(resume, &place.checkpoints, !config.run.run_dir.is_empty())?;
+    refuse_foreign(resume, located.as_deref(), &place.checkpoints)?;
     let checkpoint = located.map(|p| state::read(&p, place.shards_params())).transpose()?;
     if let Some(ckpt) = &checkpoint {
         if !factory {
@@ -97,4 +101,28 @@ pub(in crate::trainer) fn checkpoint(
     }
     crate::host::loader::check_tables(&config.run.plugins, &config.plugins)?;
     Ok(checkpoint)
+}
+
+/// `--resume` from a checkpoint kept elsewhere into a checkpoints directory that holds
+/// other checkpoints is refused: the new run's retention would delete them.
+fn refuse_foreign(resume: Option<&Resume>, located: Option<&std::path::Path>, checkpoints: &std::path::Path) -> Result<()> {
+    let (Some(Resume::Path(_)), Some(from)) = (resume, located) else { return Ok(()) };
+    let held = crate::checkpoint::list(checkpoints);
+    let (Some((step, _)), false) = (held.last(), from.parent().is_some_and(|p| same_dir(p, checkpoints))) else { return Ok(()) };
+    Err(Error::RunDir {
+        path: checkpoints.to_owned(),
+        message: format!(
+            "holds checkpoints of another run (the newest at step {step}) and --resume names {}, which is not among them: \
+             the new run's retention would delete them. Resume from one of them, or write elsewhere (another --run-dir, \
+             plugins.checkpoint.dir)",
+            from.display()
+        ),
+    })
+}
+
+fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }

@@ -77,11 +77,12 @@ fn train(accum: u64, steps: u64, seams: &mut dyn Seams) -> Vec<f64> {
     let mut nonfinite = NonFinite::new(&config.train, Device::Cpu, 0, (0, 0));
     let mut batches = Drawn { dataset: learner.dataset.clone(), next: 0, accum };
     let (scale, _) = StepScale::of_step(Count::MicroBatch, accum, &SingleRank, Device::Cpu).unwrap();
+    learner.lr.set(1e-2).unwrap();
     let mut losses = Vec::new();
     for step in 1..=steps {
         let core =
             StepCore { learner: &mut learner, objective: objective.as_ref(), dist: &mut SingleRank, nonfinite: &mut nonfinite, grad_clip: 1.0 };
-        let input = StepInput { step, lr: 1e-2, accum, scale: &scale, grad_norm: false };
+        let input = StepInput { step, accum, scale: &scale, grad_norm: false };
         let out = core.run(input, &mut batches, seams).unwrap();
         assert!(out.grad_norm.is_some(), "clipping computes the norm");
         assert_eq!(out.tokens, 16 * accum, "{accum} micro-batches of 2 x 8 positions");
@@ -130,12 +131,33 @@ fn a_non_finite_loss_is_flagged_and_its_update_skipped_on_the_device() {
     let before: Vec<Tensor> = learner.params.iter().map(|(_, p)| p.copy()).collect();
     let mut batches = Drawn { dataset: learner.dataset.clone(), next: 0, accum: 1 };
     let (scale, _) = StepScale::of_step(Count::MicroBatch, 1, &SingleRank, Device::Cpu).unwrap();
+    learner.lr.set(1e-2).unwrap();
     let core = StepCore { learner: &mut learner, objective: objective.as_ref(), dist: &mut SingleRank, nonfinite: &mut nonfinite, grad_clip: 0.0 };
-    let out = core.run(StepInput { step: 1, lr: 1e-2, accum: 1, scale: &scale, grad_norm: false }, &mut batches, &mut Poisoned).unwrap();
+    let out = core.run(StepInput { step: 1, accum: 1, scale: &scale, grad_norm: false }, &mut batches, &mut Poisoned).unwrap();
     assert!(out.loss.double_value(&[]).is_nan() && out.grad_norm.is_none());
     for ((name, p), b) in learner.params.iter().zip(&before) {
         assert!(p.equal(b), "{name} was updated despite the NaN loss");
     }
     let _ = nonfinite.check(1);
     assert_eq!((nonfinite.run, nonfinite.total), (1, 1), "the flag is read at the check");
+}
+
+#[test]
+fn the_update_runs_at_the_rate_the_learners_tensor_holds() {
+    let config = tiny_gpt(1);
+    let mut learner = Learner::for_tests(&config);
+    let objective = objective::from_config(&config, learner.model.task());
+    let mut nonfinite = NonFinite::new(&config.train, Device::Cpu, 0, (0, 0));
+    let mut batches = Drawn { dataset: learner.dataset.clone(), next: 0, accum: 1 };
+    let (scale, _) = StepScale::of_step(Count::MicroBatch, 1, &SingleRank, Device::Cpu).unwrap();
+    let mut moved = Vec::new();
+    for lr in [0.0, 1e-2] {
+        let before: Vec<Tensor> = learner.params.iter().map(|(_, p)| p.copy()).collect();
+        learner.lr.set(lr).unwrap();
+        let core =
+            StepCore { learner: &mut learner, objective: objective.as_ref(), dist: &mut SingleRank, nonfinite: &mut nonfinite, grad_clip: 0.0 };
+        core.run(StepInput { step: 1, accum: 1, scale: &scale, grad_norm: false }, &mut batches, &mut NoSeams).unwrap();
+        moved.push(learner.params.iter().zip(&before).any(|((_, p), b)| !p.equal(b)));
+    }
+    assert_eq!(moved, [false, true], "a zero rate leaves every parameter, 1e-2 moves them");
 }

@@ -1,0 +1,217 @@
+//! Fault probes, fourth pass (issue 63) and what a slow plugin costs (issue 62, items
+//! 3 and 4), through the built binary: resuming where the checkpoints are written,
+//! a sink that never stalls a save, stalls told as the summary holds them, a slow
+//! sink's drain and blocked time on the record.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn fixture(name: &str) -> String {
+    let path = build_dir().join(format!("libptrain_fixture_{}.so", name.replace('-', "_")));
+    assert!(path.exists(), "{} missing: build the workspace first", path.display());
+    path.display().to_string()
+}
+
+fn sets(cmd: &mut std::process::Command, sets: &[&str]) {
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+}
+
+/// Checkpoints every 2 steps into `checkpoints` (`plugins.checkpoint.dir`), the run in `run_dir`.
+fn with_own_dir(steps: u64, run_dir: &Path, checkpoints: &str) -> std::process::Command {
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(steps)).args(["--plugins", "checkpoint", "--set", "plugins.checkpoint.every=2", "--set"]);
+    cmd.arg(format!("plugins.checkpoint.dir={checkpoints:?}")).arg("--run-dir").arg(run_dir);
+    cmd
+}
+
+fn steps_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_string())).collect();
+    names.retain(|n| n.starts_with("step-"));
+    names.sort();
+    names
+}
+
+/// Issue 63, item 1: `--auto-resume` looks where the checkpoints are written
+/// (`plugins.checkpoint.dir`, kept absolute in the run's recorded configuration, so the
+/// printed resume command finds them from another working directory); a fresh start
+/// into a checkpoints directory holding another run's is refused before retention could
+/// delete them.
+#[test]
+fn auto_resume_looks_in_the_checkpoint_plugins_dir_and_never_deletes_another_runs_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run_dir, ckpts) = (dir.path().join("run"), dir.path().join("ckpts"));
+    // A relative `dir`, from the temporary directory: the recorded configuration makes it absolute.
+    run_expect(with_own_dir(6, Path::new("run"), "ckpts").current_dir(dir.path()), 0);
+    assert_eq!(steps_in(&ckpts), ["step-00000002", "step-00000004", "step-00000006"]);
+
+    // The resume command the run prints: the run's own config.toml, from elsewhere.
+    let out = run_expect(ptrain().args(["run", "--quiet", "--steps", "8", "--auto-resume", "--run-dir"]).arg(&run_dir), 0);
+    let s = summary(&run_dir);
+    assert_eq!((s["start_step"].as_u64(), s["last_step"].as_u64()), (Some(6), Some(8)), "resumed from step 6: {s}\n{}", stderr(&out));
+    assert!(s["resumed_from"].as_str().unwrap().starts_with(ckpts.to_str().unwrap()), "{s}");
+    assert_eq!(steps_in(&ckpts), ["step-00000004", "step-00000006", "step-00000008"], "retention kept the resumed run's newest");
+
+    // Another run into another run directory with the same checkpoints directory: refused, nothing deleted.
+    let other = dir.path().join("other");
+    let refused = run_expect(&mut with_own_dir(2, &other, ckpts.to_str().unwrap()), 2);
+    let err = stderr(&refused);
+    assert!(err.contains(&format!("its checkpoints directory {} holds checkpoints of an earlier run", ckpts.display())), "{err}");
+    assert!(err.contains("step 8") && err.contains("plugins.checkpoint.dir"), "{err}");
+    assert_eq!(steps_in(&ckpts), ["step-00000004", "step-00000006", "step-00000008"], "the refused run deleted nothing");
+    // --overwrite moves that directory aside too, and says so.
+    let out = run_expect(with_own_dir(2, &other, ckpts.to_str().unwrap()).arg("--overwrite").env("PTRAIN_LOG", "warn"), 0);
+    assert!(stderr(&out).contains(&format!("--overwrite: moved {}", ckpts.display())), "{}", stderr(&out));
+    assert_eq!(steps_in(&ckpts), ["step-00000002"]);
+}
+
+/// Issue 63, item 2: a sink busy in a call of its own (here hung from its first batch)
+/// is not waited for at a save: the checkpoint goes without its state, and the summary
+/// counts each such save (before, each save waited 5 s and nothing recorded it).
+#[test]
+fn a_hung_sink_never_stalls_a_save_and_each_save_without_its_state_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(15)).args(["--plugins", &format!("{},checkpoint", fixture("worker-faults"))]);
+    sets(&mut cmd, &["plugins.worker-faults.hang_at=1", "plugins.checkpoint.every=5", "run.shutdown_timeout_s=1"]);
+    let out = run_expect(cmd.arg("--run-dir").arg(dir.path()).env("PTRAIN_LOG", "warn"), 0);
+    let s = summary(dir.path());
+    let busy = &s["busy_at_save"]["worker-faults"];
+    // The saves of steps 10 and 15 surely find it hung; that of step 5 almost surely.
+    assert!(busy["saves"].as_u64().unwrap() >= 2 && busy["reused"] == 0, "{s}");
+    let err = stderr(&out);
+    let warned: Vec<&str> = err.lines().filter(|l| l.contains("plugin `worker-faults` is busy in a call of its own at the save")).collect();
+    assert_eq!(warned.len(), 1, "one warning, then counted: {err}");
+    assert!(warned[0].contains("has none of its state"), "{}", warned[0]);
+    assert_eq!(steps_in(&dir.path().join("checkpoints")).last().map(String::as_str), Some("step-00000015"));
+}
+
+/// Issue 62, item 3: a stall under a second reads as the summary holds it, and a sink
+/// slow at every batch warns once, not once per batch.
+#[test]
+fn stalls_under_a_second_read_as_the_summary_holds_them_and_warn_once_per_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(4)).args(["--plugins", &fixture("worker-faults")]);
+    sets(&mut cmd, &["plugins.worker-faults.sleep_ms=300", "plugins.worker-faults.hook_warn_s=0.2"]);
+    let out = run_expect(cmd.arg("--run-dir").arg(dir.path()).env("PTRAIN_LOG", "warn"), 0);
+    let err = stderr(&out);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("plugin `worker-faults` has been in metrics for")).collect();
+    assert_eq!(warnings.len(), 1, "four slow batches, one warning:\n{err}");
+    assert!(!warnings[0].contains(" for 0s"), "{}", warnings[0]);
+    let stall = &summary(dir.path())["plugin_stalls"]["worker-faults"];
+    let longest = stall["seconds"].as_f64().unwrap();
+    assert!(stall["count"].as_u64().unwrap() >= 2 && longest >= 0.3, "{stall}");
+    let report = stdout(&out);
+    let closing = report.lines().find(|l| l.starts_with("completed:")).unwrap_or_else(|| panic!("no closing line: {report}"));
+    assert!(closing.contains(&format!("the longest {longest:.3}s in metrics")), "{closing} (summary: {longest})");
+}
+
+/// Issue 62, item 4: what a slow sink cost is on the record: its end-of-run drain, and
+/// the training thread's time blocked on its full queue (`on_full = "block"`).
+#[test]
+fn a_slow_sinks_drain_and_the_time_training_waited_for_its_queue_are_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(6)).args(["--plugins", &fixture("worker-faults")]);
+    let slow = ["plugins.worker-faults.sleep_ms=300", "plugins.worker-faults.queue=1", "plugins.worker-faults.on_full=\"block\""];
+    sets(&mut cmd, &[slow.as_slice(), &["plugins.worker-faults.end_sleep_ms=500"]].concat());
+    run_expect(cmd.arg("--run-dir").arg(dir.path()), 0);
+    let s = summary(dir.path());
+    assert_eq!(s["plugins"]["worker-faults"]["received"], 6, "{s}");
+    // Six batches of 300 ms through a queue of one: the steps wait for room.
+    assert!(s["queue_blocked_s"]["worker-faults"].as_f64().unwrap() > 0.0, "{s}");
+    // Its run end alone sleeps 500 ms, after the last batch.
+    assert!(s["plugin_drain_s"]["worker-faults"].as_f64().unwrap() >= 0.5, "{s}");
+}
+
+/// Issue 63, items 3 and 5: a signal while the final save will not finish (a rank
+/// killed inside it; here the save pauses for good, `debug.pause_save_at_step`) has the
+/// summary written first and the rest waited for within the launcher's grace
+/// (`PTRAIN_LAUNCH_GRACE_S`), not `finish_timeout_s`; the summary and the lines after
+/// the signal name the newest checkpoint complete on disk, not the one given up on.
+#[test]
+fn a_signal_while_the_final_save_hangs_writes_the_summary_within_the_grace_naming_the_newest_checkpoint_on_disk() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(6)).args(["--plugins", "checkpoint"]);
+    let waits = ["plugins.checkpoint.finish_timeout_s=600", "run.shutdown_timeout_s=600"];
+    sets(&mut cmd, &[waits.as_slice(), &["plugins.checkpoint.every=2", "debug.pause_save_at_step=6"]].concat());
+    cmd.arg("--run-dir").arg(&run_dir).env("PTRAIN_LAUNCH_GRACE_S", "3");
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let paused = run_dir.join("save-paused.rank0.json");
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !paused.exists() {
+        assert!(child.try_wait().unwrap().is_none() && std::time::Instant::now() < patience, "the final save never paused");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    // Well past the grace, far short of finish_timeout_s: a run that waits for the save is killed here.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > patience {
+            let _ = child.kill();
+            panic!("still running 60 s after SIGTERM: {}", stderr(&child.wait_with_output().unwrap()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert!(stderr(&out).contains("writing the summary first"), "{}", stderr(&out));
+    let s = summary(&run_dir);
+    assert_eq!((s["status"].as_str(), s["last_step"].as_u64()), (Some("interrupted"), Some(6)), "{s}");
+    let newest = run_dir.join("checkpoints/step-00000004");
+    assert_eq!(s["checkpoint"], serde_json::json!({"step": 4, "path": newest}), "{s}");
+    assert!(s["abandoned_plugins"]["checkpoint"].as_u64().unwrap() >= 1, "{s}");
+    assert_eq!(s["parts"].as_array().unwrap().len(), 1, "the summary written first is replaced, not appended to: {s}");
+    let text = stdout(&out);
+    assert!(text.lines().any(|l| l == format!("checkpoint: {}", newest.display())), "{text}");
+    assert!(text.contains("plugin checkpoint abandoned with") && text.contains("the newest checkpoint is step 4 (2 steps old)"), "{text}");
+}
+
+/// Issue 63, item 6: a batch whose token ids alone exceed the machine's memory is
+/// refused before training, naming the key (it aborted with exit 134 allocating the
+/// buffer, no summary, the lock left).
+#[test]
+fn a_batch_too_large_for_the_memory_is_refused_before_training_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let out = run_expect(ptrain().args(tiny_gpt(2)).args(["--set", "data.batch_size=1000000000000", "--run-dir"]).arg(&run_dir), 2);
+    let err = stderr(&out);
+    assert!(err.contains("invalid configuration key `data.batch_size`") && err.contains("of memory and swap"), "{err}");
+    assert!(!run_dir.exists(), "refused before the run directory was made");
+}
+
+/// Issue 63, item 7: inputs that cannot be read as what they are exit 2 naming the file
+/// and where it broke (they exited 1): a configuration that is not UTF-8, `--config`
+/// naming a directory, a `.jsonl.gz` cut short.
+#[test]
+fn unreadable_inputs_exit_2_naming_the_file_and_where_they_broke() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = run_expect(ptrain().args(tiny_gpt(2)).args(args).arg("--run-dir").arg(dir.path().join("run")), 2);
+        stderr(&out)
+    };
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, b"[train]\nsteps = \"\xff\xfe\"\n").unwrap();
+    let err = run(&["--config", bad.to_str().unwrap()]);
+    assert!(err.contains(&format!("invalid configuration in {}: not UTF-8 text: line 2", bad.display())), "{err}");
+    let err = run(&["--config", dir.path().to_str().unwrap()]);
+    assert!(err.contains("is a directory: --config takes a TOML file"), "{err}");
+    // Classification rows, gzipped, the stream cut in its middle.
+    let rows: String = (0..400).map(|i| format!("{{\"dataset\": \"a\", \"features\": [{i}.0, 1.0], \"label\": {}}}\n", i % 2)).collect();
+    let plain = dir.path().join("rows.jsonl");
+    std::fs::write(&plain, rows).unwrap();
+    let gz = std::process::Command::new("gzip").arg("-c").arg(&plain).output().unwrap().stdout;
+    let cut = dir.path().join("rows.jsonl.gz");
+    std::fs::write(&cut, &gz[..gz.len() / 2]).unwrap();
+    let path = format!("data.path={:?}", cut.display().to_string());
+    let err = run(&["--set", "model.kind=\"mlp\"", "--set", "data.kind=\"jsonl\"", "--set", &path]);
+    assert!(err.contains(&format!("bad input data in {}: line ", cut.display())) && err.contains("damaged or cut short"), "{err}");
+}
