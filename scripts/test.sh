@@ -5,15 +5,17 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/bootstrap.sh
 . scripts/env.sh
-# One profile for the binary, the plugins, the tests and the benches: libtorch's
-# bindings compile once.
-cargo build --release --workspace --all-targets
 # A plugin crate's dependency graph alone (examples/plugin-entropy depends on exactly what an
 # inline `ptrain plugins new` crate does): the workspace build compiles serde, syn, tch,
 # abi_stable, zip, ndarray, ... with the features of the whole workspace, a plugin's smaller
 # graph needs variants of its own; `ptrain plugins new` seeds its build cache with these, so a
-# first plugin build compiles only plugin-api and the plugin (docs/plugins.md, section 9).
+# first plugin build compiles only plugin-api and the plugin (docs/plugins.md, section 9). Built
+# before the workspace: both write the one libptrain_plugin_entropy.so, which the workspace's build
+# must leave as its own (a later build, scripts/bundle.sh's, then compiles nothing).
 cargo build --release -p ptrain-example-plugin-entropy
+# One profile for the binary, the plugins, the tests and the benches: libtorch's
+# bindings compile once.
+cargo build --release --workspace --all-targets
 # Tests that cannot check their point here (no right to mount, ...) say SKIP and
 # are listed here after the run; .ci/run sets PTRAIN_TEST_NO_SKIPS, which fails them.
 export PTRAIN_TEST_SKIPS="$root/target/test-skips.txt"

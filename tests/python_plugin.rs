@@ -125,7 +125,7 @@ fn an_exception_disables_the_plugin_or_fails_the_run_when_it_is_critical() {
 
     let (dir, _) = run(RAISES, 8, "python", &["plugins.python.critical=true"], 1);
     let s = summary(&dir.path().join("run"));
-    assert_eq!((s["stopped_by"].as_str(), s["last_step"].as_u64()), (Some("python"), Some(4)), "{s}");
+    assert_eq!((s["status"].as_str(), s["failed_by"]["plugin"].as_str(), s["last_step"].as_u64()), (Some("failed"), Some("python"), Some(4)), "{s}");
 }
 
 const HANGS: &str = r#"
@@ -164,7 +164,7 @@ fn a_call_that_never_returns_is_abandoned_and_the_process_exits() {
     // Critical: the stall fails the run.
     let (dir, _) = run(HANGS, 8, "python", &["plugins.python.timeout_s=1", "plugins.python.critical=true"], 1);
     let s = summary(&dir.path().join("run"));
-    assert_eq!((s["stopped_by"].as_str(), s["last_step"].as_u64()), (Some("python"), Some(6)), "{s}");
+    assert_eq!((s["status"].as_str(), s["failed_by"]["plugin"].as_str(), s["last_step"].as_u64()), (Some("failed"), Some("python"), Some(6)), "{s}");
 }
 
 #[test]
