@@ -82,6 +82,13 @@ pub enum Drain {
 /// run start: set-up, not training) waits before the plugin goes without it.
 const LOAD_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a plugin's first save waits for a worker busy in a call of its own when
+/// it has given no state yet (a sink mid-upload at the first save would otherwise
+/// resume without its state: MLflow's run id). Once, per plugin: a later save takes
+/// the state it gave last, a hung sink costs this once, and the wait is counted in
+/// `checkpoint_wait_s`.
+const FIRST_SAVE_WAIT: Duration = Duration::from_secs(1);
+
 /// What a worker answered a state call made on the training thread.
 pub enum Now {
     Called(Result<Reply, String>),
@@ -103,6 +110,8 @@ pub struct Worker {
     thread: Option<JoinHandle<()>>,
     /// The state it last gave for a checkpoint, and that save's step.
     last_state: Option<(u64, Vec<u8>)>,
+    /// A save has waited [`FIRST_SAVE_WAIT`] for it already.
+    waited_at_save: bool,
 }
 
 impl Worker {
@@ -143,7 +152,7 @@ impl Worker {
                 drop(services);
             })
             .expect("spawn plugin worker");
-        Worker { queue, shared, thread: Some(thread), last_state: None }
+        Worker { queue, shared, thread: Some(thread), last_state: None, waited_at_save: false }
     }
 
     /// Queues an event for the worker thread.
@@ -160,16 +169,25 @@ impl Worker {
     /// (for the state events, whose answer the caller needs now). A save's state
     /// call never waits for a worker busy in a call of its own (a slow or hung
     /// sink must not stall the training thread): it gets [`Now::Busy`] with the state
-    /// the plugin gave last. Handing over a resumed state waits at most [`LOAD_WAIT`].
+    /// the plugin gave last, except that a plugin's first save, when it has given no
+    /// state yet, waits at most [`FIRST_SAVE_WAIT`], once. Handing over a resumed state
+    /// waits at most [`LOAD_WAIT`].
     pub fn call_now(&mut self, event: &Event<'_>) -> Now {
         let started = Instant::now();
-        let wait = if matches!(event, Event::LoadState { .. }) { LOAD_WAIT } else { Duration::ZERO };
+        let wait = match event {
+            Event::LoadState { .. } => LOAD_WAIT,
+            Event::SaveState { .. } if self.last_state.is_none() && !self.waited_at_save => FIRST_SAVE_WAIT,
+            _ => Duration::ZERO,
+        };
         let result = loop {
             match self.shared.plugin.try_lock() {
                 Ok(mut plugin) => break call(&mut plugin, event, Needs::NONE, &mut Outbox::new()),
                 Err(std::sync::TryLockError::Poisoned(e)) => break call(&mut e.into_inner(), event, Needs::NONE, &mut Outbox::new()),
                 Err(std::sync::TryLockError::WouldBlock) if started.elapsed() < wait => std::thread::sleep(Duration::from_millis(2)),
-                Err(std::sync::TryLockError::WouldBlock) => return Now::Busy(self.last_state.clone()),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    self.waited_at_save |= matches!(event, Event::SaveState { .. });
+                    return Now::Busy(self.last_state.clone());
+                }
             }
         };
         if let (Ok(Reply::State(bytes)), Event::SaveState { step }) = (&result, event) {
