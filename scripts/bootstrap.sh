@@ -10,6 +10,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv="${PTRAIN_VENV:-$root/.venv}"
 reqs="$root/scripts/requirements.txt"
 
+# The .venv (~6 GB) and a cold release build (~10-15 GB of target/) need room; a full disk fails
+# later inside pip or the linker with a traceback that does not say so.
+free_gb=$(df -Pk "$root" | awk 'NR==2 {print int($4 / 1048576)}')
+if [ "${free_gb:-0}" -lt 25 ]; then
+  echo "bootstrap: warning: only ${free_gb} GB free on $(df -P "$root" | awk 'NR==2 {print $6}'); the .venv and a cold build need about 25 GB" >&2
+fi
+
 need_debs=()
 for pkg in libgloo-dev g++ pkg-config libgoogle-perftools-dev libpython3-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_debs+=("$pkg")

@@ -41,7 +41,7 @@ static void on_side_stream(Inside inside) {
   } restore{current};
   c10::cuda::setCurrentCUDAStream(side);
   inside();
-  c10::cuda::setCurrentCUDAStream(current);
+  // The events name their streams, so this may run before `restore` puts `current` back.
   wait_for(current, side);
 }
 #define PTX_NEEDS_CUDA
