@@ -18,6 +18,7 @@ pub mod optim;
 pub mod panic;
 mod resolve;
 pub mod rng;
+pub mod rollout;
 pub mod schedule;
 pub mod trainer;
 

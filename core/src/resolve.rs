@@ -98,7 +98,7 @@ impl Config {
             // The tokenizer saved with the model, unless the data says otherwise.
             let beside = hf.dir.join("tokenizer.json");
             if self.data.tokenizer.is_empty()
-                && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl | DataKind::Rollouts) || self.data.kind.is_instruction())
+                && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_grpo() || self.data.kind.is_instruction())
                 && beside.is_file()
             {
                 tracing::info!("data.tokenizer = {} (beside model.init_from)", beside.display());

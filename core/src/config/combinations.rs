@@ -29,7 +29,7 @@ impl Config {
     pub fn tokenizes(&self) -> bool {
         !self.data.tokenizer.is_empty()
             && self.data.tokenizer != BYTES_TOKENIZER
-            && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl | DataKind::Rollouts) || self.data.kind.is_instruction())
+            && (matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) || self.data.kind.is_grpo() || self.data.kind.is_instruction())
     }
 
     /// The positions per chunk of the loss (0: the whole logits): `train.loss_chunk`

@@ -167,9 +167,18 @@ pub enum DataKind {
     /// or `prompt`, `completion_ids` or `completions` (one per generation) and
     /// `rewards` (one number per completion, or one list per reward function).
     Rollouts,
+    /// Prompts for GRPO sampled in the run (`[grpo]`, docs/rl.md): `prompt` (a string,
+    /// or messages rendered with the chat template and its generation prompt) and any
+    /// other columns, which the rewards read.
+    Prompts,
 }
 
 impl DataKind {
+    /// GRPO's data: scored rollouts, or prompts sampled in the run.
+    pub fn is_grpo(self) -> bool {
+        matches!(self, DataKind::Rollouts | DataKind::Prompts)
+    }
+
     /// Rows read from the files people have and tokenized with their trained-token
     /// masks: instruction data (`chat`, `prompt_completion`) and preference pairs.
     pub fn is_instruction(self) -> bool {

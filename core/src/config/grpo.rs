@@ -1,7 +1,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `[grpo]`: Group Relative Policy Optimization on scored rollouts
-/// (`data.kind = "rollouts"`), as TRL 1.16's `GRPOTrainer` defines it, with its
+/// (`data.kind = "rollouts"`) or on completions sampled from prompts (`"prompts"`), as TRL 1.16's `GRPOTrainer` defines it, with its
 /// defaults (docs/rl.md maps each `GRPOConfig` argument to its key here).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -31,8 +31,22 @@ pub struct GrpoConfig {
     /// The reference model when `beta > 0`: a Hugging Face directory or a ptrain
     /// checkpoint or run directory; empty = the starting model (with `[lora]`, the adapters off).
     pub reference: String,
-    /// What the rollouts' reward lists are (one `[[grpo.rewards]]` per list, in order).
+    /// What the rollouts' reward lists are (one `[[grpo.rewards]]` per list, in order),
+    /// or (`data.kind = "prompts"`) the reward functions that score the completions.
     pub rewards: Vec<RewardSpec>,
+    /// Sampling (`data.kind = "prompts"`), as transformers' processors: keep the `top_k`
+    /// most likely tokens (0 = all).
+    pub top_k: i64,
+    /// Keep the most likely tokens whose probability reaches `top_p` (1 = all).
+    pub top_p: f64,
+    /// Drop tokens less likely than `min_p` times the most likely one (absent = none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    /// CTRL's penalty on the tokens of the prompt and completion so far (1 = none).
+    pub repetition_penalty: f64,
+    /// Every this many steps, the step's completions with their rewards go to
+    /// `completions.jsonl` in the run directory (0 = never).
+    pub log_completions_every: u64,
 }
 
 impl Default for GrpoConfig {
@@ -51,6 +65,11 @@ impl Default for GrpoConfig {
             max_completion_length: 512,
             reference: String::new(),
             rewards: Vec::new(),
+            top_k: 0,
+            top_p: 1.0,
+            min_p: None,
+            repetition_penalty: 1.0,
+            log_completions_every: 0,
         }
     }
 }
@@ -62,13 +81,44 @@ impl GrpoConfig {
     }
 }
 
-/// A reward function: its name (in the metrics `rewards/<name>/mean`) and its weight.
+/// A reward function: its name (in the metrics `rewards/<name>/mean`), its weight and,
+/// when the run samples (`data.kind = "prompts"`), what computes it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RewardSpec {
     pub name: String,
     #[serde(default = "one")]
     pub weight: f64,
+    /// A built-in reward (`data.kind = "prompts"`); absent with rollouts (the rows carry them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<RewardKind>,
+    /// `regex`: 1.0 when the completion matches it; `exact`: the regex whose first group
+    /// (or whole match) extracts the answer (absent: the whole completion, trimmed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// `exact`: the row's column holding the right answer.
+    #[serde(default = "answer")]
+    pub column: String,
+    /// `length`: the completion length (in characters) that scores 0, the best.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<u32>,
+}
+
+fn answer() -> String {
+    "answer".into()
+}
+
+/// `[[grpo.rewards]] kind`: the built-in rewards (rl.md).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardKind {
+    /// 1.0 when the decoded completion matches `pattern`, else 0.0.
+    Regex,
+    /// 1.0 when the answer `pattern` extracts equals the row's `column`, else 0.0;
+    /// `None` (TRL's) when the row has no such column.
+    Exact,
+    /// `-|target - characters|`, the length reward of TRL's quickstart (`reward_len`).
+    Length,
 }
 
 fn one() -> f64 {
@@ -110,9 +160,9 @@ impl super::Config {
             DataKind,
         };
         let (data, grpo) = (&self.data, &self.grpo);
-        if data.kind != DataKind::Rollouts {
+        if !data.kind.is_grpo() {
             if *grpo != GrpoConfig::default() {
-                return Err(bad("grpo", "applies to data.kind = \"rollouts\" (GRPO on scored rollouts)"));
+                return Err(bad("grpo", "applies to data.kind = \"rollouts\" or \"prompts\" (GRPO)"));
             }
             return Ok(());
         }
@@ -150,6 +200,18 @@ impl super::Config {
         if grpo.rewards.iter().any(|r| !r.weight.is_finite()) {
             return Err(bad("grpo.rewards.weight", "must be a finite number"));
         }
-        Ok(())
+        match data.kind {
+            DataKind::Prompts => self.validate_sampling(),
+            _ => match grpo.rewards.iter().find(|r| r.kind.is_some()) {
+                Some(r) => Err(bad(
+                    "grpo.rewards.kind",
+                    format!(
+                        "{:?} computes a reward from sampled completions: rollouts carry their rewards (data.kind = \"prompts\" samples)",
+                        r.name
+                    ),
+                )),
+                None => Ok(()),
+            },
+        }
     }
 }

@@ -10,6 +10,7 @@ mod debug;
 mod dist;
 mod dpo;
 mod grpo;
+mod grpo_sampling;
 mod lora;
 mod model;
 mod optim;
@@ -34,7 +35,7 @@ pub use data::{is_pattern, ColumnMap, DataConfig, DataFormat, DataKind, DatasetS
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use dpo::{DpoConfig, DpoLoss, TruncationMode};
-pub use grpo::{GrpoConfig, GrpoLoss, RewardSpec, ScaleRewards};
+pub use grpo::{GrpoConfig, GrpoLoss, RewardKind, RewardSpec, ScaleRewards};
 pub use lora::LoraConfig;
 pub(crate) use model::move_flat_keys;
 use model::refuse_flat_keys;

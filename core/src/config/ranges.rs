@@ -48,6 +48,11 @@ const fn closed_unit() -> Range {
     Range { integer: false, low: End::Closed(0.0), high: End::Closed(1.0), zero_means: None }
 }
 
+/// `(0, 1]`: a share of probability mass that may be all of it.
+const fn mass() -> Range {
+    Range { integer: false, low: End::Open(0.0), high: End::Closed(1.0), zero_means: None }
+}
+
 const fn fraction() -> Range {
     Range { integer: false, low: End::Open(0.0), high: End::Open(1.0), zero_means: None }
 }
@@ -182,6 +187,11 @@ pub const RULES: &[(&str, Range)] = &[
     ("grpo.num_iterations", int(1)),
     ("grpo.temperature", positive()),
     ("grpo.max_completion_length", int(1)),
+    ("grpo.top_k", int(1).or_zero("all tokens")),
+    ("grpo.top_p", mass()),
+    ("grpo.min_p", closed_unit()),
+    ("grpo.repetition_penalty", positive()),
+    ("grpo.log_completions_every", int(1).or_zero("never")),
     ("dist.timeout_s", int(1)),
     ("dist.nccl_timeout_s", int(1)),
     ("dist.end_timeout_s", int(1)),

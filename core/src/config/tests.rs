@@ -179,6 +179,8 @@ fn out_and_in(path: &str) -> (String, String) {
         ("1.0", "0.0")
     } else if rule.contains("in [0, 1]") {
         ("1.5", "1.0")
+    } else if rule.contains("in (0, 1]") {
+        ("0.0", "1.0")
     } else if rule.starts_with("an integer >= 2") && rule.contains("or 0") {
         ("1", "0")
     } else if rule.starts_with("an integer >= 2") {

@@ -12,6 +12,7 @@ mod classify;
 pub mod instruct;
 pub mod loader;
 pub mod preference;
+pub mod prompts;
 pub mod reader;
 pub mod rollouts;
 pub mod text;
@@ -72,6 +73,9 @@ pub enum Payload {
     /// Scored rollouts: each completion's advantage and the batch's reward
     /// statistics, for [`crate::objective::Grpo`].
     Rollouts(rollouts::Rollouts),
+    /// Prompts to sample (`data.kind = "prompts"`): the rollout stage
+    /// ([`crate::rollout`]) turns the batch into scored rollouts before the step.
+    Prompts(prompts::Prompts),
 }
 
 impl Payload {
@@ -230,6 +234,7 @@ pub fn from_config(config: &Config) -> Result<Arc<dyn Dataset>> {
     Ok(match (data.kind, classify) {
         (DataKind::Preference, _) => Arc::new(preference::PreferenceData::from_config(config, seq_len)?),
         (DataKind::Rollouts, _) => Arc::new(rollouts::RolloutData::from_config(config, seq_len)?),
+        (DataKind::Prompts, _) => Arc::new(prompts::PromptData::from_config(config, seq_len)?),
         (DataKind::Chat | DataKind::PromptCompletion, _) => Arc::new(instruct::InstructData::from_config(config, seq_len)?),
         _ if tokenized => Arc::new(token_cache::windows(config, seq_len)?),
         (DataKind::Synthetic, false) => Arc::new(TokenWindows::synthetic(config, seq_len)),

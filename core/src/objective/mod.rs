@@ -150,7 +150,7 @@ pub fn from_config(config: &Config, task: Task) -> Box<dyn Objective> {
 pub fn build(config: &Config, model: &mut dyn Model, vars: &nn::VarStore, dataset: &dyn Dataset) -> Result<Box<dyn Objective>> {
     match config.data.kind {
         DataKind::Preference => Ok(Box::new(Dpo::build(config, model, vars, dataset)?)),
-        DataKind::Rollouts => Ok(Box::new(Grpo::build(config, vars, dataset)?)),
+        DataKind::Rollouts | DataKind::Prompts => Ok(Box::new(Grpo::build(config, vars, dataset)?)),
         _ => Ok(from_config(config, model.task())),
     }
 }

@@ -18,7 +18,9 @@ use crate::{
     data::{Batch, Loader},
     dist::DataParallel,
     error::{Error, Result},
+    model::Model,
     objective::{Count, Objective, StepScale},
+    rollout::RolloutStage,
 };
 
 pub(super) struct StepBatches {
@@ -36,6 +38,11 @@ pub(super) struct StepBatches {
     /// Units counted on several ranks: those of every rank, summed on the device
     /// (read at the end only).
     units_all_ranks: Option<Tensor>,
+    /// On-line RL (`data.kind = "prompts"`): turns the step's prompts into scored
+    /// rollouts before the core ([`StepBatches::roll_out`]).
+    rollout: Option<RolloutStage>,
+    /// The step's rollouts, served before the loader's batches.
+    rolled: VecDeque<Batch>,
 }
 
 impl MicroBatches for StepBatches {
@@ -54,10 +61,33 @@ impl StepBatches {
             units: 0,
             step_units: 0,
             units_all_ranks: None,
+            rollout: None,
+            rolled: VecDeque::new(),
         }
     }
 
+    /// With a rollout stage, the step's batches are its rollouts.
+    pub fn with_rollout(self, rollout: Option<RolloutStage>) -> StepBatches {
+        StepBatches { rollout, ..self }
+    }
+
+    /// The rollout stage, when there is one: the step's `accum_steps` micro-batches of
+    /// prompts are sampled with `model` and scored, and served as the step's batches.
+    pub fn roll_out(&mut self, step: u64, model: &mut dyn Model, timer: &mut StepTimer) -> Result<()> {
+        if self.rollout.is_none() {
+            return Ok(());
+        }
+        let prompts = (0..self.accum).map(|_| self.fetch()).collect::<Result<Vec<_>>>()?;
+        let stage = self.rollout.as_mut().ok_or_else(|| Error::Other("the rollout stage has stopped".into()))?;
+        self.rolled.extend(stage.roll_out(step, model, prompts)?);
+        timer.book(Phase::Data);
+        Ok(())
+    }
+
     fn fetch(&mut self) -> Result<Batch> {
+        if let Some(batch) = self.rolled.pop_front() {
+            return Ok(batch);
+        }
         let loader = self.loader.as_mut().ok_or_else(|| Error::Other("the data loader has stopped".into()))?;
         Ok(loader.next_batch()?.to_device(self.device, true))
     }
@@ -116,6 +146,8 @@ impl StepBatches {
     /// Stops the loader's threads.
     pub fn stop(&mut self) {
         self.loader = None;
+        // Its completions writer finishes its lines.
+        self.rollout = None;
     }
 }
 

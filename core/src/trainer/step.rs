@@ -102,6 +102,7 @@ impl Run {
             self.call_hook(At { hook: Hook::StepStart, step, micro_batch: 0, lr, phases: timer.phases }, StepTensors::NONE);
             timer.book(Phase::Hooks);
         }
+        self.batches.roll_out(step, self.learner.model.as_mut(), &mut timer)?;
         let scale = self.batches.stage(self.objective.as_ref(), self.dist.as_ref(), &mut timer)?;
         self.learner.lr.set(lr)?;
         self.tally.step_trained_tokens = self.batches.step_units();

@@ -12,24 +12,22 @@
 //! batch `k` times, and the epochs count generations.
 
 pub mod advantages;
+pub mod collate;
 pub mod rows;
 
 use std::path::Path;
 
 use tch::Tensor;
 
-use self::{advantages::nanmean, rows::Group};
+pub use self::collate::Scoring;
+use self::rows::Group;
 use super::{
     reader::Rows,
-    text::{
-        self,
-        grid::{Grid, Place},
-        order::EpochOrder,
-    },
-    Batch, BatchKey, Dataset, Payload, Split,
+    text::{self, order::EpochOrder},
+    Batch, BatchKey, Dataset, Split,
 };
 use crate::{
-    config::{Config, ScaleRewards},
+    config::Config,
     error::{Error, Result},
 };
 
@@ -65,11 +63,7 @@ pub struct RolloutData {
     groups: Vec<Group>,
     order: EpochOrder,
     seq_len: usize,
-    generations: usize,
-    weights: Vec<f64>,
-    scale: ScaleRewards,
-    mask_truncated: bool,
-    eos: u32,
+    scoring: Scoring,
     iterations: u64,
     accum: u64,
 }
@@ -78,10 +72,7 @@ impl RolloutData {
     pub fn from_config(config: &Config, seq_len: i64) -> Result<RolloutData> {
         let (encoder, _) = text::encoder(config)?;
         let path = Path::new(&config.data.path);
-        let eos = encoder.tokenizer.token_to_id(&encoder.eos).ok_or_else(|| Error::Data {
-            path: path.to_owned(),
-            message: format!("the tokenizer has no EOS token {:?} (tokenizer_config.json eos_token, or data.eos_token)", encoder.eos),
-        })?;
+        let eos = collate::eos_id(&encoder, path)?;
         let grpo = &config.grpo;
         let expect = rows::Expect {
             generations: grpo.num_generations as usize,
@@ -113,63 +104,15 @@ impl RolloutData {
         if groups.is_empty() {
             return Err(Error::Data { path: path.to_owned(), message: "holds no rollouts".into() });
         }
-        let weights = match grpo.rewards.is_empty() {
-            true => vec![1.0],
-            false => grpo.rewards.iter().map(|r| r.weight).collect(),
-        };
         tracing::info!("rollouts: {} groups of {} completions from {}", groups.len(), grpo.num_generations, path.display());
         Ok(RolloutData {
             order: EpochOrder::new(config.run.seed, groups.len()),
             groups,
             seq_len: seq_len as usize,
-            generations: grpo.num_generations as usize,
-            weights,
-            scale: grpo.scale_rewards,
-            mask_truncated: grpo.mask_truncated_completions,
-            eos,
+            scoring: Scoring::from_config(config, eos),
             iterations: grpo.num_iterations.max(1) as u64,
             accum: config.optim.accum_steps.max(1),
         })
-    }
-
-    fn collate(&self, picks: &[usize], slot: u64, iteration: u64) -> Result<Batch> {
-        let rows: Vec<(&[u32], &[u32])> =
-            picks.iter().flat_map(|&g| self.groups[g].completions.iter().map(move |c| (&self.groups[g].prompt[..], &c[..]))).collect();
-        let t = rows.iter().map(|(p, c)| p.len() + c.len() - 1).max().unwrap_or(1).max(1);
-        let mut grid = Grid::new(rows.len(), t);
-        let mut trained = 0;
-        for (r, (prompt, completion)) in rows.iter().enumerate() {
-            let train = !(self.mask_truncated && completion.last() != Some(&self.eos));
-            let id = |p: usize| if p < prompt.len() { prompt[p] } else { completion[p - prompt.len()] };
-            let (_, n) = grid.write_row(r * t, prompt.len() + completion.len(), id, |p| train && p >= prompt.len(), Place { position: 0, row: 0 });
-            trained += n;
-        }
-        let rewards: Vec<Vec<f64>> =
-            (0..self.weights.len()).map(|f| picks.iter().flat_map(|&g| self.groups[g].rewards[f].iter().copied()).collect()).collect();
-        let scored = advantages::score(&rewards, &self.weights, self.generations, self.scale);
-        let lengths: Vec<f64> = rows.iter().map(|(_, c)| c.len() as f64).collect();
-        let clipped = rows.iter().filter(|(_, c)| c.last() != Some(&self.eos)).count() as f64 / rows.len() as f64;
-        let mut stats = vec![
-            nanmean(scored.rewards.iter().copied()),
-            advantages::nanstd(&scored.rewards),
-            scored.frac_zero_std,
-            nanmean(lengths.iter().copied()),
-            lengths.iter().copied().fold(f64::INFINITY, f64::min),
-            lengths.iter().copied().fold(0.0, f64::max),
-            clipped,
-        ];
-        for function in &rewards {
-            stats.extend([nanmean(function.iter().copied()), advantages::nanstd(function)]);
-        }
-        let to_f32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
-        let payload = Payload::Rollouts(Rollouts {
-            advantages: Tensor::f_from_slice(&to_f32(&scored.advantages))?,
-            stats: Tensor::f_from_slice(&to_f32(&stats))?,
-            slot,
-            iteration,
-            trained,
-        });
-        grid.batch(rows.len(), None, None, payload)
     }
 }
 
@@ -178,10 +121,10 @@ impl Dataset for RolloutData {
         if split == Split::Val {
             return Err(Error::Other("rollouts have no held-out part".into()));
         }
-        let g = self.generations as u64;
+        let g = self.scoring.generations as u64;
         let (stream, iteration) = generation_stream(&key, self.iterations, self.accum);
-        let picks: Vec<usize> = (0..key.count / g).map(|j| self.order.sample(stream / g + j)).collect();
-        self.collate(&picks, stream, iteration)
+        let picks: Vec<&Group> = (0..key.count / g).map(|j| &self.groups[self.order.sample(stream / g + j)]).collect();
+        collate::collate(&picks, &self.scoring, stream, iteration)
     }
 
     fn dataset_names(&self) -> Vec<String> {
@@ -190,7 +133,7 @@ impl Dataset for RolloutData {
 
     /// Completions, each counted once per iteration: the epochs count generations.
     fn train_len(&self) -> u64 {
-        (self.groups.len() * self.generations) as u64 * self.iterations
+        (self.groups.len() * self.scoring.generations) as u64 * self.iterations
     }
 
     fn val_len(&self) -> Option<u64> {
@@ -205,7 +148,7 @@ impl Dataset for RolloutData {
 /// Where `key`'s samples are in the stream of generations, and its iteration: with
 /// `k` iterations, steps `g k + 1 ..= (g + 1) k` read generation `g`, the samples
 /// step `g + 1` reads without iterations (so that the epochs count generations).
-fn generation_stream(key: &BatchKey, k: u64, accum: u64) -> (u64, u64) {
+pub(crate) fn generation_stream(key: &BatchKey, k: u64, accum: u64) -> (u64, u64) {
     let step = key.step.max(1) - 1;
     let (generation, iteration) = (step / k, step % k);
     if step == 0 {

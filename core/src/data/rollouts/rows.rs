@@ -79,15 +79,20 @@ fn token_ids(v: &Value, column: &str) -> Result<Vec<u32>, String> {
 
 /// The prompt's tokens: a string as it is, or messages rendered with the generation prompt.
 fn prompt_ids(record: &Record, prompt: &Value, expect: &Expect) -> Result<Vec<u32>, String> {
-    let text = match prompt.as_str() {
-        Some(text) => text.to_string(),
+    expect.encoder.ids(&prompt_text(record, prompt, expect.encoder, expect.columns)?, false)
+}
+
+/// The prompt as the model sees it: a string as it is, or messages rendered with the
+/// chat template and its generation prompt (as TRL renders conversational prompts).
+pub fn prompt_text(record: &Record, prompt: &Value, encoder: &Encoder, columns: &crate::config::ColumnMap) -> Result<String, String> {
+    match prompt.as_str() {
+        Some(text) => Ok(text.to_string()),
         None => {
-            let template = expect.encoder.template.as_ref().ok_or("`prompt` is a message list and the tokenizer has no chat template")?;
-            let chat = Chat::read(record, expect.columns, messages::messages(prompt, "prompt", expect.columns)?)?;
-            template.render(chat.conversation(), true)?.text
+            let template = encoder.template.as_ref().ok_or("`prompt` is a message list and the tokenizer has no chat template")?;
+            let chat = Chat::read(record, columns, messages::messages(prompt, "prompt", columns)?)?;
+            Ok(template.render(chat.conversation(), true)?.text)
         }
-    };
-    expect.encoder.ids(&text, false)
+    }
 }
 
 /// A completion's tokens: a string, or one assistant message (TRL's conversational form).

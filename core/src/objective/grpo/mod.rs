@@ -65,6 +65,9 @@ impl Grpo {
         for name in names {
             stat_names.extend([leak(format!("rewards/{name}/mean")), leak(format!("rewards/{name}/std"))]);
         }
+        if config.data.kind == crate::config::DataKind::Prompts {
+            stat_names.push(crate::rollout::SAMPLING_S);
+        }
         Ok(Grpo {
             settings: Settings {
                 loss: g.loss_type,

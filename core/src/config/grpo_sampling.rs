@@ -1,0 +1,57 @@
+//! `[grpo]`'s checks when the run samples its completions (`data.kind = "prompts"`):
+//! a built-in reward for each
+//! `[[grpo.rewards]]`, and the combinations the sampler does not run under refused
+//! before training (each naming its key).
+
+use super::{combinations::bad, grpo::RewardKind, Config, Precision, ShardMode};
+use crate::error::Error;
+
+impl Config {
+    pub(super) fn validate_sampling(&self) -> Result<(), Error> {
+        // The keys' ranges (config/ranges.rs) are checked already.
+        let grpo = &self.grpo;
+        if grpo.rewards.is_empty() {
+            return Err(bad("grpo.rewards", "sampled completions need at least one [[grpo.rewards]] with a kind (regex, exact, length)"));
+        }
+        for reward in &grpo.rewards {
+            self.validate_reward(reward)?;
+        }
+        self.refuse_unsampled_combinations()
+    }
+
+    fn validate_reward(&self, reward: &super::RewardSpec) -> Result<(), Error> {
+        let name = &reward.name;
+        let pattern = |p: &Option<String>| match p {
+            Some(p) => regex::Regex::new(p).map(|_| ()).map_err(|e| bad("grpo.rewards.pattern", format!("{name:?}: {e}"))),
+            None => Ok(()),
+        };
+        match reward.kind {
+            None => Err(bad("grpo.rewards.kind", format!("{name:?} needs a kind when the run samples: \"regex\", \"exact\" or \"length\""))),
+            Some(RewardKind::Regex) if reward.pattern.is_none() => {
+                Err(bad("grpo.rewards.pattern", format!("{name:?}: a regex reward needs a pattern")))
+            }
+            Some(RewardKind::Length) if reward.target.is_none_or(|t| t == 0) => {
+                Err(bad("grpo.rewards.target", format!("{name:?}: a length reward needs a target length of at least 1 token")))
+            }
+            Some(RewardKind::Regex | RewardKind::Exact) => pattern(&reward.pattern),
+            Some(RewardKind::Length) => Ok(()),
+        }
+    }
+
+    /// What sampling is not built or tested under yet: refused, not run untested.
+    fn refuse_unsampled_combinations(&self) -> Result<(), Error> {
+        if self.train.precision == Precision::Bf16 {
+            return Err(bad(
+                "train.precision",
+                "\"bf16\" with data.kind = \"prompts\" is not built yet (the sampler runs float32): use \"fp32\", or rollouts",
+            ));
+        }
+        if self.dist.shard != ShardMode::None {
+            return Err(bad("dist.shard", "ZeRO with data.kind = \"prompts\" is not built yet (the sampler runs the whole model): use \"none\""));
+        }
+        if self.lora.as_ref().is_some_and(|l| l.enabled) {
+            return Err(bad("lora.enabled", "[lora] with data.kind = \"prompts\" is not built yet: train without adapters, or on rollouts"));
+        }
+        Ok(())
+    }
+}

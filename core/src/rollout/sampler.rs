@@ -1,0 +1,84 @@
+//! Batched sampling on the key/value cache for the rollout stage: the rows of one call
+//! share their prompt length (the stage groups a micro-batch's prompts by length), so
+//! the batch needs no padding, no attention mask and no per-row positions: one prefill
+//! of `[R, P]`, then one forward of `[R, 1]` per new token. A finished row keeps being
+//! decoded with the others (its tokens after EOS are cut on the host at the end).
+//!
+//! The host waits on the device only to stop early: every [`CHECK_EVERY`] tokens it
+//! reads whether every row has produced an EOS. Tokens, their log-probabilities and
+//! the finished flags stay on the device until then.
+
+use tch::{Device, Kind, Tensor};
+
+use super::processors::Processors;
+use crate::{
+    error::{Error, Result},
+    model::{Model, ModelInput},
+};
+
+/// Tokens between two reads of "every row has ended" (the one host sync of decoding).
+pub const CHECK_EVERY: usize = 8;
+
+/// One sampled completion, cut after its first EOS (kept).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub ids: Vec<u32>,
+    /// Each token's log-probability under the processed distribution it was drawn from.
+    pub logps: Vec<f32>,
+}
+
+/// Samples one completion for each of `prompts` (all of one length) with `model`.
+pub fn sample(model: &mut dyn Model, prompts: &[&[u32]], processors: &Processors, max_new: usize, eos: u32, device: Device) -> Result<Vec<Sampled>> {
+    let (rows, length) = (prompts.len() as i64, prompts.first().map_or(0, |p| p.len()) as i64);
+    if prompts.iter().any(|p| p.len() as i64 != length) || length == 0 {
+        return Err(Error::Other("the sampler's rows share one non-empty prompt length".into()));
+    }
+    let mut cache = model
+        .new_cache(length + max_new as i64)
+        .ok_or_else(|| Error::Other(format!("model.kind {:?} has no key/value cache to sample with", model.kind())))?;
+    let flat: Vec<i64> = prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64)).collect();
+    let prompt = Tensor::f_from_slice(&flat)?.f_view([rows, length])?.f_to_device(device)?;
+    let mut step = |input: &Tensor| -> Result<Tensor> {
+        let logits = tch::no_grad(|| model.forward(ModelInput::new(input, false).cache(&mut cache))?.logits())?;
+        Ok(logits.f_select(1, -1)?.f_to_kind(Kind::Float)?)
+    };
+    let mut logits = step(&prompt)?;
+    let vocab = logits.size()[1];
+    let mut seen = Tensor::f_zeros([rows, vocab], (Kind::Bool, device))?.f_scatter_value(1, &prompt, 1)?;
+    let mut done = Tensor::f_zeros([rows], (Kind::Bool, device))?;
+    let (mut tokens, mut logps) = (Vec::with_capacity(max_new), Vec::with_capacity(max_new));
+    for n in 1..=max_new {
+        let scores = processors.apply(&logits, &seen)?;
+        let logp = scores.f_log_softmax(-1, Kind::Float)?;
+        let next = logp.f_exp()?.f_multinomial(1, false)?;
+        logps.push(logp.f_gather(1, &next, false)?);
+        let _ = seen.f_scatter_value_(1, &next, 1)?;
+        done = done.f_logical_or(&next.f_squeeze_dim(1)?.f_eq(eos as i64)?)?;
+        tokens.push(next.shallow_clone());
+        if n == max_new || (n % CHECK_EVERY == 0 && done.f_all()?.f_int64_value(&[])? != 0) {
+            break;
+        }
+        logits = step(&next)?;
+    }
+    let ids = Vec::<Vec<i64>>::try_from(Tensor::f_cat(&tokens, 1)?.f_to_device(Device::Cpu)?)?;
+    let logps = Vec::<Vec<f32>>::try_from(Tensor::f_cat(&logps, 1)?.f_to_device(Device::Cpu)?)?;
+    Ok(ids.into_iter().zip(logps).map(|(ids, logps)| cut_after_eos(&ids, &logps, eos)).collect())
+}
+
+/// A row's tokens up to its first EOS (kept), with their log-probabilities.
+fn cut_after_eos(ids: &[i64], logps: &[f32], eos: u32) -> Sampled {
+    let end = ids.iter().position(|&t| t == eos as i64).map_or(ids.len(), |i| i + 1);
+    Sampled { ids: ids[..end].iter().map(|&t| t as u32).collect(), logps: logps[..end].to_vec() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completion_is_cut_after_its_first_eos() {
+        let cut = cut_after_eos(&[5, 2, 7, 2], &[-1.0, -2.0, -3.0, -4.0], 2);
+        assert_eq!(cut, Sampled { ids: vec![5, 2], logps: vec![-1.0, -2.0] });
+        assert_eq!(cut_after_eos(&[5, 6], &[-1.0, -2.0], 2).ids, [5, 6], "no EOS: truncated, kept whole");
+    }
+}

@@ -1,0 +1,125 @@
+"""Sampling side of tests/grpo_sampling.rs: makes a random Qwen2 policy with a ChatML tokenizer
+and prompt rows with the real `tokenizers` and `transformers`, then says what transformers makes of
+ptrain's sampled completions. Nothing is downloaded. Each command prints one JSON object.
+
+  grpo_sampling.py make DIR SEED             DIR/policy and DIR/prompts.jsonl: text prompts of two
+                                             lengths and chat prompts, each with an `answer` column
+  grpo_sampling.py greedy POLICY DATA N      each row's prompt rendered as TRL renders it (a string as
+                                             it is; messages with the chat template and the generation
+                                             prompt) and transformers' greedy `generate` of N new tokens
+                                             (stopped at EOS, which is kept)
+  grpo_sampling.py processed POLICY RECORDS SETTINGS
+                                             for each completion of RECORDS (ptrain's completions.jsonl),
+                                             the log-probability of each sampled token under the
+                                             distribution transformers' logits processors (the ones
+                                             `generate` builds for SETTINGS, in its order) make of the
+                                             model's logits at that position; the largest difference
+                                             from ptrain's `logps`
+"""
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chat  # noqa: E402
+
+
+def out(obj):
+    print(json.dumps(obj))
+
+
+def make(d, seed):
+    rng = random.Random(int(seed))
+    policy = os.path.join(d, "policy")
+    chat.make_model(policy, rng, 300, 256, True, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2)
+    rows = []
+    for i in range(4):
+        # Two prompts of each of two word counts: prompts of equal token length share a batch.
+        rows.append({"prompt": " ".join(rng.choice(chat.WORDS) for _ in range(3 + 2 * (i % 2))), "answer": str(i)})
+    for i in range(2):
+        rows.append({"prompt": [{"role": "user", "content": chat.sentence(rng, 2, 6)}], "answer": 42})
+    with open(os.path.join(d, "prompts.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    out({"policy": policy, "rows": len(rows)})
+
+
+def load(policy):
+    import torch
+    import transformers
+
+    # The fixture's tokenizer.json as it is: transformers 5's AutoTokenizer rebuilds a Qwen2
+    # tokenizer from the model type, which splits digits where this tokenizer.json does not.
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(policy)
+    model = transformers.AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
+    return tok, model
+
+
+def render(tok, prompt):
+    if isinstance(prompt, str):
+        return prompt
+    return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def greedy(policy, data, n):
+    import torch
+
+    tok, model = load(policy)
+    rendered, completions = [], []
+    for line in open(data):
+        text = render(tok, json.loads(line)["prompt"])
+        ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
+        with torch.no_grad():
+            done = model.generate(ids, do_sample=False, max_new_tokens=int(n), eos_token_id=tok.eos_token_id,
+                                  pad_token_id=tok.pad_token_id)
+        rendered.append(text)
+        completions.append(done[0, ids.shape[1]:].tolist())
+    out({"rendered": rendered, "completions": completions})
+
+
+def processors(s):
+    """The processors `generate` builds for sampling with these settings, in its order
+    (GenerationMixin._get_logits_processor): the repetition penalty, then the warpers."""
+    from transformers.generation import logits_process as lp
+
+    chain = []
+    if s.get("repetition_penalty", 1.0) != 1.0:
+        chain.append(lp.RepetitionPenaltyLogitsProcessor(float(s["repetition_penalty"])))
+    if s.get("temperature", 1.0) != 1.0:
+        chain.append(lp.TemperatureLogitsWarper(float(s["temperature"])))
+    if s.get("top_k", 0):
+        chain.append(lp.TopKLogitsWarper(top_k=int(s["top_k"])))
+    if s.get("top_p", 1.0) < 1.0:
+        chain.append(lp.TopPLogitsWarper(top_p=float(s["top_p"])))
+    if s.get("min_p") is not None:
+        chain.append(lp.MinPLogitsWarper(min_p=float(s["min_p"])))
+    return lp.LogitsProcessorList(chain)
+
+
+def processed(policy, records, settings):
+    import torch
+
+    tok, model = load(policy)
+    chain = processors(json.loads(settings))
+    worst, tokens = 0.0, 0
+    for line in open(records):
+        r = json.loads(line)
+        prompt = tok(r["prompt"], add_special_tokens=False).input_ids
+        ids = torch.tensor([prompt + r["completion_ids"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        for t, token in enumerate(r["completion_ids"]):
+            at = len(prompt) + t
+            scores = chain(ids[:, :at], logits[at - 1:at].clone())
+            logp = torch.log_softmax(scores, dim=-1)[0, token].item()
+            # A token these processors remove has -inf: a difference JSON can carry.
+            worst = max(worst, min(abs(logp - r["logps"][t]), 1e30))
+            tokens += 1
+    out({"max_abs_diff": worst, "tokens": tokens, "processors": [type(p).__name__ for p in chain]})
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    {"make": make, "greedy": greedy, "processed": processed}[cmd](*args)
