@@ -283,3 +283,27 @@ fn truncated_rows_are_counted_in_the_summary_and_the_closing_line_under_quiet() 
     assert_eq!(summary(&run_dir)["data_rows"]["truncated"], 1, "{}", summary(&run_dir));
     assert!(stdout(&out).contains("1 of 3 rows truncated to data.max_seq_len"), "{}", stdout(&out));
 }
+
+/// A held-out file of exactly one window (`seq_len + 1` tokens) is evaluated; one token
+/// less is refused, the message's figures agreeing with the refusal.
+#[test]
+fn a_held_out_file_of_one_window_is_evaluated_and_one_token_less_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.txt");
+    std::fs::write(&train, "the cat sat on the mat. ".repeat(100)).unwrap();
+    let run = |val_bytes: usize, name: &str, code: i32| {
+        let val = dir.path().join(format!("{name}.txt"));
+        std::fs::write(&val, &"a dog ran in the park. ".repeat(3).as_bytes()[..val_bytes]).unwrap();
+        let mut cmd = ptrain();
+        cmd.args(tiny_gpt(1)).arg("--run-dir").arg(dir.path().join(name));
+        sets(&mut cmd, &["data.kind=\"text\"", "train.eval_batches=0"]);
+        cmd.arg("--set").arg(format!("data.path={:?}", train.display().to_string()));
+        cmd.arg("--set").arg(format!("data.val_path={:?}", val.display().to_string()));
+        run_expect(&mut cmd, code)
+    };
+    // tiny_gpt: model.block_size = 32, so a window is 33 bytes.
+    run(33, "one-window", 0);
+    assert!(summary(&dir.path().join("one-window"))["final_eval_loss"].is_number());
+    let err = stderr(&run(32, "short", 2));
+    assert!(err.contains("the validation split has 32 tokens, fewer than a window of 33"), "{err}");
+}

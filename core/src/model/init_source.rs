@@ -226,12 +226,7 @@ fn write_once(out: &Path, record: &Value, write: impl FnOnce(&Path) -> Result<()
             return Ok(());
         }
         Some(kept) if out.with_file_name("config.toml").is_file() => {
-            tracing::warn!(
-                "model.init_from: keeping {}, what this run started from ({}), not {}",
-                out.display(),
-                kept["source"],
-                record["source"]
-            );
+            tracing::warn!("model.init_from: keeping {}, what this run started from ({}), not {}", out.display(), kept["source"], record["source"]);
             return Ok(());
         }
         _ => {}

@@ -251,10 +251,7 @@ pub fn merged(
 /// The full model of `vs` (a base with LoRA adapters `lora`), as the tensors of a
 /// `model.safetensors` in ptrain's names: each adapted weight `W + alpha / r * B A`,
 /// the adapters left out.
-pub fn merged_weights(
-    vs: &nn::VarStore,
-    lora: &crate::config::LoraConfig,
-) -> Result<std::collections::BTreeMap<String, ptrain_checkpoint::Tensor>> {
+pub fn merged_weights(vs: &nn::VarStore, lora: &crate::config::LoraConfig) -> Result<std::collections::BTreeMap<String, ptrain_checkpoint::Tensor>> {
     let vars = vs.variables();
     let mut out: Vec<(String, Tensor)> = Vec::new();
     tch::no_grad(|| -> Result<()> {

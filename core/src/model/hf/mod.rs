@@ -124,9 +124,10 @@ fn locate(spec: &str) -> Result<PathBuf> {
     }
     Err(Error::Data {
         path: path.to_owned(),
-        message: "no config.json: not a Hugging Face model directory (save_pretrained and `hf download` write config.json beside model.safetensors), \
+        message:
+            "no config.json: not a Hugging Face model directory (save_pretrained and `hf download` write config.json beside model.safetensors), \
                   nor a ptrain run directory with a valid checkpoint, nor a peft adapter directory (adapter_config.json)"
-            .into(),
+                .into(),
     })
 }
 
