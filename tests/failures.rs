@@ -67,6 +67,7 @@ fn an_injected_libtorch_error_fails_the_run_cleanly() {
     assert_eq!(error["step"], 5, "{error}");
     assert!(error["message"].as_str().unwrap().contains("is invalid for input of size 2"), "{error}");
     assert!(!error["message"].as_str().unwrap().contains("frame #"), "libtorch's backtrace is cut: {error}");
+    assert!(!error["message"].as_str().unwrap().contains("Internal torch error"), "libtorch's message as it is: {error}");
     let s = summary(&run);
     assert_eq!(s["last_step"], 4, "{s}");
     assert!(s["phase_times"]["forward_s"].as_f64().unwrap() > 0.0, "the phases so far: {s}");

@@ -215,3 +215,95 @@ fn unreadable_inputs_exit_2_naming_the_file_and_where_they_broke() {
     let err = run(&["--set", "model.kind=\"mlp\"", "--set", "data.kind=\"jsonl\"", "--set", &path]);
     assert!(err.contains(&format!("bad input data in {}: line ", cut.display())) && err.contains("damaged or cut short"), "{err}");
 }
+
+/// Issue 63: a run whose checkpoints live elsewhere (`plugins.checkpoint.dir`) is found
+/// through its run directory by every lookup, as `--auto-resume` finds it:
+/// `ptrain checkpoints list` and `verify`, `ptrain export`, and `model.init_from`.
+#[test]
+fn checkpoints_list_verify_export_and_init_from_find_a_runs_checkpoints_in_their_own_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run_dir, ckpts) = (dir.path().join("run"), dir.path().join("ckpts"));
+    run_expect(with_own_dir(4, Path::new("run"), "ckpts").current_dir(dir.path()), 0);
+    assert_eq!(steps_in(&ckpts), ["step-00000002", "step-00000004"]);
+
+    let listed = stdout(&run_expect(ptrain().args(["checkpoints", "list"]).arg(&run_dir), 0));
+    let newest = ckpts.join("step-00000004");
+    assert!(listed.contains(&format!("{}  valid", ckpts.join("step-00000002").display())), "{listed}");
+    assert!(listed.contains(&format!("{}  valid", newest.display())) && listed.contains("<- latest"), "{listed}");
+    let verified = stdout(&run_expect(ptrain().args(["checkpoints", "verify"]).arg(&run_dir), 0));
+    assert_eq!(verified.trim(), newest.display().to_string());
+    run_expect(ptrain().args(["export", "--format", "hf", "--checkpoint"]).arg(&run_dir).arg("--out").arg(dir.path().join("hf")), 0);
+
+    // A run from it starts from its newest checkpoint.
+    let next = dir.path().join("next");
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(1)).arg("--set").arg(format!("model.init_from={:?}", run_dir.display().to_string())).arg("--run-dir").arg(&next);
+    run_expect(&mut cmd, 0);
+    let source: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(next.join("init_from/source.json")).unwrap()).unwrap();
+    assert_eq!(source["checkpoint"], newest.display().to_string(), "{source}");
+}
+
+/// Issue 63, item 8: a JSON array of rows with a comma before its closing `]` is refused
+/// as Python's `json` refuses it (exit 2, naming the file and the line), before training.
+#[test]
+fn a_json_array_with_a_trailing_comma_is_refused_naming_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, "40", "3"], &dir.path().join("model"));
+    let rows = dir.path().join("rows.json");
+    let row = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}"#;
+    std::fs::write(&rows, format!("[\n  {row},\n  {row},\n]\n")).unwrap();
+    let python = py::cmd().args(["-c", "import json, sys; json.load(open(sys.argv[1]))"]).arg(&rows).output().unwrap();
+    assert!(!python.status.success(), "Python's json refuses it too");
+    let mut cmd = ptrain();
+    cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "1", "--run-dir"]).arg(dir.path().join("run"));
+    sets(&mut cmd, &["run.threads=1", "data.kind=chat", "data.val_fraction=0"]);
+    cmd.arg("--set").arg(format!("model.init_from={:?}", model.display().to_string()));
+    cmd.arg("--set").arg(format!("data.path={:?}", rows.display().to_string()));
+    let err = stderr(&run_expect(&mut cmd, 2));
+    assert!(err.contains(&rows.display().to_string()) && err.contains("line 4") && err.contains("trailing comma"), "{err}");
+}
+
+/// Issue 63, item 8: rows cut to `data.max_seq_len` are counted in summary.json and in
+/// the closing line, which `--quiet` prints too.
+#[test]
+fn truncated_rows_are_counted_in_the_summary_and_the_closing_line_under_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture::copy("chat.py", &["make", fixture::OUT, "40", "3"], &dir.path().join("model"));
+    let rows = dir.path().join("rows.jsonl");
+    let row = |text: &str| serde_json::json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": text}]});
+    let long = vec!["hello"; 200].join(" ");
+    std::fs::write(&rows, format!("{}\n{}\n{}\n", row("hello"), row(&long), row("hello there"))).unwrap();
+    let run_dir = dir.path().join("run");
+    let mut cmd = ptrain();
+    cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "1", "--run-dir"]).arg(&run_dir);
+    sets(&mut cmd, &["run.threads=1", "data.kind=chat", "data.val_fraction=0", "data.max_seq_len=48", "data.batch_size=3"]);
+    cmd.arg("--set").arg(format!("model.init_from={:?}", model.display().to_string()));
+    cmd.arg("--set").arg(format!("data.path={:?}", rows.display().to_string()));
+    let out = run_expect(&mut cmd, 0);
+    assert_eq!(summary(&run_dir)["data_rows"]["truncated"], 1, "{}", summary(&run_dir));
+    assert!(stdout(&out).contains("1 of 3 rows truncated to data.max_seq_len"), "{}", stdout(&out));
+}
+
+/// A held-out file of exactly one window (`seq_len + 1` tokens) is evaluated; one token
+/// less is refused, the message's figures agreeing with the refusal.
+#[test]
+fn a_held_out_file_of_one_window_is_evaluated_and_one_token_less_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.txt");
+    std::fs::write(&train, "the cat sat on the mat. ".repeat(100)).unwrap();
+    let run = |val_bytes: usize, name: &str, code: i32| {
+        let val = dir.path().join(format!("{name}.txt"));
+        std::fs::write(&val, &"a dog ran in the park. ".repeat(3).as_bytes()[..val_bytes]).unwrap();
+        let mut cmd = ptrain();
+        cmd.args(tiny_gpt(1)).arg("--run-dir").arg(dir.path().join(name));
+        sets(&mut cmd, &["data.kind=\"text\"", "train.eval_batches=0"]);
+        cmd.arg("--set").arg(format!("data.path={:?}", train.display().to_string()));
+        cmd.arg("--set").arg(format!("data.val_path={:?}", val.display().to_string()));
+        run_expect(&mut cmd, code)
+    };
+    // tiny_gpt: model.block_size = 32, so a window is 33 bytes.
+    run(33, "one-window", 0);
+    assert!(summary(&dir.path().join("one-window"))["final_eval_loss"].is_number());
+    let err = stderr(&run(32, "short", 2));
+    assert!(err.contains("the validation split has 32 tokens, fewer than a window of 33"), "{err}");
+}

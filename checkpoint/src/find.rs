@@ -20,15 +20,32 @@ pub fn list(checkpoints: &Path) -> Vec<(u64, PathBuf)> {
     found
 }
 
-/// The checkpoints directory `path` names: a run directory's `checkpoints/`, or
-/// `path` itself (a checkpoints directory).
+/// The checkpoints directory `path` names: the one a run directory's recorded
+/// `config.toml` names (`[plugins.checkpoint] dir`: a run whose checkpoints are written
+/// elsewhere), else its `checkpoints/`, or `path` itself (a checkpoints directory).
 pub fn checkpoints_in(path: &Path) -> PathBuf {
+    if let Some(recorded) = recorded_checkpoints_dir(path) {
+        return recorded;
+    }
     let nested = crate::checkpoints_dir(path);
     if nested.is_dir() {
         nested
     } else {
         path.to_owned()
     }
+}
+
+/// The checkpoint plugin's `dir` a run directory's `config.toml` records (absolute, as
+/// the run records it; a relative one is taken from the run directory), when it is a
+/// directory. A checkpoint's own `config.toml` is not a run's: `None` there.
+fn recorded_checkpoints_dir(run_dir: &Path) -> Option<PathBuf> {
+    if run_dir.join(crate::MANIFEST_FILE).exists() {
+        return None;
+    }
+    let text = std::fs::read_to_string(run_dir.join(crate::CONFIG_FILE)).ok()?;
+    let table: toml::Table = text.parse().ok()?;
+    let dir = table.get("plugins")?.get("checkpoint")?.get("dir")?.as_str()?;
+    Some(run_dir.join(dir)).filter(|d| !dir.is_empty() && d.is_dir())
 }
 
 /// The checkpoint `path` names: a checkpoint directory itself, or the newest valid

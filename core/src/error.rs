@@ -60,7 +60,7 @@ pub enum Error {
     #[error("cannot use device {device}: {message}")]
     Device { device: String, message: String },
 
-    #[error("torch: {0}")]
+    #[error("{}", torch_message(.0))]
     Torch(#[from] tch::TchError),
 
     #[error("distributed: {0}")]
@@ -100,3 +100,12 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A libtorch error as a message: libtorch's own text (which names the operation, or the
+/// backend and peer of a collective), without tch's "Internal torch error: " before it.
+pub fn torch_message(e: &tch::TchError) -> String {
+    match e {
+        tch::TchError::Torch(message) => message.clone(),
+        other => other.to_string(),
+    }
+}

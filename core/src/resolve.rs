@@ -42,6 +42,7 @@ impl ConfigBuilder {
             Some(run) => config.not_needed_with_checkpoint(run),
             None => None,
         };
+        crate::model::init_source::materialize(&mut config, &self.explicit)?;
         config.resolve_pretrained(&self.explicit)?;
         if let Some(init_from) = gone {
             config.model.init_from = init_from;

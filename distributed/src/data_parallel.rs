@@ -85,9 +85,11 @@ impl DataParallel for C10dDataParallel {
     }
 
     fn sum_host(&self, values: &mut [f64]) -> Result<(), String> {
-        let mut t = Tensor::f_from_slice(&*values).and_then(|t| t.f_to_device(self.group.spec().device)).map_err(|e| e.to_string())?;
+        let mut t = Tensor::f_from_slice(&*values)
+            .and_then(|t| t.f_to_device(self.group.spec().device))
+            .map_err(|e| ptrain_core::error::torch_message(&e))?;
         self.group.all_reduce_sum(&mut t)?;
-        let sums = Vec::<f64>::try_from(t.to_device(Device::Cpu)).map_err(|e| e.to_string())?;
+        let sums = Vec::<f64>::try_from(t.to_device(Device::Cpu)).map_err(|e| ptrain_core::error::torch_message(&e))?;
         values.copy_from_slice(&sums);
         Ok(())
     }

@@ -208,8 +208,13 @@ fn closing_line(s: &ptrain_core::Summary) -> String {
             s.total_steps
         )
     } else {
+        // Rows cut to fit are trained only in part: said here, as --quiet prints no INFO line.
+        let cut = match &s.data_rows {
+            Some(rows) if rows.truncated > 0 => format!("; {} of {} rows truncated to data.max_seq_len", rows.truncated, rows.rows),
+            _ => String::new(),
+        };
         format!(
-            "{}: {} steps in {:.2}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}{but}",
+            "{}: {} steps in {:.2}s ({:.2} steps/s, {:.0} tokens/s) on {}; loss {} -> {}, eval {}{cut}{but}",
             s.status,
             s.steps,
             s.wall_s,

@@ -17,11 +17,14 @@ pub struct LoraConfig {
     /// projection of the model kind ([`LoraConfig::targets`]); checked against the
     /// kind's modules by its family (`model::family::check`).
     pub targets: Vec<String>,
+    /// A `peft` adapter directory whose adapters the run starts from (empty: B = 0, as
+    /// peft starts); set by `model.init_adapters = "continue"`.
+    pub init_from: String,
 }
 
 impl Default for LoraConfig {
     fn default() -> LoraConfig {
-        LoraConfig { enabled: true, rank: 8, alpha: 16.0, dropout: 0.0, targets: Vec::new() }
+        LoraConfig { enabled: true, rank: 8, alpha: 16.0, dropout: 0.0, targets: Vec::new(), init_from: String::new() }
     }
 }
 

@@ -40,7 +40,8 @@ pub use lora::LoraConfig;
 pub(crate) use model::move_flat_keys;
 use model::refuse_flat_keys;
 pub use model::{
-    or_list, Activation, GemmaArgs, GptArgs, LayerType, LlamaArgs, MlpArgs, ModelConfig, ModelKind, MoeArgs, RopeScaling, TaskKind, TorchScriptArgs,
+    or_list, Activation, GemmaArgs, GptArgs, InitAdapters, LayerType, LlamaArgs, MlpArgs, ModelConfig, ModelKind, MoeArgs, RopeScaling, TaskKind,
+    TorchScriptArgs,
 };
 pub use optim::{LrScheduleKind, OptimConfig, OptimName};
 pub use origins::KeyOrigins;

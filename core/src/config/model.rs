@@ -16,8 +16,13 @@ pub struct ModelConfig {
     pub block_size: i64,
     /// gpt: embedding, attention and residual dropout; llama: attention dropout.
     pub dropout: f64,
-    /// A local Hugging Face directory to start from (empty: random init).
+    /// What to start from (empty: random init): a local Hugging Face directory, a ptrain
+    /// run or checkpoint directory, or a `peft` adapter directory (`model::init_source`).
     pub init_from: String,
+    /// When `init_from` holds LoRA adapters (a LoRA run, a `peft` directory): merge them
+    /// into their base, or train them on. Unset is refused for such a source.
+    #[serde(default)]
+    pub init_adapters: InitAdapters,
     // The kinds' tables last: a table must follow plain values in TOML output.
     pub gpt: GptArgs,
     pub llama: LlamaArgs,
@@ -292,6 +297,20 @@ pub fn or_list(items: impl IntoIterator<Item = String>) -> String {
 pub enum TaskKind {
     Classification,
     LanguageModel,
+}
+
+/// `model.init_adapters`: what a run starting from LoRA adapters does with them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum InitAdapters {
+    /// Not said (`""`): refused when `model.init_from` holds adapters.
+    #[default]
+    #[serde(rename = "")]
+    Unset,
+    /// The adapters merged into their base: the run starts from the full model.
+    Merge,
+    /// The base as `model.init_from`, the adapters as the run's own starting adapters.
+    Continue,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

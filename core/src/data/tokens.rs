@@ -159,7 +159,8 @@ impl TokenWindows {
             if split == "validation" && same && span.end == span.start {
                 continue; // data.val_fraction = 0
             }
-            if span.end.saturating_sub(span.start) < windows.seq_len + 2 || store.len() < span.end {
+            // One window of seq_len + 1 tokens is enough: training draws its one start, evaluation reads it.
+            if span.end.saturating_sub(span.start) < windows.seq_len + 1 || store.len() < span.end {
                 let path = if split == "validation" && !same { val_path } else { train_path };
                 return Err(Error::Data {
                     path: path.into(),

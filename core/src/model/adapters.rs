@@ -10,12 +10,30 @@ use serde_json::Value;
 use tch::{nn, Tensor};
 
 use super::hf::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG_JSON};
-use crate::error::{Error, Result};
+use crate::{
+    config::LoraConfig,
+    error::{Error, Result},
+};
 
 /// The `[lora]` and `model.init_from` settings of a `peft` adapter directory, as
 /// `--set` assignments: the base from `base` or `adapter_config.json`'s
 /// `base_model_name_or_path`.
 pub fn peft_settings(dir: &Path, base: Option<&Path>) -> Result<(Vec<String>, PathBuf)> {
+    let (lora, base) = peft_lora(dir, base)?;
+    let quoted: Vec<String> = lora.targets.iter().map(|t| format!("{t:?}")).collect();
+    let sets = vec![
+        format!("model.init_from={:?}", base.display().to_string()),
+        format!("lora.rank={}", lora.rank),
+        format!("lora.alpha={:?}", lora.alpha),
+        format!("lora.targets=[{}]", quoted.join(", ")),
+    ];
+    Ok((sets, base))
+}
+
+/// The adapters' shape (rank, alpha, targets) of a `peft` adapter directory, and its
+/// base: `base`, or `adapter_config.json`'s `base_model_name_or_path`, which must be a
+/// directory with `config.json`.
+pub fn peft_lora(dir: &Path, base: Option<&Path>) -> Result<(LoraConfig, PathBuf)> {
     let path = dir.join(ADAPTER_CONFIG);
     let bad = |message: String| Error::Checkpoint { path: path.clone(), message };
     let text = std::fs::read_to_string(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
@@ -47,14 +65,7 @@ pub fn peft_settings(dir: &Path, base: Option<&Path>) -> Result<(Vec<String>, Pa
         Some(Value::String(one)) if one.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => vec![one.clone()],
         other => return Err(bad(format!("target_modules {other:?}: a list of module names is needed"))),
     };
-    let quoted: Vec<String> = targets.iter().map(|t| format!("{t:?}")).collect();
-    let sets = vec![
-        format!("model.init_from={:?}", base.display().to_string()),
-        format!("lora.rank={rank}"),
-        format!("lora.alpha={alpha:?}"),
-        format!("lora.targets=[{}]", quoted.join(", ")),
-    ];
-    Ok((sets, base))
+    Ok((LoraConfig { rank, alpha, targets, ..LoraConfig::default() }, base))
 }
 
 /// Copies a `peft` directory's `adapter_model.safetensors` into the adapters of `vs`

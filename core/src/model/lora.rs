@@ -245,6 +245,13 @@ pub fn merged(
     if let Some(base) = base {
         super::adapters::check_base(&vs, checkpoint, base)?;
     }
+    merged_weights(&vs, lora)
+}
+
+/// The full model of `vs` (a base with LoRA adapters `lora`), as the tensors of a
+/// `model.safetensors` in ptrain's names: each adapted weight `W + alpha / r * B A`,
+/// the adapters left out.
+pub fn merged_weights(vs: &nn::VarStore, lora: &crate::config::LoraConfig) -> Result<std::collections::BTreeMap<String, ptrain_checkpoint::Tensor>> {
     let vars = vs.variables();
     let mut out: Vec<(String, Tensor)> = Vec::new();
     tch::no_grad(|| -> Result<()> {

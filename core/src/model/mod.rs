@@ -14,6 +14,7 @@ mod gemma;
 pub mod generate;
 mod gpt;
 pub mod hf;
+pub mod init_source;
 mod kv_cache;
 pub mod layout;
 mod llama;
@@ -149,8 +150,12 @@ pub trait Model: Send {
 /// `[lora]`, every parameter but the adapters is frozen (see [`lora`]).
 pub fn build(config: &Config, vs: &nn::VarStore, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {
     let model = from_config(config, &vs.root(), dataset)?;
-    if config.lora().is_some() {
+    if let Some(lora) = config.lora() {
         lora::freeze_base(vs);
+        // Adapters trained before (`model.init_adapters = "continue"`) start this run's.
+        if !lora.init_from.is_empty() {
+            adapters::load_peft_weights(vs, std::path::Path::new(&lora.init_from))?;
+        }
     }
     Ok(model)
 }

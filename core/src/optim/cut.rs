@@ -21,7 +21,7 @@ use crate::{
 };
 
 pub(super) fn torch(e: tch::TchError) -> Error {
-    Error::Other(format!("parameter sharding: {e}"))
+    Error::Other(format!("parameter sharding: {}", crate::error::torch_message(&e)))
 }
 
 /// The unit of a parameter: its block's (1 + the first number in its name), or 0.

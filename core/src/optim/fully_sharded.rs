@@ -74,7 +74,7 @@ pub struct FullySharded {
 }
 
 fn torch(e: tch::TchError) -> Error {
-    Error::Other(format!("parameter sharding: {e}"))
+    Error::Other(format!("parameter sharding: {}", crate::error::torch_message(&e)))
 }
 
 impl FullySharded {

@@ -92,7 +92,7 @@ fn torch(e: TorchError) -> Error {
 }
 
 fn tch_err(e: tch::TchError) -> Error {
-    Error::Other(format!("parameter sharding: {e}"))
+    Error::Other(format!("parameter sharding: {}", crate::error::torch_message(&e)))
 }
 
 impl Units {

@@ -23,7 +23,7 @@ pub(super) struct Offload {
 }
 
 fn torch(e: tch::TchError) -> Error {
-    Error::Other(format!("optimizer offload: {e}"))
+    Error::Other(format!("optimizer offload: {}", crate::error::torch_message(&e)))
 }
 
 impl Offload {

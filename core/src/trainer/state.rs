@@ -191,7 +191,7 @@ pub fn check_global_batch(checkpoint: &Checkpoint, config: &crate::config::Confi
 
 /// `[model]` keys that may change on resume: where the weights first came from
 /// (the checkpoint has them all now), dropout, a TorchScript file's path.
-const MAY_CHANGE: &[&str] = &["model.init_from", "model.dropout", "model.torchscript.path"];
+const MAY_CHANGE: &[&str] = &["model.init_from", "model.init_adapters", "model.dropout", "model.torchscript.path"];
 
 /// Compares the `[model]` the checkpoint was trained with against this run's,
 /// before any weight is touched: a resumed run with another model size is refused

@@ -26,6 +26,8 @@ enum State {
     BeforeElement,
     /// After an element, before `,` or `]`.
     AfterElement,
+    /// After a `,`: an element must follow (`[{..},]` is refused, as Python's `json` does).
+    AfterComma,
     Done,
 }
 
@@ -132,8 +134,11 @@ impl Batches for JsonArray {
                         return Err(self.error(format!("text after the array's closing `]` (`{}`)", b as char)));
                     }
                 }
-                (State::AfterElement, Some(b',')) => self.state = State::BeforeElement,
-                (State::BeforeElement, Some(b'{')) => {
+                (State::AfterElement, Some(b',')) => self.state = State::AfterComma,
+                (State::AfterComma, Some(b']')) => {
+                    return Err(self.error("a comma before the array's closing `]` (a trailing comma: JSON, and Python's json, refuse it)"))
+                }
+                (State::BeforeElement | State::AfterComma, Some(b'{')) => {
                     let place = Place { file: self.file.clone(), at: At::Line(self.line) };
                     self.read_object()?;
                     let text = text::utf8(&self.element).map_err(|m| {
@@ -147,7 +152,7 @@ impl Batches for JsonArray {
                     self.state = State::AfterElement;
                 }
                 (_, None) => return Err(self.error("the file ends inside the array (no closing `]`)")),
-                (State::BeforeElement, Some(b)) => {
+                (State::BeforeElement | State::AfterComma, Some(b)) => {
                     return Err(self.error(format!("an array element that is not a JSON object (starts with `{}`)", b as char)))
                 }
                 (_, Some(b)) => return Err(self.error(format!("expected `,` or `]` after a row, found `{}`", b as char))),

@@ -60,13 +60,14 @@ fn a_json_array_is_read_a_row_at_a_time_with_its_lines() {
 #[test]
 fn bad_text_is_named_by_line() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &[u8], &str); 6] = [
+    let cases: [(&str, &[u8], &str); 7] = [
         ("utf8.jsonl", b"{\"a\": \"x\"}\n{\"a\": \"\xFF\"}\n", "line 2: not UTF-8 text: an invalid byte (0xFF) at column 8"),
         ("syntax.jsonl", b"{\"a\": \"x\"}\n{oops\n", "line 2: not a JSON object: key must be a string (column 2)"),
         ("list.jsonl", b"[1, 2]\n", "line 1: not a JSON object"),
         ("open.json", b"[{\"a\": \"x\"},\n {\"a\": ", "line 2: the file ends inside a row"),
         ("scalar.json", b"[{\"a\": \"x\"},\n 3]", "line 2: an array element that is not a JSON object"),
         ("utf8.json", b"[{\"a\": \"x\"},\n {\"a\":\n \"\xC3\"}]", "line 3: not UTF-8 text"),
+        ("comma.json", b"[{\"a\": \"x\"},\n {\"a\": \"y\"},\n]", "line 3: a comma before the array's closing `]`"),
     ];
     for (name, bytes, expected) in cases {
         let path = write(dir.path(), name, bytes);

@@ -52,6 +52,10 @@ pub fn recorded_config(checkpoint: &Path) -> Result<Config> {
     let text = std::fs::read_to_string(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
     let mut config = ConfigBuilder::default().recorded(&text, &path.display().to_string())?.build_recorded()?;
     config.use_kept_tokenizer(&crate::config::run_dir_of(checkpoint));
+    // The checkpoint holds the adapters: those the run started from are not read again.
+    if let Some(lora) = config.lora.as_mut() {
+        lora.init_from.clear();
+    }
     Ok(config)
 }
 
@@ -71,7 +75,6 @@ fn checkpoint_error(path: &Path, message: impl Into<String>) -> Error {
 pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: Option<&Path>) -> Result<Exported> {
     let checkpoint = resolve_checkpoint(path)?;
     let (manifest, mut saved) = ptrain_checkpoint::read_model(&checkpoint).map_err(|e| checkpoint_error(&checkpoint, e.to_string()))?;
-    let config_path = checkpoint.join(ptrain_checkpoint::CONFIG_FILE);
     let mut config = recorded_config(&checkpoint)?;
     if let Some(base) = base {
         if config.lora().is_none() || !merge {
@@ -98,7 +101,25 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: 
         (false, true) => return Err(checkpoint_error(&checkpoint, "--merge merges LoRA adapters, and this run trained none ([lora])")),
     }
 
-    let tensors = hf_tensors(m, hf, saved, &weights_path)?;
+    let (tensors, tokenizer_files) = write_hf(&config, hf, saved, &weights_path, out, with_tokenizer)?;
+    Ok(Exported { checkpoint, step: manifest.step, out: out.to_owned(), tensors, tokenizer_files })
+}
+
+/// Writes `out` as a Hugging Face model directory of `config`'s model with the weights
+/// `saved` (ptrain's names; `weights_path`: where they were read, for errors): its
+/// `config.json` over `model.init_from`'s, and with `with_tokenizer` the tokenizer files.
+/// Returns the tensors written and the tokenizer files copied.
+pub(crate) fn write_hf(
+    config: &Config,
+    hf: &HfSpec,
+    saved: BTreeMap<String, ptrain_checkpoint::Tensor>,
+    weights_path: &Path,
+    out: &Path,
+    with_tokenizer: bool,
+) -> Result<(usize, Vec<PathBuf>)> {
+    let m = &config.model;
+    let config_path = weights_path.with_file_name(ptrain_checkpoint::CONFIG_FILE);
+    let tensors = hf_tensors(m, hf, saved, weights_path)?;
 
     std::fs::create_dir_all(out).map_err(|e| Error::Io { path: out.to_owned(), source: e })?;
     let weights_out = out.join(WEIGHTS);
@@ -121,7 +142,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: 
     if let Some(generation) = source.as_ref().map(|d| d.dir.join(GENERATION_CONFIG)).filter(|p| p.is_file()) {
         std::fs::copy(&generation, out.join(GENERATION_CONFIG)).map_err(|e| Error::Io { path: generation.clone(), source: e })?;
     }
-    let tokenizer_files = if with_tokenizer { copy_tokenizer(&config, out)? } else { Vec::new() };
+    let tokenizer_files = if with_tokenizer { copy_tokenizer(config, out)? } else { Vec::new() };
     if with_tokenizer && config.tokenizes() && !config.data.eos_token.is_empty() {
         if let Some(id) = crate::data::tokenize::load_tokenizer(Path::new(&config.data.tokenizer))?.token_to_id(&config.data.eos_token) {
             json.insert("eos_token_id".into(), id.into());
@@ -130,7 +151,7 @@ pub fn export(path: &Path, out: &Path, with_tokenizer: bool, merge: bool, base: 
     let json_path = out.join(CONFIG_JSON);
     let text = serde_json::to_string_pretty(&json).expect("JSON serializes") + "\n";
     std::fs::write(&json_path, text).map_err(|e| Error::Io { path: json_path, source: e })?;
-    Ok(Exported { checkpoint, step: manifest.step, out: out.to_owned(), tensors: tensors.len(), tokenizer_files })
+    Ok((tensors.len(), tokenizer_files))
 }
 
 /// A tensor as a safetensors file holds it: name, type, shape, bytes.

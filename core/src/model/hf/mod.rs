@@ -15,6 +15,7 @@ mod peft;
 use std::path::{Path, PathBuf};
 
 pub use arch::HfArch;
+pub(crate) use export::write_hf;
 pub use export::{export, recorded_config, resolve_checkpoint, Exported, GENERATION_CONFIG};
 pub use load::{load_pieces, load_weights};
 pub use peft::{export_peft, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
@@ -123,8 +124,10 @@ fn locate(spec: &str) -> Result<PathBuf> {
     }
     Err(Error::Data {
         path: path.to_owned(),
-        message: "no config.json: not a Hugging Face model directory (save_pretrained and `hf download` write config.json beside model.safetensors)"
-            .into(),
+        message:
+            "no config.json: not a Hugging Face model directory (save_pretrained and `hf download` write config.json beside model.safetensors), \
+                  nor a ptrain run directory with a valid checkpoint, nor a peft adapter directory (adapter_config.json)"
+                .into(),
     })
 }
 

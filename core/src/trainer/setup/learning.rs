@@ -89,6 +89,10 @@ pub(in crate::trainer) fn model(
             if resuming && config.lora().is_none() {
                 built.model.init_from.clear();
             }
+            // The checkpoint holds the adapters: those the run started from are not read.
+            if let Some(lora) = built.lora.as_mut().filter(|_| resuming) {
+                lora.init_from.clear();
+            }
             match place.shard.as_ref().filter(|s| s.mode == ShardMode::Parameters) {
                 Some(spec) => {
                     let (model, whole, base_hash) = sharding::build_cut(&built, &vs, spec)?;
