@@ -218,21 +218,6 @@ fn lora_trains_a_gemma_from_the_base_exactly_and_merges_into_what_transformers_l
     assert!(report["max_abs_diff"].as_f64().unwrap() <= 1e-4, "the merged model computes the adapted one: {report}");
 }
 
-fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
-    let path = dir.join("config.json");
-    let mut json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    edit(&mut json);
-    std::fs::write(&path, serde_json::to_string(&json).unwrap()).unwrap();
-}
-
-/// `ptrain run` with `set`, refused with exit 2 naming `needle` before a run directory exists.
-fn refused(dir: &Path, set: &[String], needle: &str) {
-    let never = dir.join("never");
-    let out = run_expect(ptrain().args(["run", "--steps", "1", "--run-dir"]).arg(&never).args(small(set)), 2);
-    assert!(stderr(&out).contains(needle), "refusal names `{needle}`:\n{}", stderr(&out));
-    assert!(!never.exists(), "{needle}: refused before the run directory");
-}
-
 #[test]
 fn what_the_gemma_kind_cannot_compute_is_refused_by_name_before_training() {
     let dir = tempfile::tempdir().unwrap();
@@ -244,15 +229,7 @@ fn what_the_gemma_kind_cannot_compute_is_refused_by_name_before_training() {
         ("use_bidirectional_attention", true.into(), "use_bidirectional_attention"),
     ];
     for (i, (key, value, needle)) in edits.into_iter().enumerate() {
-        let copy = dir.path().join(format!("edited-{i}"));
-        std::fs::create_dir_all(&copy).unwrap();
-        for f in ["config.json", "model.safetensors"] {
-            std::fs::copy(model.join(f), copy.join(f)).unwrap();
-        }
-        edit_config(&copy, |j| drop(j.insert(key.into(), value)));
-        let mut edited = set.clone();
-        edited.retain(|s| !s.starts_with("model.init_from"));
-        edited.push(format!("model.init_from={}", s(&copy)));
+        let edited = with_config_key(&set, &model, &dir.path().join(format!("edited-{i}")), key, value);
         refused(dir.path(), &edited, needle);
     }
     // From scratch: the family's own checks, and LoRA's modules are the family's.

@@ -1,7 +1,7 @@
-//! The moe kind (Qwen3-MoE, Mixtral) through the built binary, judged by the real
-//! `transformers` and `peft` (tests/support/hf.py, lora.py): tiny random models it makes
-//! and saves itself (4 experts, top 2, the routers perturbed so tokens spread) give the
-//! same logits, the same router load-balancing loss (`output_router_logits=True`) and
+//! The moe kind (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral; dense blocks,
+//! routing noise) through the built binary, judged by the real `transformers` and
+//! `peft` (tests/support/hf.py, lora.py): tiny random models it makes and saves itself
+//! (4 experts, top 2, the routers perturbed so tokens spread) give the same logits, the same router load-balancing loss (`output_router_logits=True`) and
 //! the same first training loss with the router term in ptrain; what ptrain exports
 //! loads back with nothing missing and decodes greedily as transformers does; LoRA's
 //! adapters load into peft; a run resumes bit for bit, recomputes and shards; and what
@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use common::{hf::*, ranks::launch, *};
 
-/// A `kind` model (`qwen3_moe` or `mixtral`) made by transformers in `dir` (`--fused`:
-/// its experts stacked on disk), random tokens below its vocabulary, and the settings
+/// A `kind` model (`qwen3_moe`, `qwen2_moe` or `mixtral`) made by transformers in `dir`
+/// (`--fused`: its experts stacked on disk; `--mlp-only`, `--sparse-step`: dense blocks;
+/// `--jitter`: routing noise; tests/support/hf.py's `MOE_FLAGS`), random tokens below its vocabulary, and the settings
 /// that train on them from it.
 fn moe_model(dir: &Path, kind: &str, flags: &[&str]) -> (PathBuf, Vec<String>) {
     let model = dir.join(format!("{kind}{}", flags.concat()));
@@ -41,7 +42,16 @@ fn with(set: &[String], more: &[&str]) -> Vec<String> {
 #[test]
 fn each_moe_computes_transformers_logits_router_loss_and_first_loss() {
     let dir = tempfile::tempdir().unwrap();
-    for (kind, flags) in [("qwen3_moe", &[][..]), ("mixtral", &[]), ("qwen3_moe", &["--fused"])] {
+    let cases = [
+        ("qwen3_moe", &[][..]),
+        ("mixtral", &[]),
+        ("qwen2_moe", &[]),
+        ("qwen3_moe", &["--fused"]),
+        ("qwen3_moe", &["--mlp-only"]),
+        ("qwen2_moe", &["--sparse-step"]),
+        ("mixtral", &["--jitter"]),
+    ];
+    for (kind, flags) in cases {
         let what = format!("{kind} {flags:?}");
         let (model, set) = moe_model(dir.path(), kind, flags);
         let probe = dir.path().join(format!("{kind}{}.probe", flags.concat()));
@@ -55,17 +65,26 @@ fn each_moe_computes_transformers_logits_router_loss_and_first_loss() {
         let aux = report["hf_aux_loss"].as_f64().unwrap();
         close(report["probe_aux_loss"].as_f64().unwrap(), aux, 1e-5, &format!("{what}: aux_loss vs transformers'"));
         assert!(aux > 2.0, "{what}: with 2 of 4 experts the balanced loss is 2, a skewed one more: {report}");
-        if !flags.is_empty() {
-            continue;
+        let with_aux = report["hf_loss_with_aux"].as_f64().unwrap();
+        match flags {
+            ["--fused"] => continue,
+            ["--jitter"] => {
+                jitter_takes_effect_in_training_only(dir.path(), &set, with_aux);
+                continue;
+            }
+            _ => {}
         }
         // The first training loss is transformers' with output_router_logits: the
-        // cross-entropy plus router_aux_loss_coef (0.02 here) times aux_loss.
-        let with_aux = report["hf_loss_with_aux"].as_f64().unwrap();
+        // cross-entropy plus router_aux_loss_coef (0.02 here) times aux_loss (over the
+        // blocks with experts).
         close(first_loss(dir.path(), &format!("{what}-run"), &set), with_aux, 1e-5, &format!("{what}: first loss with the router term"));
         let resolved: toml::Table = std::fs::read_to_string(dir.path().join(format!("{what}-run/config.toml"))).unwrap().parse().unwrap();
         assert_eq!(resolved["model"]["kind"].as_str(), Some("moe"), "{what}: the kind comes from config.json");
         assert_eq!(resolved["model"]["moe"]["hf_model_type"].as_str(), Some(kind));
         assert_eq!(resolved["model"]["moe"]["router_aux_loss_coef"].as_float(), Some(0.02), "{what}: the coefficient from config.json");
+        if !flags.is_empty() || kind == "qwen2_moe" {
+            continue;
+        }
         // Overridden: without the term the first loss is transformers' plain one.
         let plain = with(&set, &["model.moe.router_aux_loss_coef=0"]);
         close(first_loss(dir.path(), &format!("{what}-plain"), &plain), report["hf_loss"].as_f64().unwrap(), 1e-5, &format!("{what}: coef 0"));
@@ -77,24 +96,46 @@ fn each_moe_computes_transformers_logits_router_loss_and_first_loss() {
     }
 }
 
+/// Mixtral's `router_jitter_noise` (0.2 in `set`'s model): evaluation's logits were
+/// transformers' (the caller's check: no noise there), training's first loss is not
+/// the noiseless `with_aux` but the same for the same seed, and with the noise set to 0
+/// it is `with_aux` again.
+fn jitter_takes_effect_in_training_only(dir: &Path, set: &[String], with_aux: f64) {
+    let noisy = first_loss(dir, "jitter-a", set);
+    assert!((noisy - with_aux).abs() > 1e-4, "the noise changed the training forward: {noisy} vs {with_aux}");
+    assert_eq!(first_loss(dir, "jitter-b", set), noisy, "the noise is drawn from the run's seed");
+    let resolved: toml::Table = std::fs::read_to_string(dir.join("jitter-a/config.toml")).unwrap().parse().unwrap();
+    assert_eq!(resolved["model"]["moe"]["router_jitter_noise"].as_float(), Some(0.2), "from config.json");
+    let off = first_loss(dir, "jitter-off", &with(set, &["model.moe.router_jitter_noise=0"]));
+    close(off, with_aux, 1e-5, "without the noise: transformers' first loss");
+}
+
 /// Text, a byte-level BPE tokenizer trained on it, and a `kind` model of its vocabulary
 /// with the tokenizer beside it.
-fn tokenized_moe(dir: &Path, kind: &str) -> (PathBuf, PathBuf) {
+fn tokenized_moe(dir: &Path, kind: &str, flags: &[&str]) -> (PathBuf, PathBuf) {
     let (text, tok) = (dir.join("text.txt"), dir.join("tok.json"));
     if !tok.exists() {
         hf(&[&"make-text", &text, &"6000", &"7"]);
         hf(&[&"train-tokenizer", &text, &tok, &"400"]);
     }
-    let model = dir.join(format!("{kind}-tok"));
-    hf(&[&"make-moe", &kind, &model, &tok]);
+    let model = dir.join(format!("{kind}{}-tok", flags.concat()));
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"make-moe", &kind, &model, &tok];
+    args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
+    hf(&args);
     (model, text)
 }
 
 #[test]
 fn fine_tuned_moes_export_to_what_transformers_loads_and_generate_greedily_as_it_does() {
     let dir = tempfile::tempdir().unwrap();
-    for (kind, class) in [("qwen3_moe", "Qwen3MoeForCausalLM"), ("mixtral", "MixtralForCausalLM")] {
-        let (model, text) = tokenized_moe(dir.path(), kind);
+    // Qwen2-MoE with dense blocks: its shared expert and the dense MLPs exported too.
+    let cases = [
+        ("qwen3_moe", "Qwen3MoeForCausalLM", &[][..]),
+        ("mixtral", "MixtralForCausalLM", &[]),
+        ("qwen2_moe", "Qwen2MoeForCausalLM", &["--sparse-step"]),
+    ];
+    for (kind, class, flags) in cases {
+        let (model, text) = tokenized_moe(dir.path(), kind, flags);
         let set = [format!("model.init_from={}", s(&model)), "data.kind=text".into(), format!("data.path={}", s(&text)), "optim.lr=1e-2".into()];
         let run_dir = dir.path().join(format!("{kind}-ft"));
         run_expect(ptrain().args(["run", "--quiet", "--steps", "4", "--plugins", "checkpoint", "--run-dir"]).arg(&run_dir).args(small(&set)), 0);
@@ -197,39 +238,17 @@ fn a_scratch_moe_learns_recomputes_and_shards_as_one_rank_does() {
     }
 }
 
-fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
-    let path = dir.join("config.json");
-    let mut json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    edit(&mut json);
-    std::fs::write(&path, serde_json::to_string(&json).unwrap()).unwrap();
-}
-
-/// `ptrain run` with `set`, refused with exit 2 naming `needle` before a run directory exists.
-fn refused(dir: &Path, set: &[String], needle: &str) {
-    let never = dir.join("never");
-    let out = run_expect(ptrain().args(["run", "--steps", "1", "--run-dir"]).arg(&never).args(small(set)), 2);
-    assert!(stderr(&out).contains(needle), "refusal names `{needle}`:\n{}", stderr(&out));
-    assert!(!never.exists(), "{needle}: refused before the run directory");
-}
-
 #[test]
 fn what_the_moe_kind_cannot_compute_is_refused_by_name_before_training() {
     let dir = tempfile::tempdir().unwrap();
     let (model, set) = moe_model(dir.path(), "qwen3_moe", &[]);
     let edits: [(&str, serde_json::Value, &str); 3] = [
         ("num_experts_per_tok", 5.into(), "num_experts_per_tok = 5"),
-        ("mlp_only_layers", serde_json::json!([1]), "mlp_only_layers"),
-        ("decoder_sparse_step", 2.into(), "decoder_sparse_step = 2"),
+        ("mlp_only_layers", serde_json::json!([-1]), "mlp_only_layers holds -1"),
+        ("decoder_sparse_step", 0.into(), "decoder_sparse_step = 0"),
     ];
     for (i, (key, value, needle)) in edits.into_iter().enumerate() {
-        let copy = dir.path().join(format!("edited-{i}"));
-        std::fs::create_dir_all(&copy).unwrap();
-        for f in ["config.json", "model.safetensors"] {
-            std::fs::copy(model.join(f), copy.join(f)).unwrap();
-        }
-        edit_config(&copy, |j| drop(j.insert(key.into(), value)));
-        let edited: Vec<String> =
-            set.iter().filter(|s| !s.starts_with("model.init_from")).cloned().chain([format!("model.init_from={}", s(&copy))]).collect();
+        let edited = with_config_key(&set, &model, &dir.path().join(format!("edited-{i}")), key, value);
         refused(dir.path(), &edited, needle);
     }
     refused(dir.path(), &with(&set, &["train.activation_checkpointing=\"full\""]), "train.activation_checkpointing");

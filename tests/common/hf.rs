@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{fixture, py};
+use super::{fixture, ptrain, py, run_expect, stderr};
 
 /// Runs a tests/support/hf.py command; returns its last output line as JSON, if any.
 pub fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
@@ -72,4 +72,27 @@ pub fn chat_model(dir: &Path, rows: u32, seed: u32) -> [String; 3] {
         format!("data.path={}", s(&model.join("chat.jsonl"))),
         format!("data.tokens_cache={}", s(&dir.join("cache"))),
     ]
+}
+
+/// `set`, the settings of a run from `model.init_from = model`, from a copy of that
+/// directory at `to` instead, whose config.json has `key` set to `value`.
+pub fn with_config_key(set: &[String], model: &Path, to: &Path, key: &str, value: serde_json::Value) -> Vec<String> {
+    std::fs::create_dir_all(to).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(model.join(f), to.join(f)).unwrap();
+    }
+    let path = to.join("config.json");
+    let mut json: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json.insert(key.into(), value);
+    std::fs::write(&path, serde_json::to_string(&json).unwrap()).unwrap();
+    set.iter().filter(|s| !s.starts_with("model.init_from")).cloned().chain([format!("model.init_from={}", s(to))]).collect()
+}
+
+/// `ptrain run` with `set` (under `dir`), refused with exit 2 naming `needle` before a
+/// run directory exists.
+pub fn refused(dir: &Path, set: &[String], needle: &str) {
+    let never = dir.join("never");
+    let out = run_expect(ptrain().args(["run", "--steps", "1", "--run-dir"]).arg(&never).args(small(set)), 2);
+    assert!(stderr(&out).contains(needle), "refusal names `{needle}`:\n{}", stderr(&out));
+    assert!(!never.exists(), "{needle}: refused before the run directory");
 }

@@ -107,23 +107,38 @@ LLAMA_KINDS = {
 }
 
 
-def make_llama(kind, d, tokenizer=None, *flags):
+def tiny_config_of(kinds, kind, tokenizer):
+    """KIND's config class in KINDS and the rest of its spec, and the vocabulary size and
+    end-of-text id of the tokenizer file TOKENIZER ("-": none: 512 tokens, no end), and
+    the tokenizer (None for "-")."""
+    import transformers
+
+    spec = dict(kinds[kind])
+    cls = getattr(transformers, spec.pop("cls"))
+    tokenizer = None if tokenizer == "-" else tokenizer
+    if not tokenizer:
+        return cls, spec, 512, None, None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer)
+    return cls, spec, tok.get_vocab_size(), tok.token_to_id("<|endoftext|>"), tokenizer
+
+
+def save_tokenizer(d, tokenizer):
+    """The tokenizer file TOKENIZER (if any) beside the model saved in D, as the hub has it."""
     import shutil
 
+    if tokenizer:
+        shutil.copy(tokenizer, f"{d}/tokenizer.json")
+        with open(f"{d}/tokenizer_config.json", "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 128}, f)
+
+
+def make_llama(kind, d, tokenizer=None, *flags):
     import torch
     import transformers
 
-    spec = dict(LLAMA_KINDS[kind])
-    cls = getattr(transformers, spec.pop("cls"))
-    vocab = 512
-    eos = None
-    tokenizer = None if tokenizer == "-" else tokenizer
-    if tokenizer:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(tokenizer)
-        vocab = tok.get_vocab_size()
-        eos = tok.token_to_id("<|endoftext|>")
+    cls, spec, vocab, eos, tokenizer = tiny_config_of(LLAMA_KINDS, kind, tokenizer)
     size = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
     if "--large" in flags:
         size = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12)
@@ -148,10 +163,7 @@ def make_llama(kind, d, tokenizer=None, *flags):
         model.to(torch.bfloat16).save_pretrained(d, max_shard_size="100KB")
     else:
         model.save_pretrained(d)
-    if tokenizer:
-        shutil.copy(tokenizer, f"{d}/tokenizer.json")
-        with open(f"{d}/tokenizer_config.json", "w") as f:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 128}, f)
+    save_tokenizer(d, tokenizer)
 
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -167,20 +179,10 @@ GEMMA_KINDS = {
 
 
 def make_gemma(kind, d, tokenizer=None, *flags):
-    import shutil
-
     import torch
     import transformers
 
-    spec = dict(GEMMA_KINDS[kind])
-    cls = getattr(transformers, spec.pop("cls"))
-    vocab, eos = 512, None
-    tokenizer = None if tokenizer == "-" else tokenizer
-    if tokenizer:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(tokenizer)
-        vocab, eos = tok.get_vocab_size(), tok.token_to_id("<|endoftext|>")
+    cls, spec, vocab, eos, tokenizer = tiny_config_of(GEMMA_KINDS, kind, tokenizer)
     config = cls(
         vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         head_dim=24, query_pre_attn_scalar=32, sliding_window=8, max_position_embeddings=128, bos_token_id=None, eos_token_id=eos,
@@ -210,10 +212,7 @@ def make_gemma(kind, d, tokenizer=None, *flags):
         c["torch_dtype"] = c.pop("dtype")
         with open(f"{d}/config.json", "w") as f:
             json.dump(c, f)
-    if tokenizer:
-        shutil.copy(tokenizer, f"{d}/tokenizer.json")
-        with open(f"{d}/tokenizer_config.json", "w") as f:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 128}, f)
+    save_tokenizer(d, tokenizer)
 
 
 def gemma_features(model, probe):
@@ -261,28 +260,30 @@ def gemma_features(model, probe):
 
 MOE_KINDS = {
     "qwen3_moe": dict(cls="Qwen3MoeConfig", head_dim=24, moe_intermediate_size=32, num_experts=4, norm_topk_prob=False),
+    # norm_topk_prob as transformers' default (False); a shared expert wider than the routed ones.
+    "qwen2_moe": dict(cls="Qwen2MoeConfig", moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=4),
     "mixtral": dict(cls="MixtralConfig", intermediate_size=32, num_local_experts=4),
+}
+
+# Flags of make-moe: dense blocks (4 blocks; 1 and 3 with experts), routing noise.
+MOE_FLAGS = {
+    "--mlp-only": dict(num_hidden_layers=4, mlp_only_layers=[0, 2]),
+    "--sparse-step": dict(num_hidden_layers=4, decoder_sparse_step=2),
+    "--jitter": dict(router_jitter_noise=0.2),
 }
 
 
 def make_moe(kind, d, tokenizer=None, *flags):
-    import shutil
-
     import torch
     import transformers
 
-    spec = dict(MOE_KINDS[kind])
-    cls = getattr(transformers, spec.pop("cls"))
-    vocab, eos = 512, None
-    tokenizer = None if tokenizer == "-" else tokenizer
-    if tokenizer:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(tokenizer)
-        vocab, eos = tok.get_vocab_size(), tok.token_to_id("<|endoftext|>")
+    cls, spec, vocab, eos, tokenizer = tiny_config_of(MOE_KINDS, kind, tokenizer)
     spec.setdefault("intermediate_size", 96)
+    spec.setdefault("num_hidden_layers", 2)
+    for flag in flags:
+        spec.update(MOE_FLAGS.get(flag, {}))
     config = cls(
-        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=2,
+        vocab_size=vocab, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=2,
         router_aux_loss_coef=0.02, max_position_embeddings=128, bos_token_id=None, eos_token_id=eos, pad_token_id=None, **spec,
     )
     torch.manual_seed(0)
@@ -296,10 +297,7 @@ def make_moe(kind, d, tokenizer=None, *flags):
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, f"{d}/model.safetensors", metadata={"format": "pt"})
-    if tokenizer:
-        shutil.copy(tokenizer, f"{d}/tokenizer.json")
-        with open(f"{d}/tokenizer_config.json", "w") as f:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 128}, f)
+    save_tokenizer(d, tokenizer)
 
 
 def make_tokens(path, n):

@@ -179,18 +179,35 @@ pub struct MoeArgs {
     pub expert_intermediate_size: i64,
     /// The top-k routing weights renormalised to sum to 1 (Mixtral always does).
     pub norm_topk_prob: bool,
+    /// Width of Qwen2-MoE's shared expert (`shared_expert_intermediate_size`), a SwiGLU
+    /// every token goes through beside the routed ones, scaled by a sigmoid gate; 0 = none.
+    pub shared_expert_intermediate_size: i64,
+    /// Blocks with a dense SwiGLU of `[model.llama]`'s width instead of experts
+    /// (`mlp_only_layers`).
+    pub mlp_only_layers: Vec<i64>,
+    /// Block `i` has experts when `(i + 1)` is a multiple of it (`decoder_sparse_step`).
+    pub decoder_sparse_step: i64,
+    /// Mixtral's `router_jitter_noise`: in training, the experts' input is scaled by a
+    /// factor drawn from `U(1 - j, 1 + j)` per element; 0 = none.
+    pub router_jitter_noise: f64,
     /// Weight of the router's load-balancing loss in the training loss
     /// (`router_aux_loss_coef`); 0 = not added (still logged as `aux_loss`).
     pub router_aux_loss_coef: f64,
     /// Weight of the router z-loss (ST-MoE: the mean over tokens of the squared
     /// log-sum-exp of the router logits, summed over blocks); 0 = off.
     pub router_z_loss_coef: f64,
-    /// The Hugging Face `model_type` an export writes (`qwen3_moe`, `mixtral`); empty =
-    /// `qwen3_moe` with `[model.llama] qk_norm`, else `mixtral`.
+    /// The Hugging Face `model_type` an export writes (`qwen3_moe`, `qwen2_moe`, `mixtral`);
+    /// empty = `qwen3_moe` with `[model.llama] qk_norm`, `qwen2_moe` with a shared expert,
+    /// else `mixtral`.
     pub hf_model_type: String,
 }
 
 impl MoeArgs {
+    /// Block `index` has experts (else a dense SwiGLU), as transformers decides it.
+    pub fn is_sparse(&self, index: i64) -> bool {
+        !self.mlp_only_layers.contains(&index) && (index + 1) % self.decoder_sparse_step.max(1) == 0
+    }
+
     /// Each expert's SwiGLU width.
     pub fn expert_width(&self, llama: &LlamaArgs, n_embd: i64) -> i64 {
         if self.expert_intermediate_size > 0 {

@@ -183,7 +183,7 @@ mod tests {
 
     #[test]
     fn lists_read_as_sentences() {
-        assert_eq!(model_types("and"), "gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, qwen3_moe and mixtral");
+        assert_eq!(model_types("and"), "gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, qwen3_moe, qwen2_moe and mixtral");
         assert_eq!(kinds(|f| f.blocks(), |k| format!("a {k}")), "a gpt, a llama, a gemma or a moe");
         assert_eq!(by_model_type("qwen3").map(|(f, class)| (f.kind, class)), Some((ModelKind::Llama, "Qwen3ForCausalLM")));
         assert!(by_model_type("gemma").is_none());

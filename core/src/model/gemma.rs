@@ -144,6 +144,7 @@ pub fn layout(m: &ModelConfig) -> Layout {
         blocks_at: "model.layers",
         blocks: m.n_layer,
         block,
+        exceptions: Vec::new(),
         after: vec![norm("model.norm.weight", d), Part::TiedHead { inp: d, out: m.vocab_size }],
     }
 }

@@ -60,6 +60,7 @@ pub fn layout(c: &ModelConfig, bias: bool) -> Layout {
             Part::Table { path: "transformer.wpe.weight", rows: c.block_size, cols: d, std },
         ],
         blocks_at: "transformer.h",
+        exceptions: Vec::new(),
         blocks: c.n_layer,
         block: [
             &norm("ln_1.weight", "ln_1.bias")[..],

@@ -53,6 +53,8 @@ pub struct Layout {
     pub blocks: i64,
     /// One block's parts.
     pub block: Vec<Part>,
+    /// The blocks whose parts are not `block`'s, with theirs (a mixture's dense blocks).
+    pub exceptions: Vec<(i64, Vec<Part>)>,
     /// Made after the blocks (the final norm).
     pub after: Vec<Part>,
 }
@@ -61,6 +63,11 @@ impl Layout {
     /// Block `index`'s name of `path`.
     pub fn in_block(&self, index: i64, path: &str) -> String {
         format!("{}.{index}.{path}", self.blocks_at)
+    }
+
+    /// Block `index`'s parts.
+    pub fn parts(&self, index: i64) -> &[Part] {
+        self.exceptions.iter().find(|(i, _)| *i == index).map_or(&self.block, |(_, parts)| parts)
     }
 
     /// The layers at sequence length `seq_len`, for exact FLOP counts: each block's
@@ -81,7 +88,7 @@ impl Layout {
             Part::Experts { inp, out, active, .. } => Some(Layer::linear(name, inp, out, t * active, true)),
             Part::Vector { .. } | Part::Table { .. } => None,
         };
-        let blocks = (0..self.blocks).flat_map(|i| self.block.iter().filter_map(move |p| layer(self.in_block(i, p.path()), p)));
+        let blocks = (0..self.blocks).flat_map(|i| self.parts(i).iter().filter_map(move |p| layer(self.in_block(i, p.path()), p)));
         let outer = self.before.iter().chain(&self.after).filter_map(|p| layer(p.path().to_string(), p));
         blocks.collect::<Vec<_>>().into_iter().chain(outer).collect()
     }

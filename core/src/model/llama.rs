@@ -1,7 +1,8 @@
 //! The Llama family as `transformers` computes it (`LlamaForCausalLM`,
 //! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM` without a sliding
 //! window): its [`Layout`], its block (`block.rs`: RMSNorm in float32, rotary
-//! positions, grouped-query attention, a SwiGLU MLP), its [`Family`], its descriptor
+//! positions, grouped-query attention, a SwiGLU MLP), its [`Family`] (the trunk the
+//! mixtures of experts share, with another [`FeedForward`]), its descriptor
 //! [`SPEC`], and its `config.json` mapping (`hf.rs`). Parameters carry the Hugging Face
 //! names (`model.layers.0.self_attn.q_proj.weight`), so loading and exporting are a
 //! copy, with no renaming or transposition.
@@ -13,6 +14,7 @@ use tch::{nn, Kind, Tensor};
 
 use super::{
     decoder::{self, built, Decoder, Family, Positions},
+    entry::AuxLoss,
     family::{Build, FamilySpec, HfSpec},
     layout::{Layout, Made, Part},
     lora::Targets,
@@ -22,8 +24,8 @@ use crate::{
     config::{Config, LlamaArgs, ModelConfig, ModelKind},
     error::Result,
 };
-pub use block::LlamaBlock;
-pub(super) use block::{swiglu, Dims, RmsNorm, SelfAttention};
+pub(super) use block::{swiglu, Dims, RmsNorm};
+pub use block::{FeedForward, LlamaBlock, SwiGlu};
 
 /// The `llama` family, registered in `model::family`.
 pub const SPEC: FamilySpec = FamilySpec {
@@ -45,7 +47,7 @@ pub const SPEC: FamilySpec = FamilySpec {
 };
 
 fn build(vs: &nn::Path, config: &Config, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Result<Box<dyn super::Model>> {
-    decoder::planned(Llama::decoder_with(vs, &config.model, targets, after_block), &config.train)
+    decoder::planned(Llama::<SwiGlu>::decoder_with(vs, &config.model, targets, after_block), &config.train)
 }
 
 /// Shapes the `llama` kind cannot build: the key and why.
@@ -100,17 +102,19 @@ pub fn layout(m: &ModelConfig) -> Layout {
         blocks_at: "model.layers",
         blocks: m.n_layer,
         block,
+        exceptions: Vec::new(),
         after: vec![norm("model.norm.weight", d)],
     }
 }
 
-fn dims(m: &ModelConfig) -> Dims {
+pub(super) fn dims(m: &ModelConfig) -> Dims {
     let a: &LlamaArgs = &m.llama;
     Dims { heads: m.n_head, kv_heads: a.kv_heads(m.n_head), head_dim: a.head_width(m.n_embd, m.n_head), dropout: m.dropout }
 }
 
-/// Llama's token embedding, rotary tables, final RMSNorm and head.
-pub struct Llama {
+/// Llama's token embedding, rotary tables, final RMSNorm and head around blocks of
+/// the MLP `M` (the `llama` family's SwiGLU, the `moe` family's experts).
+pub struct Llama<M: FeedForward = SwiGlu> {
     embed_tokens: Tensor,
     norm: RmsNorm,
     /// `None` when the head is the token embedding (`tie_word_embeddings`).
@@ -119,6 +123,7 @@ pub struct Llama {
     config: ModelConfig,
     /// LoRA's adapters draw dropout.
     lora_draws: bool,
+    losses: M::Losses,
 }
 
 impl Llama {
@@ -126,27 +131,30 @@ impl Llama {
     pub fn decoder(vs: &nn::Path, m: &ModelConfig, targets: Targets) -> Decoder<Llama> {
         Llama::decoder_with(vs, m, targets, &mut |_| {})
     }
+}
 
+impl<M: FeedForward> Llama<M> {
     /// As [`Llama::decoder`], calling `after_block(i)` once block `i`'s variables exist.
-    pub fn decoder_with(vs: &nn::Path, m: &ModelConfig, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Decoder<Llama> {
-        let (layout, dims, eps) = (layout(m), dims(m), m.llama.rms_norm_eps);
+    pub fn decoder_with(vs: &nn::Path, m: &ModelConfig, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Decoder<Llama<M>> {
+        let (layout, dims, eps) = (M::layout(m), dims(m), m.llama.rms_norm_eps);
         let mut outer = Made::new(vs, &layout.before, m, Targets::NONE);
         let lm_head = outer.take_linear("lm_head").map(|l| l.base.ws);
         let embed_tokens = outer.tensor("model.embed_tokens.weight");
         let layers = (0..layout.blocks)
-            .map(|i| built(LlamaBlock::new(Made::new(&(vs / "model" / "layers" / i), &layout.block, m, targets), dims, eps), i, after_block))
+            .map(|i| built(LlamaBlock::new(Made::new(&(vs / "model" / "layers" / i), layout.parts(i), m, targets), m, dims, i), i, after_block))
             .collect();
         let norm = RmsNorm { weight: Made::new(vs, &layout.after, m, Targets::NONE).tensor("model.norm.weight"), eps };
         let rope = Rope::new(&m.llama, dims.head_dim, m.block_size, vs.device());
-        Decoder::new(Llama { embed_tokens, norm, lm_head, rope, config: m.clone(), lora_draws: targets.draws() }, layers)
+        let losses = M::losses(m);
+        Decoder::new(Llama { embed_tokens, norm, lm_head, rope, config: m.clone(), lora_draws: targets.draws(), losses }, layers)
     }
 }
 
-impl Family for Llama {
-    type Block = LlamaBlock;
+impl<M: FeedForward> Family for Llama<M> {
+    type Block = LlamaBlock<M>;
 
     fn kind(&self) -> &'static str {
-        "llama"
+        M::KIND
     }
 
     fn context(&self) -> i64 {
@@ -176,11 +184,15 @@ impl Family for Llama {
     }
 
     fn draws(&self) -> bool {
-        self.config.dropout > 0.0 || self.lora_draws
+        self.config.dropout > 0.0 || self.lora_draws || M::draws(&self.config)
     }
 
     fn layout(&self) -> Layout {
-        layout(&self.config)
+        M::layout(&self.config)
+    }
+
+    fn aux_loss(&self, collected: Vec<Tensor>, blocks: usize) -> Result<Option<AuxLoss>> {
+        M::aux_loss(&self.losses, collected, blocks)
     }
 }
 

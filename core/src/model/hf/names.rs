@@ -77,7 +77,7 @@ pub fn from_layout(layout: &Layout, conv1d: bool) -> Vec<Param> {
         add(part.path().to_string(), part, false);
     }
     for i in 0..layout.blocks {
-        for part in &layout.block {
+        for part in layout.parts(i) {
             add(layout.in_block(i, part.path()), part, true);
         }
     }

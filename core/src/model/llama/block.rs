@@ -1,15 +1,17 @@
 //! The Llama block as `transformers` computes it: RMSNorm in float32, grouped-query
-//! attention over rotated queries and keys (q/k RMSNorm for Qwen3), a SwiGLU MLP.
+//! attention over rotated queries and keys (q/k RMSNorm for Qwen3), then a [`FeedForward`]:
+//! Llama's SwiGLU, or a mixture of experts (`model/moe`).
 
 use tch::{Kind, Tensor};
 
 use super::super::{
     attention::{split_heads, HeadNorm},
     decoder::{Block, BlockInput},
-    layout::Made,
+    entry::AuxLoss,
+    layout::{Layout, Made},
     lora, rope,
 };
-use crate::error::Result;
+use crate::{config::ModelConfig, error::Result};
 
 /// `LlamaRMSNorm`: normalised in float32, cast back to the input's type, then
 /// scaled by the weight (in that order: it matters in bf16).
@@ -77,8 +79,7 @@ pub(in crate::model) struct Dims {
 }
 
 /// A Llama block's first half, the residual included: RMSNorm, grouped-query attention
-/// over rotated queries and keys (q/k RMSNorm for Qwen3). The mixtures of experts
-/// (`model/moe`) share it.
+/// over rotated queries and keys (q/k RMSNorm for Qwen3).
 #[derive(Debug)]
 pub(in crate::model) struct SelfAttention {
     input_norm: RmsNorm,
@@ -133,48 +134,131 @@ impl SelfAttention {
     }
 }
 
+/// A block's second half, after the post-attention RMSNorm: Llama's SwiGLU ([`SwiGlu`])
+/// or a mixture of experts (`model/moe`). The trunk around the blocks
+/// ([`super::Llama`]) is the same for every kind of MLP; what differs by kind is here.
+pub trait FeedForward: std::fmt::Debug + Send + 'static + Sized {
+    /// What the family adds up over a forward's blocks (a mixture's router losses).
+    type Losses: Send + 'static;
+
+    /// `model.kind`.
+    const KIND: &'static str;
+
+    /// Block `index`'s MLP of the variables `made` from the family's layout.
+    fn new(made: &mut Made, m: &ModelConfig, index: i64) -> Self;
+
+    /// Its output `[B, T, D]` for the normed hidden states `h`.
+    fn forward(&self, h: &Tensor, input: &mut BlockInput) -> Result<Tensor>;
+
+    /// Its linear layers (LoRA's).
+    fn linears(&self) -> Vec<&lora::Linear>;
+
+    /// Every parameter of the family, in the order they are drawn.
+    fn layout(m: &ModelConfig) -> Layout;
+
+    fn losses(m: &ModelConfig) -> Self::Losses;
+
+    /// The auxiliary loss from what the blocks put in [`BlockInput::aux`].
+    fn aux_loss(_losses: &Self::Losses, _collected: Vec<Tensor>, _blocks: usize) -> Result<Option<AuxLoss>> {
+        Ok(None)
+    }
+
+    /// Training draws random numbers besides dropout and LoRA's (routing noise).
+    fn draws(_m: &ModelConfig) -> bool {
+        false
+    }
+}
+
+/// Llama's MLP, `down(silu(gate(h)) * up(h))`, at `{prefix}.gate_proj` and its kin (`mlp`;
+/// a mixture's dense blocks and Qwen2-MoE's shared expert are one too).
 #[derive(Debug)]
-pub struct LlamaBlock {
-    attention: SelfAttention,
-    post_norm: RmsNorm,
+pub struct SwiGlu {
     gate_proj: lora::Linear,
     up_proj: lora::Linear,
     down_proj: lora::Linear,
 }
 
+impl SwiGlu {
+    pub(in crate::model) fn at(made: &mut Made, prefix: &str) -> SwiGlu {
+        SwiGlu {
+            gate_proj: made.linear(&format!("{prefix}.gate_proj")),
+            up_proj: made.linear(&format!("{prefix}.up_proj")),
+            down_proj: made.linear(&format!("{prefix}.down_proj")),
+        }
+    }
+
+    pub(in crate::model) fn forward(&self, h: &Tensor, train: bool) -> Result<Tensor> {
+        let [gate, up] = lora::forward_shared([&self.gate_proj, &self.up_proj], h, train)?;
+        let gated = swiglu(&gate, &up)?;
+        let down = self.down_proj.forward_with(&gated, Some((&gate, &up)), train)?;
+        recompute_in_backward(&down, &gated, &gate, &up)?;
+        Ok(down)
+    }
+
+    pub(in crate::model) fn linears(&self) -> [&lora::Linear; 3] {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+    }
+}
+
+impl FeedForward for SwiGlu {
+    type Losses = ();
+    const KIND: &'static str = "llama";
+
+    fn new(made: &mut Made, _m: &ModelConfig, _index: i64) -> SwiGlu {
+        SwiGlu::at(made, "mlp")
+    }
+
+    fn forward(&self, h: &Tensor, input: &mut BlockInput) -> Result<Tensor> {
+        SwiGlu::forward(self, h, input.train)
+    }
+
+    fn linears(&self) -> Vec<&lora::Linear> {
+        SwiGlu::linears(self).to_vec()
+    }
+
+    fn layout(m: &ModelConfig) -> Layout {
+        super::layout(m)
+    }
+
+    fn losses(_m: &ModelConfig) {}
+}
+
+/// A Llama block: the attention half, the post-attention RMSNorm, and its MLP `M`.
+#[derive(Debug)]
+pub struct LlamaBlock<M = SwiGlu> {
+    attention: SelfAttention,
+    post_norm: RmsNorm,
+    mlp: M,
+}
+
 // SAFETY: a layer's tensors are only read (each op makes a new tensor), which libtorch
 // allows from several threads at once; the checkpoint's recompute may run it on an
 // autograd worker thread.
-unsafe impl Sync for LlamaBlock {}
+unsafe impl<M> Sync for LlamaBlock<M> {}
 
-impl LlamaBlock {
-    /// The block of the variables `made` from its layout (`super::layout`).
-    pub(super) fn new(mut made: Made, dims: Dims, rms_norm_eps: f64) -> LlamaBlock {
+impl<M: FeedForward> LlamaBlock<M> {
+    /// Block `index` of the variables `made` from its layout (`super::layout`).
+    pub(in crate::model) fn new(mut made: Made, m: &ModelConfig, dims: Dims, index: i64) -> LlamaBlock<M> {
+        let eps = m.llama.rms_norm_eps;
         LlamaBlock {
-            attention: SelfAttention::new(&mut made, dims, rms_norm_eps),
-            post_norm: RmsNorm { weight: made.tensor("post_attention_layernorm.weight"), eps: rms_norm_eps },
-            gate_proj: made.linear("mlp.gate_proj"),
-            up_proj: made.linear("mlp.up_proj"),
-            down_proj: made.linear("mlp.down_proj"),
+            attention: SelfAttention::new(&mut made, dims, eps),
+            post_norm: RmsNorm { weight: made.tensor("post_attention_layernorm.weight"), eps },
+            mlp: M::new(&mut made, m, index),
         }
     }
 }
 
-impl Block for LlamaBlock {
+impl<M: FeedForward> Block for LlamaBlock<M> {
     /// One layer over `x` `[B, T, D]` with RoPE's cos and sin at its positions.
     fn forward(&self, x: &Tensor, input: &mut BlockInput) -> Result<Tensor> {
-        let train = input.train;
         let x = self.attention.forward(x, input)?;
         let h = self.post_norm.forward(&x)?;
-        let [gate, up] = lora::forward_shared([&self.gate_proj, &self.up_proj], &h, train)?;
-        let gated = swiglu(&gate, &up)?;
-        let down = self.down_proj.forward_with(&gated, Some((&gate, &up)), train)?;
-        recompute_in_backward(&down, &gated, &gate, &up)?;
-        Ok(x.f_add(&down)?)
+        Ok(x.f_add(&self.mlp.forward(&h, input)?)?)
     }
 
     fn linears(&self) -> Vec<&lora::Linear> {
-        let [q, k, v, o] = self.attention.linears();
-        vec![q, k, v, o, &self.gate_proj, &self.up_proj, &self.down_proj]
+        let mut all = self.attention.linears().to_vec();
+        all.extend(self.mlp.linears());
+        all
     }
 }

@@ -1,7 +1,8 @@
-//! The `config.json` of `Qwen3MoeForCausalLM` and `MixtralForCausalLM` (transformers 4.x
-//! and 5.x forms), and ptrain's `[model]`, `[model.llama]` and `[model.moe]` keys, both
-//! ways: the attention half is the llama family's mapping (Qwen3-MoE's as `qwen3`'s,
-//! Mixtral's as `mistral`'s), the experts' keys are read here. The parameter table is
+//! The `config.json` of `Qwen3MoeForCausalLM`, `Qwen2MoeForCausalLM` and
+//! `MixtralForCausalLM` (transformers 4.x and 5.x forms), and ptrain's `[model]`,
+//! `[model.llama]` and `[model.moe]` keys, both ways: the attention half is the llama
+//! family's mapping (Qwen3-MoE's as `qwen3`'s, Qwen2-MoE's as `qwen2`'s, Mixtral's as
+//! `mistral`'s), the experts' keys are read here. The parameter table is
 //! the family's layout under transformers 5's names in memory, each stacked expert
 //! tensor split into the per-expert tensors `save_pretrained` writes (and Mixtral's
 //! router renamed to its `block_sparse_moe.gate`).
@@ -19,14 +20,15 @@ use crate::{
 };
 
 /// The Hugging Face families the `moe` kind computes, with their class names.
-pub const FAMILIES: [(&str, &str); 2] = [("qwen3_moe", "Qwen3MoeForCausalLM"), ("mixtral", "MixtralForCausalLM")];
+pub const FAMILIES: [(&str, &str); 3] =
+    [("qwen3_moe", "Qwen3MoeForCausalLM"), ("qwen2_moe", "Qwen2MoeForCausalLM"), ("mixtral", "MixtralForCausalLM")];
 
 /// The llama family's `model_type` whose attention each has.
 fn attention_of(model_type: &str) -> &'static str {
-    if model_type == "mixtral" {
-        "mistral"
-    } else {
-        "qwen3"
+    match model_type {
+        "mixtral" => "mistral",
+        "qwen2_moe" => "qwen2",
+        _ => "qwen3",
     }
 }
 
@@ -95,6 +97,20 @@ fn int(raw: &Map<String, Value>, key: &str) -> Result<Option<i64>, String> {
     }
 }
 
+/// Qwen's dense blocks: `mlp_only_layers` and `decoder_sparse_step`.
+fn dense_layers(raw: &Map<String, Value>, moe: &mut MoeArgs) -> Result<(), String> {
+    moe.decoder_sparse_step = int(raw, "decoder_sparse_step")?.unwrap_or(1);
+    moe.mlp_only_layers = match raw.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_i64().filter(|i| *i >= 0).ok_or_else(|| format!("mlp_only_layers holds {v}: not a block index")))
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(format!("mlp_only_layers = {v} is not a list of block indices")),
+    };
+    Ok(())
+}
+
 impl MoeArch {
     /// Reads a `config.json` whose `model_type` is one of [`FAMILIES`]; anything the `moe`
     /// kind cannot compute is an error naming the key.
@@ -125,14 +141,18 @@ impl MoeArch {
             moe.router_aux_loss_coef =
                 coef.as_f64().filter(|c| *c >= 0.0).ok_or_else(|| format!("router_aux_loss_coef = {coef} is not a number >= 0"))?;
         }
-        if let Some(jitter) = raw.get("router_jitter_noise").and_then(Value::as_f64).filter(|j| *j > 0.0) {
-            return Err(format!("router_jitter_noise = {jitter}: routing noise is not implemented (0 in released Mixtral models)"));
+        if model_type == "mixtral" {
+            moe.router_jitter_noise = match raw.get("router_jitter_noise") {
+                None | Some(Value::Null) => 0.0,
+                Some(j) => j.as_f64().filter(|j| (0.0..1.0).contains(j)).ok_or_else(|| format!("router_jitter_noise = {j} is not in [0, 1)"))?,
+            };
+        } else {
+            dense_layers(raw, &mut moe)?;
         }
-        if let Some(step) = int(raw, "decoder_sparse_step")?.filter(|&s| s != 1) {
-            return Err(format!("decoder_sparse_step = {step}: ptrain builds every block as a mixture (1)"));
-        }
-        if let Some(dense) = raw.get("mlp_only_layers").and_then(Value::as_array).filter(|l| !l.is_empty()) {
-            return Err(format!("mlp_only_layers = {}: ptrain builds every block as a mixture ([])", Value::Array(dense.clone())));
+        if model_type == "qwen2_moe" {
+            moe.shared_expert_intermediate_size = int(raw, "shared_expert_intermediate_size")?
+                .ok_or("no shared_expert_intermediate_size: a config.json written by save_pretrained has it")?;
+            llama.args.qkv_bias = raw.get("qkv_bias").map_or(Some(true), Value::as_bool).ok_or("qkv_bias is not a boolean")?;
         }
         moe.hf_model_type = model_type.to_string();
         llama.args.hf_model_type = String::new();
@@ -141,23 +161,36 @@ impl MoeArch {
 
     /// The `model_type` an export writes: `hf_model_type`, or the one the llama keys fit.
     fn export_type(m: &ModelConfig) -> Result<&'static str, String> {
-        let fits = |t: &str| if t == "qwen3_moe" { m.llama.qk_norm } else { !m.llama.qk_norm && !m.llama.qkv_bias && !m.llama.o_bias };
-        let chosen = match m.moe.hf_model_type.as_str() {
-            "" if m.llama.qk_norm => "qwen3_moe",
+        let (l, a) = (&m.llama, &m.moe);
+        let (shared, dense) = (a.shared_expert_intermediate_size > 0, (0..m.n_layer).any(|i| !a.is_sparse(i)));
+        let fits = |t: &str| match t {
+            "qwen3_moe" => l.qk_norm && !shared,
+            "qwen2_moe" => !l.qk_norm && !l.o_bias && shared,
+            _ => !l.qk_norm && !l.qkv_bias && !l.o_bias && !shared && !dense,
+        };
+        let chosen = match a.hf_model_type.as_str() {
+            "" if l.qk_norm => "qwen3_moe",
+            "" if shared => "qwen2_moe",
             "" => "mixtral",
             t => FAMILIES
                 .iter()
                 .map(|f| f.0)
                 .find(|f| *f == t)
-                .ok_or_else(|| format!("model.moe.hf_model_type = \"{t}\" is not qwen3_moe or mixtral"))?,
+                .ok_or_else(|| format!("model.moe.hf_model_type = \"{t}\" is not qwen3_moe, qwen2_moe or mixtral"))?,
         };
         match fits(chosen) {
             true => Ok(chosen),
             false => Err(format!(
-                "model.moe.hf_model_type = \"{chosen}\" with model.llama.qk_norm = {}, qkv_bias = {}: {chosen} has {}",
-                m.llama.qk_norm,
-                m.llama.qkv_bias,
-                if chosen == "qwen3_moe" { "q/k norms" } else { "no q/k norms and no attention biases" }
+                "model.moe.hf_model_type = \"{chosen}\" with model.llama.qk_norm = {}, qkv_bias = {}, o_bias = {}, model.moe.shared_expert_intermediate_size = {}, dense blocks: {dense}: {chosen} has {}",
+                l.qk_norm,
+                l.qkv_bias,
+                l.o_bias,
+                a.shared_expert_intermediate_size,
+                match chosen {
+                    "qwen3_moe" => "q/k norms and no shared expert",
+                    "qwen2_moe" => "a shared expert, no q/k norms and no o_proj bias",
+                    _ => "no q/k norms, no attention biases, no shared expert and no dense blocks",
+                }
             )),
         }
     }
@@ -168,7 +201,10 @@ impl MoeArch {
         let mut attention = m.clone();
         attention.llama.hf_model_type = attention_of(model_type).into();
         attention.llama.mlp_bias = false;
+        // Qwen2-MoE's q/k/v biases are its own key (`qkv_bias`), not qwen2's given.
+        attention.llama.qkv_bias |= model_type == "qwen2_moe";
         let mut llama = LlamaArch::from_model(&attention)?;
+        llama.args.qkv_bias = m.llama.qkv_bias;
         if model_type == "mixtral" {
             llama.args.intermediate_size = m.moe.expert_width(&m.llama, m.n_embd);
         }
@@ -198,13 +234,18 @@ impl MoeArch {
         if model_type == "mixtral" {
             out.insert("num_local_experts".into(), a.experts.into());
             out.insert("intermediate_size".into(), a.expert_intermediate_size.into());
+            out.insert("router_jitter_noise".into(), a.router_jitter_noise.into());
         } else {
             out.insert("num_experts".into(), a.experts.into());
             out.remove("num_local_experts");
             out.insert("moe_intermediate_size".into(), a.expert_intermediate_size.into());
             out.insert("norm_topk_prob".into(), a.norm_topk_prob.into());
-            out.insert("decoder_sparse_step".into(), 1.into());
-            out.insert("mlp_only_layers".into(), serde_json::json!([]));
+            out.insert("decoder_sparse_step".into(), a.decoder_sparse_step.into());
+            out.insert("mlp_only_layers".into(), serde_json::json!(a.mlp_only_layers));
+        }
+        if model_type == "qwen2_moe" {
+            out.insert("shared_expert_intermediate_size".into(), a.shared_expert_intermediate_size.into());
+            out.insert("qkv_bias".into(), self.llama.args.qkv_bias.into());
         }
         out
     }
@@ -219,13 +260,28 @@ impl HfConfig for MoeArch {
             ("moe.top_k".into(), "num_experts_per_tok", toml::Value::Integer(a.top_k)),
             ("moe.expert_intermediate_size".into(), "moe_intermediate_size", toml::Value::Integer(a.expert_intermediate_size)),
             ("moe.norm_topk_prob".into(), "norm_topk_prob", toml::Value::Boolean(a.norm_topk_prob)),
+            (
+                "moe.shared_expert_intermediate_size".into(),
+                "shared_expert_intermediate_size",
+                toml::Value::Integer(a.shared_expert_intermediate_size),
+            ),
+            (
+                "moe.mlp_only_layers".into(),
+                "mlp_only_layers",
+                toml::Value::Array(a.mlp_only_layers.iter().map(|i| toml::Value::Integer(*i)).collect()),
+            ),
+            ("moe.decoder_sparse_step".into(), "decoder_sparse_step", toml::Value::Integer(a.decoder_sparse_step)),
             ("moe.hf_model_type".into(), "model_type", toml::Value::String(a.hf_model_type.clone())),
         ]);
         keys
     }
 
-    /// `router_aux_loss_coef`: the checkpoint's, unless the configuration sets another.
+    /// `router_aux_loss_coef` and `router_jitter_noise` (training's, not the model's):
+    /// the checkpoint's, unless the configuration sets another.
     fn defaults(&self) -> Vec<(String, toml::Value)> {
-        vec![("moe.router_aux_loss_coef".into(), toml::Value::Float(self.moe.router_aux_loss_coef))]
+        vec![
+            ("moe.router_aux_loss_coef".into(), toml::Value::Float(self.moe.router_aux_loss_coef)),
+            ("moe.router_jitter_noise".into(), toml::Value::Float(self.moe.router_jitter_noise)),
+        ]
     }
 }

@@ -11,27 +11,35 @@ use tch::{Kind, Tensor};
 use crate::{config::MoeArgs, error::Result, model::entry::AuxLoss};
 
 /// The router losses' weights and the metrics' names.
-pub(super) struct Losses {
+pub struct Losses {
     experts: i64,
     top_k: i64,
     aux_coef: f64,
     z_coef: f64,
-    /// `expert_load_max/<block>` and `expert_load_min/<block>`, named once per model.
+    /// `expert_load_max/<block>` and `expert_load_min/<block>` of each block with
+    /// experts, in order, named once per model.
     load_names: Vec<(&'static str, &'static str)>,
 }
 
 impl Losses {
+    /// Over the blocks with experts of a model of `blocks` blocks.
     pub(super) fn new(a: &MoeArgs, blocks: i64) -> Losses {
         // Metric names are `&'static str`: made once when the model is built (a few
         // bytes per block), not per step.
         let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-        let load_names = (0..blocks).map(|i| (leak(format!("expert_load_max/{i}")), leak(format!("expert_load_min/{i}")))).collect();
+        let load_names =
+            (0..blocks).filter(|i| a.is_sparse(*i)).map(|i| (leak(format!("expert_load_max/{i}")), leak(format!("expert_load_min/{i}")))).collect();
         Losses { experts: a.experts, top_k: a.top_k, aux_coef: a.router_aux_loss_coef, z_coef: a.router_z_loss_coef, load_names }
+    }
+
+    /// How many blocks have experts (give router logits).
+    pub(super) fn blocks(&self) -> usize {
+        self.load_names.len()
     }
 
     /// The weighted losses, and `aux_loss` (unweighted, transformers' `out.aux_loss`),
     /// `z_loss` when weighted, and each block's load, from every block's router
-    /// logits `[N, experts]`.
+    /// logits `[N, experts]` (the blocks with experts).
     pub(super) fn of(&self, logits: &[Tensor]) -> Result<AuxLoss> {
         let Some(first) = logits.first() else { return Err(crate::error::Error::Other("a mixture of experts with no block".into())) };
         let options = (Kind::Float, first.device());
