@@ -18,21 +18,7 @@ use common::{hf::*, ranks::launch, *};
 /// `--jitter`: routing noise; tests/support/hf.py's `MOE_FLAGS`), random tokens below its vocabulary, and the settings
 /// that train on them from it.
 fn moe_model(dir: &Path, kind: &str, flags: &[&str]) -> (PathBuf, Vec<String>) {
-    let model = dir.join(format!("{kind}{}", flags.concat()));
-    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"make-moe", &kind, &model, &"-"];
-    args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
-    hf(&args);
-    let tokens = dir.join("tokens.bin");
-    if !tokens.exists() {
-        hf(&[&"make-tokens", &tokens, &"20000"]);
-    }
-    (model.clone(), vec!["data.kind=tokens".into(), format!("data.path={}", s(&tokens)), format!("model.init_from={}", s(&model))])
-}
-
-fn first_loss(dir: &Path, name: &str, set: &[String]) -> f64 {
-    let run_dir = dir.join(name);
-    run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--run-dir"]).arg(&run_dir).args(small(set)), 0);
-    summary(&run_dir)["first_loss"].as_f64().unwrap()
+    family_model(dir, "make-moe", kind, flags)
 }
 
 fn with(set: &[String], more: &[&str]) -> Vec<String> {

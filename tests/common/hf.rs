@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{fixture, ptrain, py, run_expect, stderr};
+use super::{fixture, ptrain, py, run_expect, stderr, summary};
 
 /// Runs a tests/support/hf.py command; returns its last output line as JSON, if any.
 pub fn hf(args: &[&dyn AsRef<std::ffi::OsStr>]) -> serde_json::Value {
@@ -95,4 +95,26 @@ pub fn refused(dir: &Path, set: &[String], needle: &str) {
     let out = run_expect(ptrain().args(["run", "--steps", "1", "--run-dir"]).arg(&never).args(small(set)), 2);
     assert!(stderr(&out).contains(needle), "refusal names `{needle}`:\n{}", stderr(&out));
     assert!(!never.exists(), "{needle}: refused before the run directory");
+}
+
+/// A model made by `tests/support/hf.py MAKER KIND DIR/KIND<flags> - FLAGS...` (`make-gemma`,
+/// `make-moe`), random tokens below its vocabulary beside it, and the settings that train
+/// on them from it.
+pub fn family_model(dir: &Path, maker: &str, kind: &str, flags: &[&str]) -> (PathBuf, Vec<String>) {
+    let model = dir.join(format!("{kind}{}", flags.concat()));
+    let mut args: Vec<&dyn AsRef<OsStr>> = vec![&maker, &kind, &model, &"-"];
+    args.extend(flags.iter().map(|f| f as &dyn AsRef<OsStr>));
+    hf(&args);
+    let tokens = dir.join("tokens.bin");
+    if !tokens.exists() {
+        hf(&[&"make-tokens", &tokens, &"20000"]);
+    }
+    (model.clone(), vec!["data.kind=tokens".into(), format!("data.path={}", s(&tokens)), format!("model.init_from={}", s(&model))])
+}
+
+/// The first loss of a one-step run in `dir/name` with the small settings and `set`.
+pub fn first_loss(dir: &Path, name: &str, set: &[String]) -> f64 {
+    let run_dir = dir.join(name);
+    run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--run-dir"]).arg(&run_dir).args(small(set)), 0);
+    summary(&run_dir)["first_loss"].as_f64().unwrap()
 }
