@@ -1,6 +1,8 @@
 //! What a new user trips on (issue 30), through the built binary: mismatches refused
 //! before anything runs, typos answered with the key meant, `launch` without `--`.
 
+use std::path::PathBuf;
+
 mod common;
 
 use common::{
@@ -181,4 +183,57 @@ fn the_shipped_chat_configs_train_on_every_row() {
         let sum = summary(&run_dir);
         assert!(sum["evals"].as_array().unwrap().is_empty() && sum["final_eval_loss"].is_null(), "{config}: nothing held out: {sum}");
     }
+}
+
+/// Issue 61, item 11: a `qwen2` folder whose tokenizer.json does not split text with Qwen2's
+/// pattern encodes otherwise in transformers' AutoTokenizer (which rebuilds Qwen2's own
+/// pre-tokenizer); set-up says so, and says nothing once the tokenizer is re-saved by
+/// transformers (then the two agree).
+#[test]
+fn a_tokenizer_that_splits_otherwise_than_auto_tokenizer_is_named_at_set_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let sets = chat_model(dir.path(), 8, 1);
+    let model = PathBuf::from(sets[0].trim_start_matches("model.init_from="));
+    // The suite's tokenizer has no merge of digits, so both split " 42" alike: its last two
+    // merges become " 4" and " 42", which the file's GPT-2 pattern reaches and Qwen2's (digits
+    // one by one, apart from the space) does not.
+    let merge_digits = "import json, sys\n\
+                        p = sys.argv[1] + '/tokenizer.json'\n\
+                        t = json.load(open(p))\n\
+                        m = t['model']\n\
+                        old = [a + b for a, b in m['merges'][-2:]]\n\
+                        ids = [m['vocab'].pop(o) for o in old]\n\
+                        m['merges'][-2:] = [['\\u0120', '4'], ['\\u01204', '2']]\n\
+                        m['vocab']['\\u01204'], m['vocab']['\\u012042'] = ids\n\
+                        json.dump(t, open(p, 'w'))";
+    let out = py::cmd().args(["-c", merge_digits]).arg(&model).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The oracle: does AutoTokenizer encode a text with digits as the file does?
+    let agree = || {
+        let script = "import sys, tokenizers, transformers\n\
+                      t = 'In 2024 it is 42 x1234'\n\
+                      a = transformers.AutoTokenizer.from_pretrained(sys.argv[1])(t, add_special_tokens=False)['input_ids']\n\
+                      f = tokenizers.Tokenizer.from_file(sys.argv[1] + '/tokenizer.json').encode(t, add_special_tokens=False).ids\n\
+                      print(a == f)";
+        let out = py::cmd().args(["-c", script]).arg(&model).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim() == "True"
+    };
+    let tokenize = |cache: &str| {
+        let mut cmd = ptrain();
+        cmd.args(["tokenize", "--set", "run.threads=1", "--set", "model.kind=llama", "--set", "data.kind=chat"]);
+        for set in [&sets[0], &sets[1], &format!("data.tokens_cache={}", dir.path().join(cache).display())] {
+            cmd.args(["--set", set]);
+        }
+        stderr(&run_expect(&mut cmd, 0))
+    };
+    assert!(!agree(), "the suite's chat tokenizer is byte-level only: AutoTokenizer splits digits apart");
+    let err = tokenize("cache1");
+    assert!(err.contains("otherwise than Qwen2's") && err.contains("tokenizer.json"), "{err}");
+    let resave = "import sys, transformers\nt = transformers.AutoTokenizer.from_pretrained(sys.argv[1])\nt.save_pretrained(sys.argv[1])";
+    let out = py::cmd().args(["-c", resave]).arg(&model).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(agree(), "re-saved by transformers, the file splits as AutoTokenizer does");
+    let err = tokenize("cache2");
+    assert!(!err.contains("otherwise than Qwen2's"), "{err}");
 }

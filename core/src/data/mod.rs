@@ -18,6 +18,7 @@ pub mod rollouts;
 pub mod text;
 pub mod token_cache;
 pub mod tokenize;
+mod tokenizer_check;
 mod tokens;
 
 use std::sync::Arc;
