@@ -95,12 +95,7 @@ fn fine_tuned_gemmas_export_to_what_transformers_loads_and_generate_greedily_as_
         run_expect(ptrain().args(["logits", "--split", "val", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&probe), 0);
         let out = dir.path().join(format!("{kind}-exported"));
         run_expect(ptrain().args(["export", "--format", "hf", "--checkpoint"]).arg(&run_dir).arg("--out").arg(&out), 0);
-        let report = hf(&[&"load-export", &out, &probe, &model]);
-        for key in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"] {
-            assert_eq!(report["info"][key], serde_json::json!([]), "{kind} {key}: {report}");
-        }
-        let max_diff = report["max_abs_diff"].as_f64().unwrap();
-        assert!(max_diff <= 1e-4, "{kind}: exported logits differ from ptrain's by {max_diff}: {report}");
+        let report = loaded_export(&out, &probe, &model, kind);
         assert_eq!((report["class"].as_str(), report["tied"].as_bool()), (Some(class), Some(true)), "{report}");
         assert_eq!(report["tokenizer_matches"], true, "{report}");
 

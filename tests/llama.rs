@@ -129,12 +129,7 @@ fn fine_tuned_models_export_to_what_transformers_loads_with_nothing_missing() {
             "{family}: lm_head written iff untied"
         );
 
-        let report = hf(&[&"load-export", &out, &probe, &model]);
-        for key in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"] {
-            assert_eq!(report["info"][key], serde_json::json!([]), "{family} {key}: {report}");
-        }
-        let max_diff = report["max_abs_diff"].as_f64().unwrap();
-        assert!(max_diff <= 1e-4, "{family}: exported logits differ from ptrain's by {max_diff}: {report}");
+        let report = loaded_export(&out, &probe, &model, family);
         assert_eq!(report["tied"], tied, "{family}: {report}");
         let class = if family == "qwen2" { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" };
         assert_eq!(report["class"], class, "{report}");

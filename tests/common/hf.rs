@@ -118,3 +118,17 @@ pub fn first_loss(dir: &Path, name: &str, set: &[String]) -> f64 {
     run_expect(ptrain().args(["run", "--quiet", "--steps", "1", "--run-dir"]).arg(&run_dir).args(small(set)), 0);
     summary(&run_dir)["first_loss"].as_f64().unwrap()
 }
+
+/// Loads the exported directory `out` in transformers beside ptrain's logits `probe` of
+/// it (tests/support/hf.py `load-export`, `model` for its tokenizer), checks that every
+/// tensor was taken and the logits are ptrain's within 1e-4, and returns the report for
+/// the caller's own checks.
+pub fn loaded_export(out: &Path, probe: &Path, model: &Path, what: &str) -> serde_json::Value {
+    let report = hf(&[&"load-export", &out, &probe, &model]);
+    for key in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"] {
+        assert_eq!(report["info"][key], serde_json::json!([]), "{what} {key}: {report}");
+    }
+    let max_diff = report["max_abs_diff"].as_f64().unwrap();
+    assert!(max_diff <= 1e-4, "{what}: exported logits differ from ptrain's by {max_diff}: {report}");
+    report
+}

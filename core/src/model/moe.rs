@@ -46,8 +46,9 @@ pub const SPEC: FamilySpec = FamilySpec {
         read: hf::read,
         write: hf::write,
         params: hf::params,
-        canonical: hf::canonical,
-        known_extra: hf::known_extra,
+        // Named as the llama family's: the same trunk, the same extras.
+        canonical: super::llama::hf::canonical,
+        known_extra: super::llama::hf::known_extra,
         absent_as_zeros: |_, _| false,
         conv1d: false,
     }),

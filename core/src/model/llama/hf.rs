@@ -29,7 +29,7 @@ pub(super) fn params(m: &ModelConfig) -> Vec<names::Param> {
 }
 
 /// Files saved from the bare `LlamaModel` lack the `model.` prefix.
-pub(super) fn canonical(hf_name: &str) -> String {
+pub(in crate::model) fn canonical(hf_name: &str) -> String {
     match hf_name.starts_with("model.") || hf_name.starts_with("lm_head.") {
         true => hf_name.to_string(),
         false => format!("model.{hf_name}"),
@@ -37,7 +37,7 @@ pub(super) fn canonical(hf_name: &str) -> String {
 }
 
 /// A tied head saved anyway, and the RoPE buffers of older checkpoints.
-pub(super) fn known_extra(m: &ModelConfig, canonical_name: &str) -> bool {
+pub(in crate::model) fn known_extra(m: &ModelConfig, canonical_name: &str) -> bool {
     (m.llama.tie_embeddings && canonical_name == "lm_head.weight") || canonical_name.ends_with("rotary_emb.inv_freq")
 }
 

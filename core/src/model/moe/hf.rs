@@ -69,19 +69,6 @@ pub(super) fn params(m: &ModelConfig) -> Vec<names::Param> {
     params
 }
 
-/// Files saved from the bare model lack the `model.` prefix.
-pub(super) fn canonical(hf_name: &str) -> String {
-    match hf_name.starts_with("model.") || hf_name.starts_with("lm_head.") {
-        true => hf_name.to_string(),
-        false => format!("model.{hf_name}"),
-    }
-}
-
-/// A tied head saved anyway, and the RoPE buffers of older checkpoints.
-pub(super) fn known_extra(m: &ModelConfig, canonical_name: &str) -> bool {
-    (m.llama.tie_embeddings && canonical_name == "lm_head.weight") || canonical_name.ends_with("rotary_emb.inv_freq")
-}
-
 /// What of such a `config.json` decides the computation: its attention half as the llama
 /// family reads it, and the experts.
 #[derive(Debug, Clone, PartialEq)]
