@@ -1,5 +1,6 @@
 //! Saves that found a worker plugin busy in a call of its own (a slow or hung sink).
-//! A save never waits for a sink: the checkpoint keeps the state the plugin gave at
+//! A save during training never waits for a sink (the end-of-run save waits a
+//! little: `trainer::step`): the checkpoint keeps the state the plugin gave at
 //! an earlier save, or goes without its state, and `summary.json`'s `busy_at_save`
 //! says how often each happened.
 
@@ -25,7 +26,7 @@ impl BusySaves {
     /// step of the save whose state it gave last, if any. Returns whether that state
     /// goes into this checkpoint (a save's state call).
     pub fn note(&mut self, plugin: &str, event: &Event<'_>, last: Option<u64>) -> bool {
-        let Event::SaveState { step } = event else {
+        let Event::SaveState { step, .. } = event else {
             tracing::warn!("plugin `{plugin}` is busy in a call of its own: its {} at step {} is skipped", event.name(), event.step());
             return false;
         };

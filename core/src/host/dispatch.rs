@@ -143,9 +143,10 @@ impl PluginHost {
         self.dispatch(Event::RunStart(run.clone()), Reach::Declared);
     }
 
-    /// Every live plugin's saved state, for a checkpoint at `step`.
-    pub fn save_states(&mut self, step: u64) -> RVec<NamedBlob> {
-        let replies = self.dispatch(Event::SaveState { step }, Reach::Declared);
+    /// Every live plugin's saved state, for a checkpoint at `step`; a worker busy in a
+    /// call of its own is waited for at most `wait` (see [`Event::SaveState`]).
+    pub fn save_states(&mut self, step: u64, wait: Duration) -> RVec<NamedBlob> {
+        let replies = self.dispatch(Event::SaveState { step, wait }, Reach::Declared);
         replies
             .into_iter()
             .filter_map(|(index, reply)| match reply {

@@ -4,6 +4,7 @@
 //! (see [`Event::queued`]) on their own thread, through the same [`call`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use abi_stable::std_types::{RResult, RSlice};
 use ptrain_plugin_api::{CheckpointPayload, Hook, MetricBatch, Needs, Outbox, PluginBox, StepContext, StepTensors, TensorRef};
@@ -22,8 +23,10 @@ pub enum Event<'a> {
     Checkpoint(Arc<CheckpointPayload>),
     /// After the last step. Every plugin gets it, declared or not.
     RunEnd(Arc<RunEndData>),
-    /// The plugin's state, for a checkpoint at `step`.
-    SaveState { step: u64 },
+    /// The plugin's state, for a checkpoint at `step`. `wait`: how long a worker busy
+    /// in a call of its own is waited for (zero during training: a save never waits
+    /// for a sink; the end-of-run save, which no step follows, waits a little).
+    SaveState { step: u64, wait: Duration },
     /// The state the plugin saved in the checkpoint being resumed.
     LoadState { step: u64, state: &'a [u8] },
     /// A timer tick of a worker plugin, made by its own thread (never queued); `step`
@@ -83,7 +86,7 @@ impl Event<'_> {
             Event::Metrics(batch) => batch.step,
             Event::Checkpoint(payload) => payload.step,
             Event::RunEnd(end) => end.step,
-            Event::SaveState { step } | Event::LoadState { step, .. } | Event::Timer { step } => *step,
+            Event::SaveState { step, .. } | Event::LoadState { step, .. } | Event::Timer { step } => *step,
         }
     }
 

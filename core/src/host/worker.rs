@@ -176,7 +176,8 @@ impl Worker {
         let started = Instant::now();
         let wait = match event {
             Event::LoadState { .. } => LOAD_WAIT,
-            Event::SaveState { .. } if self.last_state.is_none() && !self.waited_at_save => FIRST_SAVE_WAIT,
+            Event::SaveState { wait, .. } if self.last_state.is_none() && !self.waited_at_save => FIRST_SAVE_WAIT.max(*wait),
+            Event::SaveState { wait, .. } => *wait,
             _ => Duration::ZERO,
         };
         let result = loop {
@@ -190,7 +191,7 @@ impl Worker {
                 }
             }
         };
-        if let (Ok(Reply::State(bytes)), Event::SaveState { step }) = (&result, event) {
+        if let (Ok(Reply::State(bytes)), Event::SaveState { step, .. }) = (&result, event) {
             self.last_state = Some((*step, bytes.clone()));
         }
         Now::Called(result)

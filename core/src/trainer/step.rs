@@ -28,6 +28,10 @@ use crate::{
     schedule::{CoreTask, StepPlan},
 };
 
+/// How long the end-of-run save waits for a sink busy in a call of its own to give
+/// its state (at most `run.shutdown_timeout_s`).
+const END_SAVE_WAIT: Duration = Duration::from_secs(5);
+
 /// How far the loop got: the last step done and the one running.
 #[derive(Clone, Copy)]
 struct Reached {
@@ -235,9 +239,15 @@ impl Run {
         }
         let lead = self.env.rank == 0;
         let state = save::train_state(step, &self.env, &self.tally, &self.nonfinite, &self.learner);
-        // The plugins' states count as waiting on the save too (a worker busy in a call
-        // of its own is not waited for: host::busy).
-        let plugin_states = if lead { self.host.save_states(step) } else { Vec::new().into() };
+        // The plugins' states count as waiting on the save too. A worker busy in a call
+        // of its own is not waited for during training (host::busy); at the end of a
+        // run no step waits behind the save, so a sink mid-upload gets a little time to
+        // give its newest state (bounded: a hung sink costs this once).
+        let wait = match reason {
+            CheckpointReason::End => END_SAVE_WAIT.min(Duration::from_secs_f64(self.env.config.run.shutdown_timeout_s)),
+            CheckpointReason::Scheduled | CheckpointReason::Interrupted | CheckpointReason::NonFinite => Duration::ZERO,
+        };
+        let plugin_states = if lead { self.host.save_states(step, wait) } else { Vec::new().into() };
         self.tally.checkpoint_wait_s += waited.elapsed().as_secs_f64();
         let payload = save::payload(reason, &state, &self.learner, lead, &self.env.run_data.config_toml, plugin_states)?;
         let reach = match reason {
