@@ -232,6 +232,12 @@ fn lines_at(output: &Output, level: &str) -> Vec<String> {
     stderr(output).lines().filter(|l| l.contains(level) && l.contains("mlflow")).map(str::to_string).collect()
 }
 
+/// Warnings other than a save finding the plugin mid-upload: a timing matter (its state,
+/// the run id, is the one an earlier save kept: host::busy), not a fault of the run.
+fn unexpected_warnings(output: &Output) -> Vec<String> {
+    lines_at(output, "WARN").into_iter().filter(|l| !l.contains("is busy in a call of its own at the save")).collect()
+}
+
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !done() {
@@ -256,7 +262,7 @@ fn a_run_its_interruption_and_its_resumption_make_one_complete_mlflow_run() {
 
     // A 200-step run: every emitted step of train/loss, the config as params, FINISHED, artifacts.
     let out = run_expect(&mut run_cmd(200, &run_dir, &server.uri(), plugins, &sets), 0);
-    assert!(lines_at(&out, "WARN").is_empty() && lines_at(&out, "ERROR").is_empty(), "{}", stderr(&out));
+    assert!(unexpected_warnings(&out).is_empty() && lines_at(&out, "ERROR").is_empty(), "{}", stderr(&out));
     let run_id = record(&run_dir).run_id.expect("the run id in run.json");
     let losses = jsonl_losses(&run_dir);
     assert_eq!(losses.len(), 20, "{losses:?}");
@@ -295,7 +301,7 @@ fn a_run_its_interruption_and_its_resumption_make_one_complete_mlflow_run() {
 
     // Resumed again to the end: still the same run, FINISHED, every step once.
     let out = run_expect(run_cmd(600, &run_dir, &server.uri(), plugins, &sets).arg("--auto-resume"), 0);
-    assert!(lines_at(&out, "WARN").is_empty(), "{}", stderr(&out));
+    assert!(unexpected_warnings(&out).is_empty(), "{}", stderr(&out));
     assert_eq!(summary(&run_dir)["start_step"].as_u64(), Some(stopped));
     let q = server.query(&run_id, &["train/loss"]);
     assert_history(&q["history"]["train/loss"], &jsonl_losses(&run_dir));
