@@ -9,6 +9,7 @@ mod data;
 mod debug;
 mod dist;
 mod dpo;
+mod flat_keys;
 mod grpo;
 mod grpo_sampling;
 mod lora;
@@ -35,10 +36,10 @@ pub use data::{is_pattern, ColumnMap, DataConfig, DataFormat, DataKind, DatasetS
 pub use debug::DebugConfig;
 pub use dist::{DistBackend, DistConfig, ShardMode};
 pub use dpo::{DpoConfig, DpoLoss, TruncationMode};
+pub(crate) use flat_keys::move_flat_keys;
+use flat_keys::refuse_flat_keys;
 pub use grpo::{GrpoConfig, GrpoLoss, RewardKind, RewardSpec, ScaleRewards};
 pub use lora::LoraConfig;
-pub(crate) use model::move_flat_keys;
-use model::refuse_flat_keys;
 pub use model::{
     or_list, Activation, GemmaArgs, GptArgs, InitAdapters, LayerType, LlamaArgs, MlpArgs, ModelConfig, ModelKind, MoeArgs, RopeScaling, TaskKind,
     TorchScriptArgs,
