@@ -58,7 +58,7 @@ pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool, base: Option<&
         tokenizer_readable(&config)?;
     }
     let mut views = Vec::with_capacity(saved.len());
-    let both_experts = experts::adapts_both(saved.iter().map(|(name, _)| name.as_str()));
+    let both_experts = experts::adapts_both(saved.keys().map(String::as_str));
     for (name, t) in &saved {
         if !name.contains(ADAPTER) {
             return Err(bad(format!("tensor `{name}` is not a LoRA adapter's")));
