@@ -280,14 +280,18 @@ fn a_scratch_moe_learns_recomputes_and_shards_as_one_rank_does() {
     );
     assert!(dump("kept") == dump("recomputed"), "step 1's parameters, gradients and update are the same bits");
 
-    // Two Gloo ranks, unsharded, with gradients (and the optimizer's state) sharded,
+    // Two Gloo ranks, unsharded, with the optimizer's state sharded, with gradients too,
     // and with parameters (the experts too) sharded block by block; and LoRA on the
     // router and the experts, unsharded and with parameters sharded.
     let none = d("two-none");
     run_expect(launch(2).args(scratch(6, &none, &["dist.shard=none"])), 0);
     let lora = ["lora.rank=2", r#"lora.targets=["q_proj", "gate", "experts.gate_up_proj", "experts.down_proj"]"#, "optim.lr=1e-2"];
     run_expect(launch(2).args(scratch(6, &d("two-lora-none"), &[&lora[..], &["dist.shard=none"]].concat())), 0);
-    let cases = [("gradients", &["dist.shard=gradients"][..], &none), ("parameters", &["dist.shard=parameters"], &none)];
+    let cases = [
+        ("optimizer", &["dist.shard=optimizer"][..], &none),
+        ("gradients", &["dist.shard=gradients"], &none),
+        ("parameters", &["dist.shard=parameters"], &none),
+    ];
     let lora_sharded = [&lora[..], &["dist.shard=parameters"]].concat();
     for (name, set, base) in cases.into_iter().chain([("lora-parameters", &lora_sharded[..], &d("two-lora-none"))]) {
         run_expect(launch(2).args(scratch(6, &d(&format!("two-{name}")), set)), 0);
