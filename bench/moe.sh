@@ -7,18 +7,19 @@
 # grouped_mm implementation (its default) and as its eager loop over the experts.
 # Prints a Markdown table for BENCHMARKS.md.
 #
-#   bench/moe.sh --no-build --steps 4 --batch 2
+#   bench/moe.sh --no-build --steps 4 --batch 2 [--impls "grouped_mm eager"]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 . scripts/env.sh
 
-steps=4 batch=2 threads=1 build=1
+steps=4 batch=2 threads=1 build=1 impls="grouped_mm eager"
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
     --batch) batch="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
+    --impls) impls="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -49,7 +50,7 @@ read -r o_sps o_tps o_loss o_mem <<<"$ours"
 echo "| contender | steps/s | tokens/s | ptrain / it | first loss | peak MiB |"
 echo "| --- | --- | --- | --- | --- | --- |"
 printf '| ptrain | %.4f | %.1f | | %.6f | %.0f |\n' "$o_sps" "$o_tps" "$o_loss" "$o_mem"
-for impl in grouped_mm eager; do
+for impl in $impls; do
   r=$("$py" bench/moe.py loop "$model" "$out/batch.safetensors" "$steps" "$threads" "$impl" 2>/dev/null | tail -n 1)
   printf '| transformers (%s) | %.4f | %.1f | **%.2fx** | %.6f | %.0f |\n' "$impl" "$(echo "$r" | json 'd["steps_per_s"]')" \
     "$(echo "$r" | json 'd["tokens_per_s"]')" "$(echo "$o_tps / $(echo "$r" | json 'd["tokens_per_s"]')" | bc -l)" \

@@ -4,14 +4,16 @@
 //! (4 experts, top 2, the routers perturbed so tokens spread) give the same logits, the same router load-balancing loss (`output_router_logits=True`) and
 //! the same first training loss with the router term in ptrain; what ptrain exports
 //! loads back with nothing missing and decodes greedily as transformers does; LoRA's
-//! adapters load into peft; a run resumes bit for bit, recomputes and shards; and what
-//! the kind cannot compute is refused by name. Nothing is downloaded.
+//! adapters (on attention, the router and the stacked experts) load into peft, and
+//! peft's into ptrain; a run resumes bit for bit, recomputes its blocks with the router
+//! losses on (using less memory) and shards; and what the kind cannot compute is refused
+//! by name. Nothing is downloaded.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{hf::*, ranks::launch, *};
+use common::{hf::*, ranks, ranks::launch, *};
 
 /// A `kind` model (`qwen3_moe`, `qwen2_moe` or `mixtral`) made by transformers in `dir`
 /// (`--fused`: its experts stacked on disk; `--mlp-only`, `--sparse-step`: dense blocks;
@@ -176,6 +178,63 @@ fn lora_on_a_moe_loads_into_peft_and_a_moe_resumes_bit_for_bit() {
     assert_eq!(losses(&d("resumed")), full[3..].to_vec(), "steps 4-6 after resuming at 3 are the uninterrupted run's bit for bit");
 }
 
+/// LoRA on the router and both stacked experts (beside q_proj), as peft 0.21 adapts them
+/// (`target_parameters`): trained, resumed bit for bit, exported so peft loads every
+/// adapter with its logits, merged into an export transformers loads with the same
+/// logits; and peft's own adapter of that shape, continued from in ptrain, gives peft's
+/// logits.
+#[test]
+fn lora_on_the_router_and_experts_resumes_and_round_trips_through_peft() {
+    let dir = tempfile::tempdir().unwrap();
+    for kind in ["qwen3_moe", "mixtral"] {
+        let d = |name: &str| dir.path().join(format!("{kind}-{name}"));
+        let (model, set) = moe_model(dir.path(), kind, &[]);
+        let targets = r#"lora.targets=["q_proj", "gate", "experts.gate_up_proj", "experts.down_proj"]"#;
+        let lora = with(&set, &["lora.rank=4", targets, "optim.lr=1e-2", "plugins.jsonl.every=1", "plugins.checkpoint.every=2"]);
+        let run = |name: &str| {
+            let mut args: Vec<String> = ["run", "--quiet", "--steps", "4", "--plugins", "jsonl,checkpoint"].map(String::from).into();
+            args.extend(small(&lora));
+            args.extend(["--run-dir".into(), s(&d(name))]);
+            args
+        };
+        run_expect(ptrain().args(run("full")), 0);
+        run_expect(ptrain().args(run("resumed")).arg("--resume").arg(d("full").join("checkpoints/step-00000002")), 0);
+        assert_eq!(losses(&d("resumed")), losses(&d("full"))[2..].to_vec(), "{kind}: resumed at 2 of 4, bit for bit");
+        // Under bf16 autocast with the chunked loss, the adapted experts' products run (B is 0
+        // at the first step: the base's loss, within bf16's precision).
+        let first = losses(&d("full"))[0].1;
+        let bf16 = first_loss(dir.path(), &format!("{kind}-bf16"), &with(&lora, &["train.precision=bf16", "train.loss_chunk=16"]));
+        close(bf16, first, 2e-2, &format!("{kind}: bf16 and the chunked loss with LoRA on the experts"));
+
+        let probe = d("probe");
+        run_expect(ptrain().args(["logits", "--split", "val", "--checkpoint"]).arg(d("full")).arg("--out").arg(&probe), 0);
+        let adapter = d("adapter");
+        run_expect(ptrain().args(["export", "--format", "peft", "--checkpoint"]).arg(d("full")).arg("--out").arg(&adapter), 0);
+        let r = support_py("lora.py", &[&"peft-load", &model, &adapter, &probe]);
+        assert_eq!((&r["missing"], &r["unexpected"]), (&serde_json::json!([]), &serde_json::json!([])), "{kind}: {r}");
+        let warned = r["warnings"].as_array().unwrap().iter().filter(|w| !w.as_str().unwrap().contains("deprecated")).count();
+        assert_eq!(warned, 0, "{kind}: peft loads it without a warning (but transformers' deprecations): {r}");
+        // Both stacked weights adapted: peft nests gate_up_proj's wrapper inside down_proj's.
+        for module in ["self_attn.q_proj", "mlp.gate", "mlp.experts.base_layer", "mlp.experts"] {
+            assert!(r["max_lora_b_by_module"][module].as_f64().is_some_and(|b| b > 1e-4), "{kind}: {module}'s adapter was trained: {r}");
+        }
+        assert!(r["max_abs_diff"].as_f64().unwrap() <= 1e-4, "{kind}: peft's logits vs ptrain's: {r}");
+        // Merged (each expert's W_e + scaling B_e A_e): transformers' logits are ptrain's.
+        let merged = d("merged");
+        run_expect(ptrain().args(["export", "--format", "hf", "--merge", "--checkpoint"]).arg(d("full")).arg("--out").arg(&merged), 0);
+        loaded_export(&merged, &probe, &model, kind);
+
+        // peft's own adapter (drawn B), continued from: ptrain's logits are peft's.
+        let own = d("own");
+        support_py("lora.py", &[&"make-peft", &model, &own]);
+        let from_own = [format!("model.init_from={}", s(&own)), "model.init_adapters=\"continue\"".into(), set[0].clone(), set[1].clone()];
+        let own_probe = d("own-probe");
+        run_expect(ptrain().args(["logits", "--split", "val", "--step", "1", "--out"]).arg(&own_probe).args(small(&from_own).into_iter().skip(2)), 0);
+        let r = support_py("lora.py", &[&"peft-load", &model, &own, &own_probe]);
+        assert!(r["logit_scale"].as_f64().unwrap() > 0.1 && r["max_abs_diff"].as_f64().unwrap() <= 1e-4, "{kind}: peft's own adapter in ptrain: {r}");
+    }
+}
+
 /// A from-scratch Qwen3-MoE shape on generated bytes: 3 blocks of 4 experts, top 2.
 fn scratch(steps: u64, run_dir: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = tiny_gpt(steps);
@@ -202,21 +261,69 @@ fn a_scratch_moe_learns_recomputes_and_shards_as_one_rank_does() {
         assert!(rows[0][key].as_f64().is_some_and(f64::is_finite), "{key} logged: {}", rows[0]);
     }
 
-    // Without router losses every block may be recomputed in backward: the same losses.
-    let off = ["model.moe.router_aux_loss_coef=0"];
-    run_expect(ptrain().args(scratch(6, &d("kept"), &off)), 0);
-    run_expect(ptrain().args(scratch(6, &d("recomputed"), &[off[0], "train.activation_checkpointing=\"full\""])), 0);
-    assert_eq!(losses(&d("recomputed")), losses(&d("kept")), "every block recomputed: the same losses bit for bit");
-
-    // Two Gloo ranks, unsharded and with parameters (the experts too) sharded block by block.
-    let (none, sharded) = (d("two-none"), d("two-parameters"));
-    run_expect(launch(2).args(scratch(6, &none, &["dist.shard=none"])), 0);
-    run_expect(launch(2).args(scratch(6, &sharded, &["dist.shard=parameters"])), 0);
-    let (base, got) = (losses(&none), losses(&sharded));
-    assert_eq!(got.len(), 6);
-    for ((step, x), (_, y)) in got.iter().zip(&base) {
-        assert!((x - y).abs() <= 1e-5 * y.abs(), "step {step}: loss {x} with parameters sharded, unsharded {y}");
+    // With the router losses on, every block recomputed in backward (its router logits
+    // come out of its checkpoint with its output): the losses, the router's metrics and
+    // step 1's gradients and update are the stored run's, bit for bit.
+    let on = ["model.moe.router_aux_loss_coef=0.01", "model.moe.router_z_loss_coef=0.001", "debug.dump_tensors_at=[1]"];
+    run_expect(ptrain().args(scratch(4, &d("kept"), &on)), 0);
+    run_expect(ptrain().args(scratch(4, &d("recomputed"), &[&on[..], &["train.activation_checkpointing=\"full\""]].concat())), 0);
+    let (kept, recomputed) = (read_jsonl(&d("kept").join("metrics.jsonl")), read_jsonl(&d("recomputed").join("metrics.jsonl")));
+    for key in ["train/loss", "train/aux_loss", "train/z_loss", "train/expert_load_max/1"] {
+        let values = |rows: &[serde_json::Value]| rows.iter().filter_map(|r| r[key].as_f64()).collect::<Vec<_>>();
+        assert_eq!(values(&recomputed), values(&kept), "{key}: every block recomputed, the same bits");
+        assert_eq!(values(&kept).len(), 4, "{key} logged each step");
     }
+    let dump = |name: &str| std::fs::read(d(name).join("tensors-step1.rank0.safetensors")).unwrap();
+    assert!(
+        ranks::tensor_names(&dump("kept")).iter().any(|n| n.starts_with("grad/") && n.contains("mlp.gate")),
+        "the dump holds the router's gradient"
+    );
+    assert!(dump("kept") == dump("recomputed"), "step 1's parameters, gradients and update are the same bits");
+
+    // Two Gloo ranks, unsharded, with the optimizer's state sharded, with gradients too,
+    // and with parameters (the experts too) sharded block by block; and LoRA on the
+    // router and the experts, unsharded and with parameters sharded.
+    let none = d("two-none");
+    run_expect(launch(2).args(scratch(6, &none, &["dist.shard=none"])), 0);
+    let lora = ["lora.rank=2", r#"lora.targets=["q_proj", "gate", "experts.gate_up_proj", "experts.down_proj"]"#, "optim.lr=1e-2"];
+    run_expect(launch(2).args(scratch(6, &d("two-lora-none"), &[&lora[..], &["dist.shard=none"]].concat())), 0);
+    let cases = [
+        ("optimizer", &["dist.shard=optimizer"][..], &none),
+        ("gradients", &["dist.shard=gradients"], &none),
+        ("parameters", &["dist.shard=parameters"], &none),
+    ];
+    let lora_sharded = [&lora[..], &["dist.shard=parameters"]].concat();
+    for (name, set, base) in cases.into_iter().chain([("lora-parameters", &lora_sharded[..], &d("two-lora-none"))]) {
+        run_expect(launch(2).args(scratch(6, &d(&format!("two-{name}")), set)), 0);
+        let (base, got) = (losses(base), losses(&d(&format!("two-{name}"))));
+        assert_eq!(got.len(), 6);
+        for ((step, x), (_, y)) in got.iter().zip(&base) {
+            assert!((x - y).abs() <= 1e-5 * y.abs(), "{name}: step {step}: loss {x} sharded, unsharded {y}");
+        }
+    }
+}
+
+#[test]
+fn checkpointing_a_moe_with_its_router_losses_lowers_peak_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak = |mode: &str| {
+        let run_dir = dir.path().join(mode);
+        let mut cmd = ptrain();
+        // A fixed mmap threshold: the peak is the live tensors', not glibc's heap layout's.
+        cmd.env("MALLOC_MMAP_THRESHOLD_", "65536");
+        cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "2", "--run-dir"]).arg(&run_dir);
+        let sets = ["model.kind=moe", "model.n_layer=8", "model.n_embd=64", "model.n_head=2", "model.block_size=512", "data.batch_size=16"];
+        let more = ["model.moe.experts=4", "model.moe.expert_intermediate_size=64", "model.moe.router_aux_loss_coef=0.01", "train.eval_every=0"];
+        let mode = format!("train.activation_checkpointing={mode}");
+        for set in sets.iter().chain(&more).chain(&["train.eval_batches=1", "run.threads=1", &mode]) {
+            cmd.args(["--set", set]);
+        }
+        run_expect(&mut cmd, 0);
+        summary(&run_dir)["peak_memory_bytes"].as_u64().unwrap() as f64
+    };
+    let (none, full) = (peak("none"), peak("full"));
+    // 815 MB against 508 MB when measured: half that gap is the bound.
+    assert!(full < none - 150e6, "peak {full} bytes with full checkpointing vs {none} without");
 }
 
 #[test]
@@ -232,8 +339,9 @@ fn what_the_moe_kind_cannot_compute_is_refused_by_name_before_training() {
         let edited = with_config_key(&set, &model, &dir.path().join(format!("edited-{i}")), key, value);
         refused(dir.path(), &edited, needle);
     }
-    refused(dir.path(), &with(&set, &["train.activation_checkpointing=\"full\""]), "train.activation_checkpointing");
-    for (setting, needle) in [("model.moe.top_k=9", "model.moe.top_k"), ("lora.targets=[\"gate\"]", "lora.targets[0]")] {
+    let dropout = ["lora.targets=[\"experts.down_proj\"]", "lora.dropout=0.1"];
+    refused(dir.path(), &with(&set, &dropout), "lora.dropout");
+    for (setting, needle) in [("model.moe.top_k=9", "model.moe.top_k"), ("lora.targets=[\"experts\"]", "lora.targets[0]")] {
         refused(dir.path(), &["model.kind=moe".into(), "model.n_embd=32".into(), setting.into()], needle);
     }
 }

@@ -12,6 +12,10 @@ make_model and hf.py's make-model. Each command prints one JSON object.
                                    model has and the file lacks (missing) and the other way round
                                    (unexpected), peft's warnings, the largest |lora_B|, and the
                                    logits on PROBE's inputs vs ptrain's (`ptrain logits`)
+  lora.py make-peft BASE OUT        peft's own adapter on BASE (a mixture of experts): rank 4, alpha 8,
+                                   target_modules q_proj and target_parameters the router
+                                   (mlp.gate.weight) and both stacked experts, every lora_B drawn
+                                   (init_lora_weights=False), save_pretrained(OUT)
   lora.py same-tokenizer A B       AutoTokenizer of A and of B: the same chat template, the same ids for
                                    a rendered conversation, the same eos token
   lora.py compare-params A B        the largest difference, relative to the tensor's largest value,
@@ -73,15 +77,40 @@ def peft_load(base, adapter, probe_path):
     with torch.no_grad():
         logits = peft_model(probe["inputs"]).logits
     lora_b = max(p.abs().max().item() for n, p in peft_model.named_parameters() if "lora_B" in n)
+    # The largest |lora_B| of each adapted module ("mlp.experts.base_layer", "mlp.gate", ...).
+    by_module = {}
+    for n, p in peft_model.named_parameters():
+        if "lora_B" in n and ".layers." in n:
+            module = n.split(".layers.", 1)[1].split(".", 1)[1].split(".lora_B")[0]
+            by_module[module] = max(by_module.get(module, 0.0), p.abs().max().item())
     out({
         "missing": sorted(live - saved),
         "unexpected": sorted(saved - live),
         "adapters": len(saved),
         "warnings": [str(w.message) for w in caught],
         "max_lora_b": lora_b,
+        "max_lora_b_by_module": by_module,
         "max_abs_diff": (logits - probe["logits"]).abs().max().item(),
         "logit_scale": logits.abs().max().item(),
     })
+
+
+def make_peft(base, out_dir):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False,
+                        target_parameters=["mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    peft_model.save_pretrained(out_dir)
+    out({"adapters": sum(1 for n, _ in peft_model.named_parameters() if "lora_" in n)})
 
 
 def compare_params(a, b):
@@ -102,7 +131,7 @@ def same_tokenizer(a, b):
          "same_ids": ids[0] == ids[1], "ids": len(ids[0]), "same_eos": ta.eos_token == tb.eos_token})
 
 
-COMMANDS = {"make-wide": make_wide, "same-tokenizer": same_tokenizer, "perturb": perturb, "peft-load": peft_load, "compare-params": compare_params}
+COMMANDS = {"make-wide": make_wide, "make-peft": make_peft, "same-tokenizer": same_tokenizer, "perturb": perturb, "peft-load": peft_load, "compare-params": compare_params}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -60,12 +60,33 @@ pub fn peft_lora(dir: &Path, base: Option<&Path>) -> Result<(LoraConfig, PathBuf
     let rank = json.get("r").and_then(Value::as_i64).ok_or_else(|| bad("no integer `r` (the adapters' rank)".into()))?;
     let alpha = json.get("lora_alpha").and_then(Value::as_f64).ok_or_else(|| bad("no number `lora_alpha`".into()))?;
     // peft writes target_modules as a list, or as one regular expression string.
-    let targets: Vec<String> = match json.get("target_modules") {
+    let mut targets: Vec<String> = match json.get("target_modules") {
         Some(Value::Array(names)) => names.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
         Some(Value::String(one)) if one.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => vec![one.clone()],
+        None | Some(Value::Null) if json.get("target_parameters").is_some_and(Value::is_array) => Vec::new(),
         other => return Err(bad(format!("target_modules {other:?}: a list of module names is needed"))),
     };
+    targets.extend(target_parameters(&json).map_err(bad)?);
     Ok((LoraConfig { rank, alpha, targets, ..LoraConfig::default() }, base))
+}
+
+/// `adapter_config.json`'s `target_parameters` (a mixture's router and stacked
+/// experts) as `lora.targets` names them (the families' `lora_parameters`).
+fn target_parameters(json: &Value) -> std::result::Result<Vec<String>, String> {
+    let Some(Value::Array(names)) = json.get("target_parameters") else { return Ok(Vec::new()) };
+    let known = || super::family::FAMILIES.iter().flat_map(|f| f.lora_parameters.iter());
+    let mut targets = Vec::with_capacity(names.len());
+    for name in names {
+        let name = name.as_str().unwrap_or_default();
+        match known().find(|p| p.1 == name || name.ends_with(&format!(".{}", p.1))) {
+            Some((ours, _)) => targets.push(ours.to_string()),
+            None => {
+                let all: Vec<&str> = known().map(|p| p.1).collect();
+                return Err(format!("target_parameters holds {name:?}: ptrain adapts the parameters {}", all.join(", ")));
+            }
+        }
+    }
+    Ok(targets)
 }
 
 /// Copies a `peft` directory's `adapter_model.safetensors` into the adapters of `vs`
@@ -80,9 +101,14 @@ pub fn load_peft_weights(vs: &nn::VarStore, dir: &Path) -> Result<()> {
     if saved.len() != wanted {
         return Err(bad(format!("{} tensors, and the model with these adapters has {wanted}", saved.len())));
     }
+    // peft's names of ours: a mixture's stacked experts' adapters are nested in peft.
+    let both = super::lora::experts::adapts_both(vars.keys().map(String::as_str));
+    let ours_of: std::collections::HashMap<String, String> =
+        vars.keys().filter(|n| n.contains(super::lora::ADAPTER)).map(|n| (super::lora::experts::to_peft(n, both), n.clone())).collect();
     tch::no_grad(|| -> Result<()> {
         for (name, t) in saved {
-            let ours = name.strip_prefix("base_model.model.").unwrap_or(&name);
+            let peft = name.strip_prefix("base_model.model.").unwrap_or(&name);
+            let ours = ours_of.get(peft).map_or(peft, String::as_str);
             let var = vars.get_mut(ours).filter(|v| v.requires_grad()).ok_or_else(|| bad(format!("`{name}` is no adapter of this model")))?;
             if t.size() != var.size() {
                 return Err(bad(format!("`{name}` has shape {:?}, the model {:?}", t.size(), var.size())));

@@ -54,7 +54,8 @@ pub struct BlockInput<'a> {
     pub attend: Attend<'a>,
     /// Where a block puts what its family's auxiliary loss is computed from
     /// ([`Family::aux_loss`]: a mixture's router logits), one entry per block; `None`
-    /// where nothing is collected (a checkpointed block, a forward after a cache).
+    /// where nothing is collected (a forward after a cache). A checkpointed block's come
+    /// out with its output (`plan::with_aux`).
     pub aux: Option<&'a mut Vec<Tensor>>,
 }
 
@@ -236,7 +237,7 @@ impl<F: Family> Decoder<F> {
             // What a checkpoint saves besides x (an empty Vec allocates nothing).
             let extras: Vec<&Tensor> = rotary.iter().flat_map(|(cos, sin)| [*cos, *sin]).chain(mask).collect();
             x = match self.checkpoints.run(i, train && cache.is_none(), &x, &extras) {
-                Some(out) => out?,
+                Some(out) => plan::split_aux(out?, x.size()[2], collect.then_some(&mut collected))?,
                 None => {
                     let attend = match (cache.as_deref_mut(), mask) {
                         (Some(c), _) => Attend::Cached(c, i, block.window()),

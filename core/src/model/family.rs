@@ -35,6 +35,10 @@ pub struct FamilySpec {
     /// The linear layers LoRA adapts by default and may target (the last part of
     /// their names); empty: LoRA does not apply.
     pub lora_modules: &'static [&'static str],
+    /// Weights LoRA adapts only when `lora.targets` names them, which `peft` reaches as
+    /// parameters (`LoraConfig(target_parameters=[...])`, no dropout): ptrain's target name
+    /// and peft's `target_parameters` entry.
+    pub lora_parameters: &'static [(&'static str, &'static str)],
     /// A configured shape it cannot build: the key and why.
     pub check: fn(&ModelConfig) -> Option<(&'static str, String)>,
     /// Its Hugging Face counterpart (`model.init_from`, `ptrain export`), if any.
@@ -143,11 +147,18 @@ pub fn check(config: &Config) -> Result<()> {
         let kinds = kinds(|f| !f.lora_modules.is_empty(), |k| format!("\"{k}\""));
         return Err(bad("lora".into(), format!("model.kind = {kind:?} has no linear layers LoRA adapts: use {kinds}")));
     }
+    let parameters: Vec<&str> = family.lora_parameters.iter().map(|p| p.0).collect();
     for (i, target) in lora.targets.iter().enumerate() {
-        if own.contains(&target.as_str()) {
+        if parameters.contains(&target.as_str()) && lora.dropout > 0.0 {
+            // peft's ParamWrapper refuses dropout: its adapter is folded into the weight.
+            let message = format!("{} with lora.targets naming `{target}`: peft adapts it as a parameter, without dropout", lora.dropout);
+            return Err(bad("lora.dropout".into(), message));
+        }
+        if own.contains(&target.as_str()) || parameters.contains(&target.as_str()) {
             continue;
         }
-        let every: Vec<&str> = FAMILIES.iter().flat_map(|f| f.lora_modules.iter().copied()).collect();
+        let own: Vec<&str> = own.iter().chain(&parameters).copied().collect();
+        let every: Vec<&str> = FAMILIES.iter().flat_map(|f| f.lora_modules.iter().copied().chain(f.lora_parameters.iter().map(|p| p.0))).collect();
         let message = match every.contains(&target.as_str()) {
             true => format!("model.kind = {kind:?} has no module `{target}`; its linear layers: {}", own.join(", ")),
             false => match ptrain_plugin_api::unknown_key::closest(target, every.iter().copied()) {

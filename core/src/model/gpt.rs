@@ -25,6 +25,7 @@ pub const SPEC: FamilySpec = FamilySpec {
     build: Build::Decoder(build),
     kv_cache: true,
     lora_modules: &["c_attn", "c_proj", "c_fc"],
+    lora_parameters: &[],
     check: shape_error,
     hf: Some(HfSpec {
         model_types: &[("gpt2", "GPT2LMHeadModel")],

@@ -117,13 +117,14 @@ fn sub<'a>(vs: &nn::Path<'a>, path: &str) -> nn::Path<'a> {
 pub struct Made {
     linears: BTreeMap<&'static str, lora::Linear>,
     tensors: BTreeMap<&'static str, Tensor>,
+    expert_adapters: BTreeMap<&'static str, lora::experts::ExpertAdapter>,
 }
 
 impl Made {
     /// Makes `parts` under `vs` in order (drawn unless `model.init_from` overwrites
     /// them: [`normal_unless_loaded`]), linear layers with the adapters `targets` names.
     pub fn new(vs: &nn::Path, parts: &[Part], m: &ModelConfig, targets: Targets) -> Made {
-        let mut made = Made { linears: BTreeMap::new(), tensors: BTreeMap::new() };
+        let mut made = Made { linears: BTreeMap::new(), tensors: BTreeMap::new(), expert_adapters: BTreeMap::new() };
         for part in parts {
             match *part {
                 Part::Linear { path, inp, out, bias, std } => {
@@ -142,6 +143,11 @@ impl Made {
                 Part::Experts { path, experts, inp, out, std, .. } => {
                     let (module, leaf) = path.rsplit_once('.').unwrap_or(("", path));
                     made.tensors.insert(path, sub(vs, module).var(leaf, &[experts, out, inp], normal_unless_loaded(m, std)));
+                    // Named in `lora.targets` by its last two parts: `experts.gate_up_proj`.
+                    let target = path.rmatch_indices('.').nth(1).map_or(path, |(i, _)| &path[i + 1..]);
+                    if let Some(adapter) = lora::experts::ExpertAdapter::new(&sub(vs, path), target, experts, inp, out, targets) {
+                        made.expert_adapters.insert(path, adapter);
+                    }
                 }
                 Part::Attention { .. } | Part::TiedHead { .. } => {}
             }
@@ -157,6 +163,11 @@ impl Made {
     /// The linear layer at `path`: a family asks only for what its layout declares.
     pub fn linear(&mut self, path: &str) -> lora::Linear {
         self.take_linear(path).unwrap_or_else(|| panic!("the layout declares no linear layer `{path}`"))
+    }
+
+    /// The LoRA adapter of the stacked experts at `path`, if `[lora]` targets them.
+    pub fn take_expert_adapter(&mut self, path: &str) -> Option<lora::experts::ExpertAdapter> {
+        self.expert_adapters.remove(path)
     }
 
     /// The variable `path`, if its layout has one.

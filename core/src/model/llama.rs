@@ -33,6 +33,7 @@ pub const SPEC: FamilySpec = FamilySpec {
     build: Build::Decoder(build),
     kv_cache: true,
     lora_modules: &["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    lora_parameters: &[],
     check: shape_error,
     hf: Some(HfSpec {
         model_types: &hf::FAMILIES,

@@ -5,6 +5,8 @@
 //! bound `1/sqrt(in)`, i.e. Kaiming-uniform with `a = sqrt(5)`; B zero: training
 //! starts from the base model exactly), so an export is a rename.
 
+pub mod experts;
+
 use tch::{nn, Device, Kind, Tensor};
 
 use super::Model;
@@ -261,6 +263,8 @@ pub fn merged_weights(vs: &nn::VarStore, lora: &crate::config::LoraConfig) -> Re
             }
             let module = name.strip_suffix(".weight").unwrap_or(name);
             let w = match (vars.get(&format!("{module}.lora_A.weight")), vars.get(&format!("{module}.lora_B.weight"))) {
+                // Stacked experts `[experts, out, in]`: each expert's `B_e A_e`.
+                (Some(a), Some(b)) if w.dim() == 3 => w.f_add(&experts::delta(a, b, w.size()[0], lora.scaling())?)?,
                 (Some(a), Some(b)) => w.f_add(&b.f_matmul(a)?.f_mul_scalar(lora.scaling())?)?,
                 _ => w.shallow_clone(),
             };

@@ -14,8 +14,15 @@ use crate::{
 
 /// The `mlp` kind, registered in `model::family`: no blocks, no key/value cache, no
 /// Hugging Face counterpart, nothing LoRA adapts.
-pub const SPEC: FamilySpec =
-    FamilySpec { kind: ModelKind::Mlp, build: Build::Other(build), kv_cache: false, lora_modules: &[], check: |_| None, hf: None };
+pub const SPEC: FamilySpec = FamilySpec {
+    kind: ModelKind::Mlp,
+    build: Build::Other(build),
+    kv_cache: false,
+    lora_modules: &[],
+    lora_parameters: &[],
+    check: |_| None,
+    hf: None,
+};
 
 /// The configured classifier, its widths taken from the data where unset.
 fn build(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {

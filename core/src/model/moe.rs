@@ -27,8 +27,8 @@ use super::{
     lora::Targets,
 };
 use crate::{
-    config::{ActivationCheckpointing, Config, ModelConfig, ModelKind},
-    error::{ConfigError, Result},
+    config::{Config, ModelConfig, ModelKind},
+    error::Result,
 };
 pub use block::MoeFeedForward;
 
@@ -37,9 +37,10 @@ pub const SPEC: FamilySpec = FamilySpec {
     kind: ModelKind::Moe,
     build: Build::Decoder(build),
     kv_cache: true,
-    // The router and the stacked experts are not linear layers peft adapts by module
-    // name (docs/moe.md, "LoRA").
+    // The router and the stacked experts are adapted when named, as peft adapts them:
+    // parameters, not modules (docs/moe.md, "LoRA").
     lora_modules: &["q_proj", "k_proj", "v_proj", "o_proj"],
+    lora_parameters: super::lora::experts::PARAMETERS,
     check: shape_error,
     hf: Some(HfSpec {
         model_types: &hf::FAMILIES,
@@ -55,15 +56,8 @@ pub const SPEC: FamilySpec = FamilySpec {
 };
 
 fn build(vs: &nn::Path, config: &Config, targets: Targets, after_block: &mut dyn FnMut(usize)) -> Result<Box<dyn super::Model>> {
-    let a = &config.model.moe;
-    let losses = a.router_aux_loss_coef > 0.0 || a.router_z_loss_coef > 0.0;
-    if losses && config.train.activation_checkpointing != ActivationCheckpointing::None {
-        // A checkpointed block keeps no graph of its router in forward, so the router
-        // losses would reach only the blocks not checkpointed.
-        let message = "a mixture of experts' router losses need every block's router logits with their graph, which a checkpointed \
-                       block does not keep: set model.moe.router_aux_loss_coef = 0 and router_z_loss_coef = 0 to checkpoint";
-        return Err(ConfigError { origin: "configuration".into(), key: "train.activation_checkpointing".into(), message: message.into() }.into());
-    }
+    // Checkpointed blocks give their router logits with their output (the decoder's
+    // `plan::with_aux`), so the router losses reach every block, recomputed or not.
     decoder::planned(Moe::decoder_with(vs, &config.model, targets, after_block), &config.train)
 }
 

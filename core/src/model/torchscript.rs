@@ -23,8 +23,15 @@ use crate::{
 
 /// The `torchscript` kind, registered in `model::family`: no blocks, no key/value
 /// cache, no Hugging Face counterpart, nothing LoRA adapts.
-pub const SPEC: FamilySpec =
-    FamilySpec { kind: ModelKind::Torchscript, build: Build::Other(build), kv_cache: false, lora_modules: &[], check: |_| None, hf: None };
+pub const SPEC: FamilySpec = FamilySpec {
+    kind: ModelKind::Torchscript,
+    build: Build::Other(build),
+    kv_cache: false,
+    lora_modules: &[],
+    lora_parameters: &[],
+    check: |_| None,
+    hf: None,
+};
 
 /// `model.torchscript.path`, trained for its task.
 fn build(config: &Config, vs: &nn::Path, _dataset: &dyn Dataset) -> Result<Box<dyn Model>> {

@@ -59,11 +59,46 @@ pub(super) fn run_block(
 }
 
 /// A checkpointed block's training forward over `[x]`, then RoPE's `[cos, sin]` if
-/// any (they come in pairs), then the mask if any, as the checkpoint recomputes it.
+/// any (they come in pairs), then the mask if any, as the checkpoint recomputes it;
+/// what the block puts in [`BlockInput::aux`] comes out with its output ([`with_aux`]).
 pub(super) fn recompute<B: Block>(block: &B, inputs: &[Tensor]) -> Result<Tensor> {
     let (rotary, rest) = match inputs.len() {
         1 | 2 => (None, &inputs[1..]),
         _ => (Some((&inputs[1], &inputs[2])), &inputs[3..]),
     };
-    block.forward(&inputs[0], &mut BlockInput { train: true, rotary, attend: rest.first().map_or(Attend::Causal, Attend::Masked), aux: None })
+    let mut aux = Vec::new();
+    let attend = rest.first().map_or(Attend::Causal, Attend::Masked);
+    let out = block.forward(&inputs[0], &mut BlockInput { train: true, rotary, attend, aux: Some(&mut aux) })?;
+    with_aux(out, aux)
+}
+
+/// A block's output `[B, T, D]` with what it gave for its family's auxiliary loss (a
+/// mixture's router logits, `[B x T, E]`) appended as more features: `[B, T, D + E]`.
+/// The checkpoint returns one tensor, and the auxiliary loss needs the logits with their
+/// graph, which backward recomputes with the block's; [`split_aux`] takes them apart.
+fn with_aux(out: Tensor, aux: Vec<Tensor>) -> Result<Tensor> {
+    if aux.is_empty() {
+        return Ok(out);
+    }
+    let (b, t, _) = out.size3()?;
+    let mut parts = Vec::with_capacity(1 + aux.len());
+    for a in aux {
+        parts.push(a.f_reshape([b, t, -1])?.f_to_kind(out.kind())?);
+    }
+    parts.insert(0, out);
+    Ok(Tensor::f_cat(&parts, -1)?)
+}
+
+/// A checkpointed block's output ([`with_aux`]) back as its hidden state `[B, T, width]`,
+/// the features past `width` put in `collected` as one `[B x T, E]` tensor (a block
+/// gives one).
+pub(super) fn split_aux(out: Tensor, width: i64, collected: Option<&mut Vec<Tensor>>) -> Result<Tensor> {
+    let (b, t, total) = out.size3()?;
+    if total == width {
+        return Ok(out);
+    }
+    if let Some(collected) = collected {
+        collected.push(out.f_narrow(-1, width, total - width)?.f_reshape([b * t, total - width])?);
+    }
+    Ok(out.f_narrow(-1, 0, width)?)
 }

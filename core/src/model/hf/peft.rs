@@ -2,7 +2,8 @@
 //! `peft.PeftModel.from_pretrained(base, OUT)` loads: `adapter_config.json` and
 //! `adapter_model.safetensors`, the tensors named as `peft` saves them
 //! (`base_model.model.<module>.lora_A.weight`). ptrain's parameter names are the
-//! Hugging Face module paths for both kinds, so an export is a rename.
+//! Hugging Face module paths for both kinds, so an export is a rename (a mixture's
+//! stacked experts' adapters renamed as peft nests them: `lora::experts::to_peft`).
 
 use std::path::Path;
 
@@ -12,7 +13,10 @@ use serde_json::json;
 use super::export::{copy_tokenizer, recorded_config, resolve_checkpoint, tokenizer_readable, write_safetensors, Exported};
 use crate::{
     error::{Error, Result},
-    model::{family, lora::ADAPTER},
+    model::{
+        family,
+        lora::{experts, ADAPTER},
+    },
 };
 
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -54,13 +58,14 @@ pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool, base: Option<&
         tokenizer_readable(&config)?;
     }
     let mut views = Vec::with_capacity(saved.len());
+    let both_experts = experts::adapts_both(saved.keys().map(String::as_str));
     for (name, t) in &saved {
         if !name.contains(ADAPTER) {
             return Err(bad(format!("tensor `{name}` is not a LoRA adapter's")));
         }
         let shape = t.shape.iter().map(|&d| d as usize).collect();
         let view = TensorView::new(ptrain_checkpoint::dtype::to_safetensors(t.dtype), shape, &t.data).map_err(|e| bad(e.to_string()))?;
-        views.push((format!("base_model.model.{name}"), view));
+        views.push((format!("base_model.model.{}", experts::to_peft(name, both_experts)), view));
     }
     std::fs::create_dir_all(out).map_err(|e| Error::Io { path: out.to_owned(), source: e })?;
     let tensors = views.len();
@@ -69,6 +74,11 @@ pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool, base: Option<&
 
     // GPT-2's Conv1D stores weights [in, out]: peft's fan_in_fan_out says so when merging.
     let family = family::of(config.model.kind);
+    // Weights peft adapts as parameters (a mixture's router and experts) are its
+    // target_parameters, under peft's names for them.
+    let (parameters, modules): (Vec<String>, Vec<String>) =
+        lora.targets(family.lora_modules).into_iter().partition(|t| family.lora_parameters.iter().any(|p| p.0 == t));
+    let parameters: Vec<&str> = family.lora_parameters.iter().filter(|p| parameters.iter().any(|t| t == p.0)).map(|p| p.1).collect();
     let adapter_config = json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -77,7 +87,8 @@ pub fn export_peft(path: &Path, out: &Path, with_tokenizer: bool, base: Option<&
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
-        "target_modules": lora.targets(family.lora_modules),
+        "target_modules": modules,
+        "target_parameters": (!parameters.is_empty()).then_some(parameters),
         "fan_in_fan_out": family.hf.as_ref().is_some_and(|hf| hf.conv1d),
         "bias": "none",
         "use_rslora": false,

@@ -57,7 +57,12 @@ pub struct Sparse {
 impl Sparse {
     fn new(made: &mut Made, a: &MoeArgs) -> Sparse {
         let router = made.linear("mlp.gate");
-        let experts = Experts { gate_up: made.tensor("mlp.experts.gate_up_proj"), down: made.tensor("mlp.experts.down_proj") };
+        let (gate_up, down) = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj");
+        let experts = Experts {
+            gate_up: made.tensor(gate_up),
+            down: made.tensor(down),
+            adapters: [made.take_expert_adapter(gate_up), made.take_expert_adapter(down)],
+        };
         let shared = (a.shared_expert_intermediate_size > 0).then(|| (SwiGlu::at(made, "mlp.shared_expert"), made.linear("mlp.shared_expert_gate")));
         let routing = Routing { top_k: a.top_k, norm_topk_prob: a.norm_topk_prob, jitter: a.router_jitter_noise };
         Sparse { router, experts, routing, shared }
@@ -143,7 +148,7 @@ impl FeedForward for MoeFeedForward {
     fn aux_loss(losses: &router::Losses, collected: Vec<Tensor>, _blocks: usize) -> Result<Option<AuxLoss>> {
         match collected.len() == losses.blocks() {
             true => losses.of(&collected).map(Some),
-            // Checkpointed blocks gave none (build refuses that with router losses on).
+            // Not every block's logits (none collected: a forward after a cache).
             false => Ok(None),
         }
     }

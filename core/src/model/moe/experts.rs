@@ -14,6 +14,7 @@
 
 use tch::{Kind, Tensor};
 
+use super::super::lora::experts::ExpertAdapter;
 use crate::error::{Error, Result};
 
 /// A block's experts, stacked as transformers 5 holds them.
@@ -23,6 +24,18 @@ pub(super) struct Experts {
     pub(super) gate_up: Tensor,
     /// `[experts, D, width]`.
     pub(super) down: Tensor,
+    /// LoRA's adapters of `gate_up` and `down`, when `[lora]` targets them.
+    pub(super) adapters: [Option<ExpertAdapter>; 2],
+}
+
+/// [`grouped`] through `weights` and, when it has one, its LoRA `adapter`: `x W_e^T +
+/// scaling (x A_e^T) B_e^T`, two more grouped products of the adapter's rank instead of
+/// one over `W_e + scaling B_e A_e` (peft's), which would copy the whole stack per forward.
+fn adapted(x: &Tensor, weights: &Tensor, adapter: Option<&ExpertAdapter>, offs: &Tensor) -> Result<Tensor> {
+    let y = grouped(x, weights, offs)?;
+    let Some((a, b, scaling)) = adapter.map(ExpertAdapter::factors).transpose()?.flatten() else { return Ok(y) };
+    let low = grouped(&grouped(x, &a, offs)?, &b, offs)?;
+    Ok(y.f_add(&low.f_mul_scalar(scaling)?)?)
 }
 
 /// `x` `[S, in]` times `weights` `[E, out, in]` transposed, rows `[offs[e-1], offs[e])`
@@ -61,9 +74,9 @@ impl Experts {
         // Every (token, slot) pair's row, in expert order: a copy of x per slot, permuted.
         let pairs = x.f_unsqueeze(1)?.f_expand([n, top_k, d], false)?.f_reshape([n * top_k, d])?;
         let rows = pairs.f_index_select(0, &order)?;
-        let gate_up = grouped(&rows, &self.gate_up, &offs)?;
+        let gate_up = adapted(&rows, &self.gate_up, self.adapters[0].as_ref(), &offs)?;
         let [gate, up]: [Tensor; 2] = gate_up.f_chunk(2, -1)?.try_into().map_err(|_| Error::Other("gate_up_proj splits in two".into()))?;
-        let out = grouped(&super::super::llama::swiglu(&gate, &up)?, &self.down, &offs)?;
+        let out = adapted(&super::super::llama::swiglu(&gate, &up)?, &self.down, self.adapters[1].as_ref(), &offs)?;
         // Back to (token, slot) order: the inverse permutation.
         let positions = Tensor::f_arange(n * top_k, (Kind::Int64, x.device()))?;
         let inverse = order.f_zeros_like()?.f_scatter(0, &order, &positions)?;

@@ -30,6 +30,7 @@ fn grouped_expert_products_equal_a_loop_over_the_routed_tokens() {
     let e = Experts {
         gate_up: Tensor::randn([experts, 2 * width, d], (Kind::Float, Device::Cpu)),
         down: Tensor::randn([experts, d, width], (Kind::Float, Device::Cpu)),
+        adapters: [None, None],
     };
     let x = Tensor::randn([n, d], (Kind::Float, Device::Cpu));
     // Each token's first expert among 0-2, its second 4: expert 3 gets nobody (an empty group).
