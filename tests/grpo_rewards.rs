@@ -2,7 +2,8 @@
 //! completions (`data.kind = "prompts"`, the tiny Qwen2 and prompts of
 //! tests/support/grpo_sampling.py): a `kind = "command"` reward (a Python script,
 //! tests/support/reward_cmd.py, kept running for the run) scores as the built-in reward
-//! of the same rule on the same completions and gets TRL's columns; a command that
+//! of the same rule on the same completions and gets TRL's columns (and the run's
+//! seconds sampling and learning add up in summary.json); a command that
 //! cannot start exits 2 before training; one that dies, hangs, or answers a wrong count
 //! or a word fails the run (exit 1, summary.json naming the reward and what happened).
 
@@ -79,6 +80,19 @@ fn a_command_reward_scores_as_the_built_in_reward_of_its_rule() {
         let (sampling, scoring) = (m["train/timing/sampling_s"].as_f64().unwrap(), m["train/timing/rewards_s"].as_f64().unwrap());
         assert!(scoring >= 0.0 && scoring <= sampling, "the scoring is a part of the rollout stage: {m}");
     }
+    // The run's seconds sampling and learning: the steps' metrics summed, and learning
+    // the step's core at least (its forward, backward and update).
+    let summary = summary(&run_dir);
+    let total = |key: &str| metrics.iter().map(|m| m[key].as_f64().unwrap()).sum::<f64>();
+    let (sampling, learning) = (summary["sampling_s"].as_f64().unwrap(), summary["learning_s"].as_f64().unwrap());
+    assert!((sampling - total("train/timing/sampling_s")).abs() < 1e-3, "{summary}");
+    assert!((learning - total("train/timing/learning_s")).abs() < 1e-6, "{summary}");
+    let p = &summary["phase_times"];
+    let core: f64 = ["forward_s", "backward_s", "optimizer_s"].iter().map(|k| p[k].as_f64().unwrap()).sum();
+    assert!(learning >= core - 1e-6 && core > 0.0, "learning {learning} s, the core {core} s: {summary}");
+    assert!(sampling > 0.0 && sampling <= p["data_s"].as_f64().unwrap() + 1e-6, "sampling is in the data phase: {summary}");
+    let steps: f64 = ["data_s", "forward_s", "backward_s", "optimizer_s", "hooks_s"].iter().map(|k| p[k].as_f64().unwrap()).sum();
+    assert!((sampling + learning - steps).abs() < 1e-6, "the steps' seconds, split: {summary}");
     // The requests, one line a micro-batch (both commands log to the same file), as
     // TRL's reward functions get their arguments: one entry per completion.
     let requests = read_jsonl(&log);

@@ -46,6 +46,9 @@ use crate::{
 /// (the built-in rewards, and waiting for the commands' answers).
 pub const SAMPLING_S: &str = "timing/sampling_s";
 pub const REWARDS_S: &str = "timing/rewards_s";
+/// The seconds of the step outside the stage (the step's core: forward, backward, the
+/// update), a step metric the trainer adds ([`RolloutStage::step_s`]).
+pub const LEARNING_S: &str = "timing/learning_s";
 
 /// A micro-batch's completions, sampled and handed to the rewards, not yet scored.
 struct Unscored {
@@ -75,6 +78,8 @@ pub struct RolloutStage {
     /// iterations left.
     kept: HashMap<u64, Vec<Group>>,
     log: Option<CompletionLog>,
+    /// The seconds the last step spent in the stage.
+    pub step_s: f64,
 }
 
 impl RolloutStage {
@@ -104,6 +109,7 @@ impl RolloutStage {
             iterations: grpo.num_iterations.max(1) as u64,
             kept: HashMap::new(),
             log,
+            step_s: 0.0,
         }))
     }
 
@@ -137,7 +143,8 @@ impl RolloutStage {
             generations.push((groups, slot, iteration));
         }
         // Every micro-batch carries the step's times: their weighted mean is them.
-        let times = Tensor::f_from_slice(&[started.elapsed().as_secs_f32(), scoring.elapsed().as_secs_f32()])?;
+        self.step_s = started.elapsed().as_secs_f64();
+        let times = Tensor::f_from_slice(&[self.step_s as f32, scoring.elapsed().as_secs_f32()])?;
         generations
             .into_iter()
             .map(|(groups, slot, iteration)| {
