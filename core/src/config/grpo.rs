@@ -102,13 +102,21 @@ pub struct RewardSpec {
     /// `length`: the completion length (in characters) that scores 0, the best.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<u32>,
+    /// `command`: the program and its arguments, started once at set-up; JSON lines of
+    /// completions in on its stdin, one line of scores out (rl.md, "Reward commands").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// `command`: the longest wait for a micro-batch's scores before the run fails
+    /// (absent: 120 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
 }
 
 fn answer() -> String {
     "answer".into()
 }
 
-/// `[[grpo.rewards]] kind`: the built-in rewards (rl.md).
+/// `[[grpo.rewards]] kind`: the built-in rewards and a command's (rl.md).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum RewardKind {
@@ -119,6 +127,8 @@ pub enum RewardKind {
     Exact,
     /// `-|target - characters|`, the length reward of TRL's quickstart (`reward_len`).
     Length,
+    /// The scores an external process answers (`command`), one JSON line a micro-batch.
+    Command,
 }
 
 fn one() -> f64 {

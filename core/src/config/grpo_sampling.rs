@@ -11,7 +11,7 @@ impl Config {
         // The keys' ranges (config/ranges.rs) are checked already.
         let grpo = &self.grpo;
         if grpo.rewards.is_empty() {
-            return Err(bad("grpo.rewards", "sampled completions need at least one [[grpo.rewards]] with a kind (regex, exact, length)"));
+            return Err(bad("grpo.rewards", "sampled completions need at least one [[grpo.rewards]] with a kind (regex, exact, length, command)"));
         }
         for reward in &grpo.rewards {
             self.validate_reward(reward)?;
@@ -26,7 +26,9 @@ impl Config {
             None => Ok(()),
         };
         match reward.kind {
-            None => Err(bad("grpo.rewards.kind", format!("{name:?} needs a kind when the run samples: \"regex\", \"exact\" or \"length\""))),
+            None => {
+                Err(bad("grpo.rewards.kind", format!("{name:?} needs a kind when the run samples: \"regex\", \"exact\", \"length\" or \"command\"")))
+            }
             Some(RewardKind::Regex) if reward.pattern.is_none() => {
                 Err(bad("grpo.rewards.pattern", format!("{name:?}: a regex reward needs a pattern")))
             }
@@ -35,6 +37,14 @@ impl Config {
             }
             Some(RewardKind::Regex | RewardKind::Exact) => pattern(&reward.pattern),
             Some(RewardKind::Length) => Ok(()),
+            Some(RewardKind::Command) if reward.command.as_ref().is_none_or(|c| c.is_empty()) => Err(bad(
+                "grpo.rewards.command",
+                format!("{name:?}: a command reward needs its program and arguments, e.g. command = [\"python3\", \"reward.py\"]"),
+            )),
+            Some(RewardKind::Command) if reward.timeout_s.is_some_and(|t| !(t > 0.0 && t.is_finite())) => {
+                Err(bad("grpo.rewards.timeout_s", format!("{name:?}: must be a positive number of seconds")))
+            }
+            Some(RewardKind::Command) => Ok(()),
         }
     }
 

@@ -1,7 +1,8 @@
 //! On-line RL's rollout stage (`data.kind = "prompts"`), before the step's core: the
 //! step's micro-batches of prompts ([`crate::data::prompts`]) are sampled with the
 //! policy on the key/value cache ([`sampler`], [`processors`]), scored by the rewards
-//! ([`rewards`]) and collated into scored rollouts, the advantages in their payload,
+//! ([`reward`]: each micro-batch handed to the reward commands as soon as it is
+//! sampled, their answers collected once the step's last is) and collated into scored rollouts, the advantages in their payload,
 //! as [`crate::data::rollouts`] collates rollouts read from a file: the core and the
 //! objective ([`crate::objective::Grpo`]) see no difference.
 //!
@@ -15,19 +16,24 @@
 
 pub mod processors;
 pub mod record;
-pub mod rewards;
+pub mod reward;
 pub mod sampler;
 
-use std::{collections::HashMap, path::Path, time::Instant};
+use std::{collections::HashMap, path::Path, sync::Arc, time::Instant};
 
 use tch::{Device, Tensor};
 use tokenizers::Tokenizer;
 
-use self::{processors::Processors, record::CompletionLog, rewards::Reward, sampler::Sampled};
+use self::{
+    processors::Processors,
+    record::CompletionLog,
+    reward::{Rewards, ScoreBatch},
+    sampler::Sampled,
+};
 use crate::{
     config::{Config, DataKind},
     data::{
-        prompts::Prompts,
+        prompts::{PromptRow, Prompts},
         rollouts::{collate, rows::Group, Scoring},
         text, Batch, Payload,
     },
@@ -35,8 +41,28 @@ use crate::{
     model::Model,
 };
 
-/// The name of the stage's own statistic, after the rollouts' ones in the payload.
+/// The names of the stage's own statistics, after the rollouts' ones in the payload:
+/// the seconds of the step in the stage, and of those, the seconds spent scoring
+/// (the built-in rewards, and waiting for the commands' answers).
 pub const SAMPLING_S: &str = "timing/sampling_s";
+pub const REWARDS_S: &str = "timing/rewards_s";
+/// The seconds of the step outside the stage (the step's core: forward, backward, the
+/// update), a step metric the trainer adds ([`RolloutStage::step_s`]).
+pub const LEARNING_S: &str = "timing/learning_s";
+
+/// A micro-batch's completions, sampled and handed to the rewards, not yet scored.
+struct Unscored {
+    rows: Vec<Arc<PromptRow>>,
+    completions: Vec<Vec<Sampled>>,
+    batch: Arc<ScoreBatch>,
+}
+
+/// A micro-batch's completions on their way to the step: kept from the generation's
+/// first step, or sampled now.
+enum Rolled {
+    Kept(Vec<Group>),
+    Sampled(Unscored),
+}
 
 pub struct RolloutStage {
     processors: Processors,
@@ -44,7 +70,7 @@ pub struct RolloutStage {
     generations: usize,
     seed: u64,
     scoring: Scoring,
-    rewards: Vec<Reward>,
+    rewards: Rewards,
     tokenizer: Tokenizer,
     device: Device,
     iterations: u64,
@@ -52,6 +78,8 @@ pub struct RolloutStage {
     /// iterations left.
     kept: HashMap<u64, Vec<Group>>,
     log: Option<CompletionLog>,
+    /// The seconds the last step spent in the stage.
+    pub step_s: f64,
 }
 
 impl RolloutStage {
@@ -63,6 +91,8 @@ impl RolloutStage {
         let (encoder, _) = text::encoder(config)?;
         let eos = collate::eos_id(&encoder, Path::new(&config.data.path))?;
         let grpo = &config.grpo;
+        // The commands first: one that cannot start ends set-up before any file is made.
+        let rewards = Rewards::from_config(&grpo.rewards)?;
         let log = match (grpo.log_completions_every, rank) {
             (every, 0) if every > 0 => Some(CompletionLog::open(&run_dir.join("completions.jsonl"), every)?),
             _ => None,
@@ -73,42 +103,55 @@ impl RolloutStage {
             generations: grpo.num_generations as usize,
             seed: config.run.seed,
             scoring: Scoring::from_config(config, eos),
-            rewards: grpo.rewards.iter().map(Reward::new).collect::<Result<_>>()?,
+            rewards,
             tokenizer: encoder.tokenizer,
             device,
             iterations: grpo.num_iterations.max(1) as u64,
             kept: HashMap::new(),
             log,
+            step_s: 0.0,
         }))
     }
 
     /// The step's micro-batches of prompts as scored rollouts, on the device.
     pub fn roll_out(&mut self, step: u64, model: &mut dyn Model, prompts: Vec<Batch>) -> Result<Vec<Batch>> {
         let started = Instant::now();
-        let mut generations = Vec::with_capacity(prompts.len());
+        let mut rolled = Vec::with_capacity(prompts.len());
         for batch in prompts {
             let Payload::Prompts(p) = batch.payload else {
                 return Err(Error::Other("the rollout stage reads batches of prompts (data.kind = \"prompts\")".into()));
             };
-            let groups = match self.kept.get(&p.slot) {
-                Some(kept) if p.iteration > 0 => kept.clone(),
-                _ => self.sample(step, model, &p)?,
+            let completions = match self.kept.get(&p.slot) {
+                Some(kept) if p.iteration > 0 => Rolled::Kept(kept.clone()),
+                _ => Rolled::Sampled(self.sample(step, model, &p)?),
             };
-            match p.iteration + 1 >= self.iterations {
-                true => self.kept.remove(&p.slot),
-                false => self.kept.insert(p.slot, groups.clone()),
-            };
-            generations.push((groups, p.slot, p.iteration));
+            rolled.push((completions, p.slot, p.iteration));
         }
-        // Every micro-batch carries the step's sampling time: their weighted mean is it.
-        let sampling_s = Tensor::f_from_slice(&[started.elapsed().as_secs_f32()])?;
+        // The commands have scored while the later micro-batches sampled: what is left
+        // of their work is waited for here, bounded by each one's timeout_s.
+        let scoring = Instant::now();
+        let mut generations = Vec::with_capacity(rolled.len());
+        for (completions, slot, iteration) in rolled {
+            let groups = match completions {
+                Rolled::Kept(groups) => groups,
+                Rolled::Sampled(unscored) => self.score(step, unscored)?,
+            };
+            match iteration + 1 >= self.iterations {
+                true => self.kept.remove(&slot),
+                false => self.kept.insert(slot, groups.clone()),
+            };
+            generations.push((groups, slot, iteration));
+        }
+        // Every micro-batch carries the step's times: their weighted mean is them.
+        self.step_s = started.elapsed().as_secs_f64();
+        let times = Tensor::f_from_slice(&[self.step_s as f32, scoring.elapsed().as_secs_f32()])?;
         generations
             .into_iter()
             .map(|(groups, slot, iteration)| {
                 let picks: Vec<&Group> = groups.iter().collect();
                 let mut batch = collate::collate(&picks, &self.scoring, slot, iteration)?;
                 if let Payload::Rollouts(r) = &mut batch.payload {
-                    r.stats = Tensor::f_cat(&[&r.stats, &sampling_s], 0)?;
+                    r.stats = Tensor::f_cat(&[&r.stats, &times], 0)?;
                 }
                 Ok(batch.to_device(self.device, false))
             })
@@ -116,8 +159,8 @@ impl RolloutStage {
     }
 
     /// Samples each prompt `grpo.num_generations` times (the prompts of one length in
-    /// one batch) and scores the completions.
-    fn sample(&mut self, step: u64, model: &mut dyn Model, p: &Prompts) -> Result<Vec<Group>> {
+    /// one batch), decodes the completions and hands them to the rewards.
+    fn sample(&mut self, step: u64, model: &mut dyn Model, p: &Prompts) -> Result<Unscored> {
         tch::manual_seed(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(p.slot) as i64);
         let g = self.generations;
         let mut by_length: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
@@ -132,17 +175,28 @@ impl RolloutStage {
                 sampled[i] = completions.to_vec();
             }
         }
-        let mut groups = Vec::with_capacity(p.rows.len());
-        for (row, completions) in p.rows.iter().zip(sampled) {
-            let texts: Vec<String> = completions
-                .iter()
-                .map(|c| self.tokenizer.decode(&c.ids, true).map_err(|e| Error::Other(format!("decoding a completion: {e}"))))
-                .collect::<Result<_>>()?;
-            let rewards: Vec<Vec<f64>> = self.rewards.iter().map(|r| texts.iter().map(|t| r.score(t, &row.columns)).collect()).collect();
+        let decode = |c: &Sampled| self.tokenizer.decode(&c.ids, true).map_err(|e| Error::Other(format!("decoding a completion: {e}")));
+        let texts: Vec<Vec<String>> = sampled.iter().map(|group| group.iter().map(decode).collect::<Result<_>>()).collect::<Result<_>>()?;
+        let ids = sampled.iter().map(|group| group.iter().map(|c| c.ids.clone()).collect()).collect();
+        let batch = Arc::new(ScoreBatch::new(step, &p.rows, texts, ids));
+        self.rewards.submit(&batch);
+        Ok(Unscored { rows: p.rows.clone(), completions: sampled, batch })
+    }
+
+    /// The rewards' scores of a sampled micro-batch, as one group per prompt.
+    fn score(&mut self, step: u64, unscored: Unscored) -> Result<Vec<Group>> {
+        let Unscored { rows, completions, batch } = unscored;
+        let scores = self.rewards.collect(&batch)?;
+        let mut groups = Vec::with_capacity(rows.len());
+        let mut first = 0;
+        for (row, sampled) in rows.iter().zip(completions) {
+            let range = first..first + sampled.len();
+            first = range.end;
+            let rewards: Vec<Vec<f64>> = scores.iter().map(|s| s[range.clone()].to_vec()).collect();
             if let Some(log) = &self.log {
-                log.record(step, row, &completions, &texts, &self.rewards, &rewards);
+                log.record(step, row, &sampled, &batch.texts[range], &self.rewards.names, &rewards);
             }
-            groups.push(Group { prompt: row.ids.clone(), completions: completions.into_iter().map(|c| c.ids).collect(), rewards });
+            groups.push(Group { prompt: row.ids.clone(), completions: sampled.into_iter().map(|c| c.ids).collect(), rewards });
         }
         Ok(groups)
     }

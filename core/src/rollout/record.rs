@@ -13,7 +13,7 @@ use std::{
 
 use serde_json::json;
 
-use super::{rewards::Reward, sampler::Sampled};
+use super::sampler::Sampled;
 use crate::{
     data::prompts::PromptRow,
     error::{Error, Result},
@@ -44,14 +44,14 @@ impl CompletionLog {
     }
 
     /// Records one prompt's group when `step` is due.
-    pub fn record(&self, step: u64, row: &PromptRow, completions: &[Sampled], texts: &[String], functions: &[Reward], rewards: &[Vec<f64>]) {
+    pub fn record(&self, step: u64, row: &PromptRow, completions: &[Sampled], texts: &[String], names: &[String], rewards: &[Vec<f64>]) {
         if !step.is_multiple_of(self.every) {
             return;
         }
         let Some(lines) = &self.lines else { return };
         for (i, (sampled, text)) in completions.iter().zip(texts).enumerate() {
             let scores: serde_json::Map<String, serde_json::Value> =
-                functions.iter().zip(rewards).map(|(f, r)| (f.name.clone(), finite_or_null(r[i]))).collect();
+                names.iter().zip(rewards).map(|(name, r)| (name.clone(), finite_or_null(r[i]))).collect();
             let line = json!({
                 "step": step,
                 "prompt": row.text,

@@ -84,6 +84,11 @@ impl StepBatches {
         Ok(())
     }
 
+    /// The seconds the step spent in the rollout stage, when there is one.
+    pub fn sampling_s(&self) -> Option<f64> {
+        self.rollout.as_ref().map(|stage| stage.step_s)
+    }
+
     fn fetch(&mut self) -> Result<Batch> {
         if let Some(batch) = self.rolled.pop_front() {
             return Ok(batch);

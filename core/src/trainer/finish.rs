@@ -195,6 +195,8 @@ impl Run {
             resumed_from: env.resumed_from.clone(),
             checkpoint: late_signal::newest_checkpoint(env),
             checkpoint_wait_s: tally.checkpoint_wait_s,
+            sampling_s: tally.sampling_s,
+            learning_s: tally.learning_s,
             plugins_loaded: self.host.loaded(),
             plugin_failures: self.host.failures().to_vec(),
             detached_plugins: self.host.detached(),

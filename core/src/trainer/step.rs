@@ -139,7 +139,11 @@ impl Run {
             self.tally.last_grad_norm = out.grad_norm;
         }
         let (phases, hooks_s) = timer.finish();
-        self.tally.count_step(self.env.world as u64, &phases, hooks_s, out.loss, out.metrics);
+        let mut metrics = out.metrics;
+        if let Some(sampling_s) = self.batches.sampling_s() {
+            metrics.push((crate::rollout::LEARNING_S, self.tally.count_rollout(sampling_s, phases.step_s)));
+        }
+        self.tally.count_step(self.env.world as u64, &phases, hooks_s, out.loss, metrics);
         Ok(phases)
     }
 

@@ -125,6 +125,12 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<OnDisk>,
     pub checkpoint_wait_s: f64,
+    /// GRPO from prompts: the steps' seconds in the rollout stage (sampling, scoring)
+    /// and the rest of them (learning), inside `wall_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sampling_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learning_s: Option<f64>,
     pub plugins_loaded: Vec<LoadedInfo>,
     pub plugin_failures: Vec<Failure>,
     /// Plugins that took themselves off the schedule, with why.

@@ -50,6 +50,10 @@ pub(super) struct Tally {
     pub checkpoint_wait_s: f64,
     /// The step of the last checkpoint handed to the checkpoint plugins.
     pub last_save_step: Option<u64>,
+    /// With a rollout stage (GRPO from prompts): the seconds spent in it, and the rest
+    /// of the steps' (learning).
+    pub sampling_s: Option<f64>,
+    pub learning_s: Option<f64>,
 }
 
 /// Which running sum of the step losses to read.
@@ -98,6 +102,15 @@ impl Tally {
 
     /// Counts one finished optimizer step over `world` ranks: its (detached) loss
     /// and the objective's metrics, scaled as the loss.
+    /// Counts a step that spent `sampling_s` of its `step_s` in the rollout stage;
+    /// returns the rest, its learning seconds, as a step metric (a host scalar).
+    pub fn count_rollout(&mut self, sampling_s: f64, step_s: f64) -> Tensor {
+        let learning_s = (step_s - sampling_s).max(0.0);
+        *self.sampling_s.get_or_insert(0.0) += sampling_s;
+        *self.learning_s.get_or_insert(0.0) += learning_s;
+        Tensor::from(learning_s)
+    }
+
     pub fn count_step(&mut self, world: u64, phases: &PhaseTimes, hooks_s: f64, loss: Tensor, metrics: Metrics) {
         self.phases_total = self.phases_total.plus(phases);
         self.hooks_total_s += hooks_s;

@@ -66,7 +66,7 @@ impl Grpo {
             stat_names.extend([leak(format!("rewards/{name}/mean")), leak(format!("rewards/{name}/std"))]);
         }
         if config.data.kind == crate::config::DataKind::Prompts {
-            stat_names.push(crate::rollout::SAMPLING_S);
+            stat_names.extend([crate::rollout::SAMPLING_S, crate::rollout::REWARDS_S]);
         }
         Ok(Grpo {
             settings: Settings {

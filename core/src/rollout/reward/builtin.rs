@@ -16,29 +16,40 @@ use crate::{
     error::{Error, Result},
 };
 
+#[derive(Clone, Copy)]
+enum Rule {
+    Regex,
+    Exact,
+    Length,
+}
+
 /// One configured built-in reward.
-pub struct Reward {
-    pub name: String,
-    kind: RewardKind,
+pub struct BuiltIn {
+    kind: Rule,
     pattern: Option<Regex>,
     column: String,
     target: f64,
 }
 
-impl Reward {
-    pub fn new(spec: &RewardSpec) -> Result<Reward> {
+impl BuiltIn {
+    pub fn new(spec: &RewardSpec) -> Result<BuiltIn> {
         let bad = |m: String| Error::Other(format!("[[grpo.rewards]] {:?}: {m}", spec.name));
-        let kind = spec.kind.ok_or_else(|| bad("no kind".into()))?;
+        let kind = match spec.kind {
+            Some(RewardKind::Regex) => Rule::Regex,
+            Some(RewardKind::Exact) => Rule::Exact,
+            Some(RewardKind::Length) => Rule::Length,
+            other => return Err(bad(format!("{other:?} is not a built-in reward"))),
+        };
         let pattern = spec.pattern.as_deref().map(Regex::new).transpose().map_err(|e| bad(e.to_string()))?;
-        Ok(Reward { name: spec.name.clone(), kind, pattern, column: spec.column.clone(), target: spec.target.unwrap_or(0) as f64 })
+        Ok(BuiltIn { kind, pattern, column: spec.column.clone(), target: spec.target.unwrap_or(0) as f64 })
     }
 
     /// The reward of `completion` (decoded) for the prompt row `columns`.
     pub fn score(&self, completion: &str, columns: &serde_json::Map<String, serde_json::Value>) -> f64 {
         match self.kind {
-            RewardKind::Regex => self.pattern.as_ref().is_some_and(|p| p.is_match(completion)) as u8 as f64,
-            RewardKind::Length => -(self.target - completion.chars().count() as f64).abs(),
-            RewardKind::Exact => {
+            Rule::Regex => self.pattern.as_ref().is_some_and(|p| p.is_match(completion)) as u8 as f64,
+            Rule::Length => -(self.target - completion.chars().count() as f64).abs(),
+            Rule::Exact => {
                 let Some(expected) = columns.get(&self.column).and_then(answer_text) else { return f64::NAN };
                 (self.extract(completion).is_some_and(|got| got.trim() == expected.trim())) as u8 as f64
             }
@@ -68,10 +79,18 @@ mod tests {
 
     use super::*;
 
-    fn reward(kind: RewardKind, pattern: Option<&str>, target: Option<u32>) -> Reward {
-        let spec =
-            RewardSpec { name: "r".into(), weight: 1.0, kind: Some(kind), pattern: pattern.map(String::from), column: "answer".into(), target };
-        Reward::new(&spec).unwrap()
+    fn reward(kind: RewardKind, pattern: Option<&str>, target: Option<u32>) -> BuiltIn {
+        let spec = RewardSpec {
+            name: "r".into(),
+            weight: 1.0,
+            kind: Some(kind),
+            pattern: pattern.map(String::from),
+            column: "answer".into(),
+            target,
+            command: None,
+            timeout_s: None,
+        };
+        BuiltIn::new(&spec).unwrap()
     }
 
     #[test]
