@@ -251,6 +251,9 @@ impl Run {
                 // Rank 0's record is written (or its failure reported); this rank fails.
                 tracing::error!("at the end of the run: {e}");
                 exit_code = exit_code.max(1);
+                if env.rank == 0 && summary_error.is_none() && !signalled() {
+                    summary = summary_write::rank_lost_after(summary, &e, &path, env.unix_start, self.stop.signals.as_ref());
+                }
             }
         }
         Ok(Outcome { summary, run_dir: self.env.run_dir.clone(), exit_code, summary_error })

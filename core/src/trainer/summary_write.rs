@@ -5,7 +5,7 @@
 
 use std::{path::Path, sync::mpsc};
 
-use super::{signals::Signals, summary::Summary};
+use super::{failure::RunError, signals::Signals, summary::Summary};
 use crate::error::Error;
 
 /// Fills the summary's `parts` (from the summary at `path` when the run resumed)
@@ -35,4 +35,21 @@ fn parts_and_write(summary: Summary, path: &Path, started_at: f64, writes: bool)
     let summary = summary.with_parts(path, started_at);
     let error = if writes { summary.write(path).map_err(|e| Error::writing(path)(e).to_string()).err() } else { None };
     (summary, error)
+}
+
+/// A rank that did not leave the end of the run once rank 0 had written the summary
+/// (killed after the agreement): the launcher fails the job, so the summary, written
+/// again, fails too, saying what rank 0 knows; a signal's run stays interrupted.
+pub(super) fn rank_lost_after(mut summary: Summary, why: &str, path: &Path, started_at: f64, signals: Option<&Signals>) -> Summary {
+    if summary.status != "interrupted" {
+        summary.status = "failed".into();
+    }
+    summary.exit_code = summary.exit_code.max(1);
+    let message = format!("every rank finished its end, but after rank 0 wrote the summary {why} (killed or failed since)");
+    summary.error.get_or_insert(RunError { kind: "another_rank".into(), message, location: None, step: summary.last_step });
+    let (summary, error) = write(summary, path, started_at, true, signals);
+    if let Some(error) = error {
+        tracing::error!("writing the summary again: {error}");
+    }
+    summary
 }
