@@ -99,3 +99,44 @@ fn an_interrupted_job_whose_rank_0_ends_slowly_exits_130_with_its_record() {
     assert!(s["error"].is_null(), "{s}");
     assert_plugins_ended(&s);
 }
+
+/// Issue 63, item 8: a rank killed after the end-of-run agreement fails the job (a
+/// launcher's exit 1), and rank 0's summary says so too, as rank 0 knows it (it said
+/// `completed` and exit 0). The moment is made certain: rank 0's summary write is held
+/// (its temporary file a FIFO) until the test has killed rank 1, then let through.
+#[test]
+fn a_rank_killed_after_the_end_agreement_fails_rank_0s_summary_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("summary.json.tmp");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let port = free_port();
+    let args = job(4, dir.path(), &["dist.end_timeout_s=4".into()]);
+    let rank0 = rank_cmd(0, 2, port).args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut rank1 = rank_cmd(1, 2, port).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    // Rank 0's summary writer, held opening the FIFO: every rank has agreed.
+    let tasks = std::path::PathBuf::from(format!("/proc/{}/task", rank0.id()));
+    let writing = || {
+        let names = std::fs::read_dir(&tasks).into_iter().flatten().flatten();
+        names.filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok()).any(|n| n.trim() == "ptrain-summary")
+    };
+    let patience = std::time::Instant::now() + Duration::from_secs(120);
+    while !writing() {
+        assert!(std::time::Instant::now() < patience, "rank 0 never wrote its summary");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rank1.kill().unwrap();
+    let _ = rank1.wait();
+    let first = std::fs::read_to_string(&fifo).unwrap();
+    assert!(first.contains("\"completed\""), "written before rank 1 died: {first}");
+    let rank0 = wait_within(rank0, Duration::from_secs(60)).expect("rank 0 still running 60 s after rank 1 died");
+    assert_eq!(rank0.code(), Some(1));
+    // The first write renamed the FIFO to summary.json; only a second write replaces it.
+    let written = std::fs::metadata(dir.path().join("summary.json")).unwrap();
+    assert!(written.file_type().is_file(), "rank 0 kept the summary that says `completed`: it was not written again");
+    let s = summary(dir.path());
+    assert_eq!((s["status"].as_str(), s["exit_code"].as_i64(), s["error"]["kind"].as_str()), (Some("failed"), Some(1), Some("another_rank")), "{s}");
+    let message = s["error"]["message"].as_str().unwrap();
+    assert!(message.contains("after rank 0 wrote the summary") && message.contains("dist.end_timeout_s = 4"), "{message}");
+    assert_eq!(s["parts"].as_array().unwrap().len(), 1, "{s}");
+    assert_eq!(s["parts"][0]["status"], "failed", "{s}");
+}

@@ -324,3 +324,108 @@ fn a_held_out_file_of_one_window_is_evaluated_and_one_token_less_is_refused() {
     let err = stderr(&run(32, "short", 2));
     assert!(err.contains("the validation split has 32 tokens, fewer than a window of 33"), "{err}");
 }
+
+/// Issue 63, item 4: a run directory whose filesystem hangs while `summary.json` is
+/// written (here its temporary file is a FIFO nobody reads: the writer's open blocks
+/// in the kernel, as on a frozen mount) still ends on a second Ctrl-C: exit 130 at
+/// once, the summary's essentials on stderr. Without it the process waited forever.
+#[test]
+fn a_second_signal_while_the_summary_write_hangs_exits_130_with_the_essentials_on_stderr() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    assert!(Command::new("mkfifo").arg(run_dir.join("summary.json.tmp")).status().unwrap().success());
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(100_000)).args(["--plugins", "checkpoint", "--set", "plugins.checkpoint.every=2", "--run-dir"]).arg(&run_dir);
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id().to_string();
+    let signal = || assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let mut wait_for = |what: &str, ready: &dyn Fn() -> bool| {
+        while !ready() {
+            assert!(child.try_wait().unwrap().is_none() && std::time::Instant::now() < patience, "{what} never came");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    wait_for("a checkpoint", &|| run_dir.join("checkpoints/latest").exists());
+    signal();
+    // The summary's writer, blocked opening the FIFO.
+    let tasks = std::path::PathBuf::from(format!("/proc/{pid}/task"));
+    let writing = || {
+        let names = std::fs::read_dir(&tasks).into_iter().flatten().flatten();
+        names.filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok()).any(|n| n.trim() == "ptrain-summary")
+    };
+    wait_for("the summary's writer", &writing);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    signal();
+    // Loose: the process is gone well within this, where it would otherwise wait forever.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > patience {
+            let _ = child.kill();
+            panic!("still running 20 s after the second signal: {}", stderr(&child.wait_with_output().unwrap()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("second signal: exiting now, without summary.json"), "{err}");
+    let line = err.lines().find_map(|l| l.strip_prefix("summary: ")).unwrap_or_else(|| panic!("no essentials: {err}"));
+    let essentials: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!((essentials["status"].as_str(), essentials["exit_code"].as_i64()), (Some("interrupted"), Some(130)), "{essentials}");
+    let newest = essentials["checkpoint"]["newest"]["step"].as_u64().unwrap();
+    assert!(newest >= 2 && newest == essentials["last_step"].as_u64().unwrap(), "the emergency save is the newest: {essentials}");
+    assert!(!run_dir.join("summary.json").exists());
+}
+
+/// Twice this host's memory and swap in bytes, or `None` (with a SKIP line) where the
+/// kernel would grant such an allocation (`vm.overcommit_memory = 1`) and the test's
+/// point, a failed allocation, could not be made without using the memory.
+fn beyond_memory(test: &str) -> Option<u64> {
+    let mode = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
+    if mode.trim() == "1" {
+        skip(test, "vm.overcommit_memory = 1 grants any allocation");
+        return None;
+    }
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib = |key: &str| meminfo.lines().find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()).unwrap_or(0);
+    Some(2 * 1024 * (kib("MemTotal:") + kib("SwapTotal:")))
+}
+
+/// Issue 63, item 6: running out of memory is a run's failure, at set-up as in a step.
+/// In a step: a batch whose token ids fit (the refusal before training passes) but
+/// whose logits cannot (one allocation of twice the host's memory and swap, refused by
+/// the kernel at once: nothing is touched) fails step 1, exit 1 with the summary.
+/// At set-up: a model whose first block cannot be allocated exits 1 with one line
+/// naming what to make smaller (it panicked: exit 101 and libtorch's backtrace).
+#[test]
+fn out_of_memory_in_a_step_or_at_set_up_exits_1_never_101() {
+    let Some(bytes) = beyond_memory("out_of_memory_in_a_step_or_at_set_up_exits_1_never_101") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // The logits: rows x 32 positions x 60000 x 4 bytes; the token ids are 1/30000 of that.
+    let rows = bytes / (32 * 60_000 * 4) + 1;
+    let run_dir = dir.path().join("step");
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(2)).args(["--set", &format!("data.batch_size={rows}"), "--set", "model.vocab_size=60000", "--set", "train.loss_chunk=0"]);
+    let out = run_expect(cmd.arg("--run-dir").arg(&run_dir), 1);
+    let s = summary(&run_dir);
+    assert_eq!(
+        (s["status"].as_str(), s["error"]["kind"].as_str(), s["error"]["step"].as_u64()),
+        (Some("failed"), Some("out_of_memory"), Some(1)),
+        "{s}"
+    );
+    assert!(s["error"]["message"].as_str().unwrap().contains("data.batch_size"), "{s}");
+    assert!(!run_dir.join("ptrain.lock").exists(), "{}", stderr(&out));
+    // The attention's input projection: n_embd x 3 n_embd floats.
+    let width = (((bytes / 12) as f64).sqrt() as u64 + 2) & !1;
+    let run_dir = dir.path().join("setup");
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(2)).args(["--set", &format!("model.n_embd={width}")]);
+    let err = stderr(&run_expect(cmd.arg("--run-dir").arg(&run_dir), 1));
+    let line = err.lines().find(|l| l.contains("building the model: ")).unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(line.contains("out of memory on cpu: tried to allocate") && line.contains("model.n_embd") && !line.contains("frame #"), "{line}");
+    assert!(!err.contains("panicked at"), "{err}");
+    assert!(!run_dir.join("ptrain.lock").exists(), "{err}");
+}

@@ -162,7 +162,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // The record is lost with the file: stderr gets what it said, whatever stdout is.
         eprintln!("error: {why}: the run's summary exists only here");
         eprintln!("{line}");
-        eprintln!("summary: {}", essentials(s));
+        eprintln!("summary: {}", s.essentials());
     }
     for failure in &s.plugin_failures {
         reportln!("plugin {} failed in {} at step {}: {}", failure.plugin, failure.hook, failure.step, failure.error);
@@ -226,31 +226,6 @@ fn closing_line(s: &ptrain_core::Summary) -> String {
             loss(s.final_eval_loss),
         )
     }
-}
-
-/// What `summary.json` would have said that a user needs, on one line of JSON:
-/// how the run ended, where it got to, its losses, and its newest checkpoint.
-fn essentials(s: &ptrain_core::Summary) -> serde_json::Value {
-    // As the disk holds it at the end; the plugin's report beside it.
-    let checkpoint = s
-        .plugins
-        .get("checkpoint")
-        .map(|c| serde_json::json!({ "newest": s.checkpoint, "dir": c.get("dir"), "latest": c.get("latest"), "kept": c.get("kept") }));
-    serde_json::json!({
-        "status": s.status,
-        "exit_code": s.exit_code,
-        "error": s.error,
-        "stop_reason": s.stop_reason,
-        "start_step": s.start_step,
-        "last_step": s.last_step,
-        "total_steps": s.total_steps,
-        "first_loss": s.first_loss,
-        "final_loss": s.final_loss,
-        "final_eval_loss": s.final_eval_loss,
-        "checkpoint": checkpoint,
-        "plugin_failures": s.plugin_failures.len(),
-        "abandoned_plugins": s.abandoned_plugins,
-    })
 }
 
 /// A run's recorded `config.toml` (absolute paths) less its `[debug]` table: the

@@ -43,6 +43,8 @@ impl RunError {
 /// libtorch appends its C++ backtrace to an error ("Exception raised from ...",
 /// "frame #0: ..."): useful to libtorch's developers, noise in a summary.
 fn without_backtrace(message: &str) -> String {
+    // Inside a panic's `Debug` of tch's error (`unwrap()` on `Torch("...")`) its lines are escaped.
+    let message = ["\\nException raised from", "\\nframe #"].iter().fold(message, |m, cut| m.split(cut).next().unwrap_or(m));
     let kept: Vec<&str> = message.lines().take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #")).collect();
     kept.join("\n").trim_end().to_string()
 }
@@ -57,9 +59,38 @@ impl std::fmt::Display for RunError {
     }
 }
 
+/// Runs a stage of set-up that allocates the model or its optimizer's state: a panic
+/// in it (tch's `nn` builders unwrap libtorch's errors, out of memory among them) is
+/// set-up's error (exit 1, one line), never exit 101 with libtorch's backtrace; out
+/// of memory, returned or panicked, says what to make smaller.
+pub(super) fn setup_stage<T>(stage: &str, device: Device, f: impl FnOnce() -> crate::error::Result<T>) -> crate::error::Result<T> {
+    let advice = "Set-up needs less with a smaller model (model.n_layer, model.n_embd, model.vocab_size), LoRA \
+                  (the base frozen: no gradient nor optimizer state for it), or dist.shard = \"parameters\" over several ranks";
+    let failed = match crate::panic::catching(f) {
+        Ok(Ok(value)) => return Ok(value),
+        Ok(Err(e)) => match out_of_memory_with(&without_backtrace(&e.to_string()), device, advice) {
+            Some(message) => message,
+            None => return Err(e),
+        },
+        Err(panic) => {
+            let message = without_backtrace(&panic.message);
+            out_of_memory_with(&message, device, advice).unwrap_or_else(|| Panic { message, ..panic }.to_string())
+        }
+    };
+    Err(Error::Other(format!("{stage}: {failed}")))
+}
+
 /// libtorch's allocators say "CUDA out of memory. Tried to allocate 2.00 GiB ..."
 /// and "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes".
 fn out_of_memory(message: &str, device: Device) -> Option<String> {
+    let advice = "A step needs less with a smaller data.batch_size (raise optim.accum_steps to keep the global batch), \
+                  train.precision = \"bf16\", train.activation_checkpointing = \"full\" (gpt, llama), or a smaller model \
+                  (model.n_layer, model.n_embd, model.block_size)";
+    out_of_memory_with(message, device, advice)
+}
+
+/// The out-of-memory message, with `advice` on what to make smaller.
+fn out_of_memory_with(message: &str, device: Device, advice: &str) -> Option<String> {
     let lower = message.to_lowercase();
     if !(lower.contains("out of memory") || lower.contains("can't allocate memory")) {
         return None;
@@ -75,10 +106,7 @@ fn out_of_memory(message: &str, device: Device) -> Option<String> {
     });
     let peak = device::peak_memory(device);
     Some(format!(
-        "out of memory on {}: tried to allocate {}, peak {} so far. A step needs less with a smaller data.batch_size \
-         (raise optim.accum_steps to keep the global batch), train.precision = \"bf16\", \
-         train.activation_checkpointing = \"full\" (gpt, llama), or a smaller model \
-         (model.n_layer, model.n_embd, model.block_size). libtorch said: {}",
+        "out of memory on {}: tried to allocate {}, peak {} so far. {advice}. libtorch said: {}",
         device::label(device),
         size.as_deref().unwrap_or("an unknown size"),
         gib(peak),
@@ -98,6 +126,9 @@ mod tests {
     fn libtorch_backtraces_are_cut() {
         let m = "torch: shape '[3]' is invalid for input of size 2\nException raised from infer_size_impl at InferSize.h:99:\nframe #0: c10::Error";
         assert_eq!(without_backtrace(m), "torch: shape '[3]' is invalid for input of size 2");
+        // A panic's `Debug` of tch's error holds its lines escaped.
+        let unwrapped = r#"called `Result::unwrap()` on an `Err` value: Torch("can't allocate memory\nframe #0: c10::Error")"#;
+        assert_eq!(without_backtrace(unwrapped), "called `Result::unwrap()` on an `Err` value: Torch(\"can't allocate memory");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use super::{
     run::Run,
     stop::{Stop, StopControl},
     summary::{PhaseSummary, Summary},
-    Outcome,
+    summary_write, Outcome,
 };
 use crate::{
     device,
@@ -239,13 +239,10 @@ impl Run {
             self.dump_params()?;
         }
         let path = env.run_dir.join("summary.json");
-        let mut summary = summary.with_parts(&path, env.unix_start);
         // A summary that cannot be written (a full or read-only disk) loses the run's
-        // record: the CLI then prints its essentials, and the run does not exit 0.
-        let summary_error = match env.rank {
-            0 => summary.write(&path).map_err(|e| Error::writing(&path)(e).to_string()).err(),
-            _ => None,
-        };
+        // record: the CLI then prints its essentials, and the run does not exit 0. One
+        // whose write never returns (a hung mount) is left to a second signal.
+        let (mut summary, summary_error) = summary_write::write(summary, &path, env.unix_start, env.rank == 0, self.stop.signals.as_ref());
         if summary_error.is_some() && summary.exit_code == 0 {
             summary.exit_code = 1;
         }
@@ -256,6 +253,9 @@ impl Run {
                 // Rank 0's record is written (or its failure reported); this rank fails.
                 tracing::error!("at the end of the run: {e}");
                 exit_code = exit_code.max(1);
+                if env.rank == 0 && summary_error.is_none() && !signalled() {
+                    summary = summary_write::rank_lost_after(summary, &e, &path, env.unix_start, self.stop.signals.as_ref());
+                }
             }
         }
         Ok(Outcome { summary, run_dir: self.env.run_dir.clone(), exit_code, summary_error })

@@ -70,6 +70,7 @@ mod step;
 mod step_core;
 mod stop;
 mod summary;
+mod summary_write;
 mod tally;
 mod timing;
 

@@ -14,6 +14,7 @@ use std::{sync::Arc, time::Instant};
 use super::{
     clock::unix_now,
     debug::{Faults, TensorDump},
+    failure,
     forced::ForcedRecord,
     metrics::MetricsProcessor,
     nonfinite::NonFinite,
@@ -102,14 +103,17 @@ impl Run {
         let checkpoint = place::checkpoint(&config, &place, resume.as_ref(), factory.is_some(), world, allow_batch_change)?;
         let device = prepare_process(&config, dist.as_ref())?;
         let (dataset, evaluator) = learning::data(&config, dataset, dist.as_ref(), device)?;
-        let built = learning::model(&config, factory, &place, checkpoint.is_some(), dataset.as_ref(), device)?;
+        let built = failure::setup_stage("building the model", device, || {
+            learning::model(&config, factory, &place, checkpoint.is_some(), dataset.as_ref(), device)
+        })?;
         let (lora_base, all_params) = (built.lora_base.clone(), built.all_params);
         let total_steps = learning::total_steps(&config, dataset.as_ref(), world);
         if rank == 0 {
             warn_repeats(&config, dataset.as_ref(), world, total_steps);
         }
-        let (learner, objective, restored) =
-            learning::learner(&config, built, dataset.clone(), &place, dist.as_ref(), checkpoint.as_ref(), total_steps)?;
+        let (learner, objective, restored) = failure::setup_stage("building the optimizer", device, || {
+            learning::learner(&config, built, dataset.clone(), &place, dist.as_ref(), checkpoint.as_ref(), total_steps)
+        })?;
         let start_step = restored.step;
         let (mut host, services, slots) = plugins::host(&config, dist.as_ref(), &learner)?;
         plugins::record(&config, &place.run_dir, rank)?;

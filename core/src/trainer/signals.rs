@@ -8,10 +8,14 @@
 //! until it returns: the first signal's message says which plugin and hook the run
 //! waits on, and the second writes the summary of the forced exit
 //! ([`ForcedRecord`]) before exiting.
+//!
+//! While `summary.json` is being written (a thread of its own, see `summary_write`),
+//! a second signal prints what the summary says on stderr and exits at once: on a
+//! hung filesystem the write never returns, and nothing else would end the process.
 
 use std::sync::{
     atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering},
-    Arc,
+    Arc, Mutex,
 };
 
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -28,6 +32,8 @@ pub struct Signals {
     count: Arc<AtomicU32>,
     /// The run is draining its plugins: a signal ends that, nothing else.
     draining: Arc<AtomicBool>,
+    /// While `summary.json` is being written: its essentials (one line of JSON).
+    writing: Arc<Mutex<Option<String>>>,
     handle: signal_hook::iterator::Handle,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -39,12 +45,17 @@ impl Signals {
         let received = Arc::new(AtomicI32::new(0));
         let count = Arc::new(AtomicU32::new(0));
         let draining = Arc::new(AtomicBool::new(false));
-        let (flag, counter, drain) = (received.clone(), count.clone(), draining.clone());
+        let writing: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        let (flag, counter, drain, summary) = (received.clone(), count.clone(), draining.clone(), writing.clone());
         let thread = std::thread::Builder::new()
             .name("ptrain-signals".into())
             .spawn(move || {
                 for sig in signals.forever() {
                     counter.fetch_add(1, Ordering::SeqCst);
+                    if let Some(essentials) = summary.lock().ok().and_then(|s| s.clone()) {
+                        during_summary_write(sig, flag.swap(sig, Ordering::SeqCst) != 0, &essentials);
+                        continue;
+                    }
                     if drain.load(Ordering::SeqCst) {
                         super::eprint_line(&format!("received signal {sig}: no longer waiting for plugins to finish"));
                         let _ = flag.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
@@ -77,7 +88,21 @@ impl Signals {
                 }
             })
             .map_err(|e| Error::Other(format!("cannot handle signals: {e}")))?;
-        Ok(Signals { received, count, draining, handle, thread: Some(thread) })
+        Ok(Signals { received, count, draining, writing, handle, thread: Some(thread) })
+    }
+
+    /// From now until [`Signals::summary_written`], a second signal prints
+    /// `essentials` and exits at once.
+    pub fn writing_summary(&self, essentials: String) {
+        if let Ok(mut slot) = self.writing.lock() {
+            *slot = Some(essentials);
+        }
+    }
+
+    pub fn summary_written(&self) {
+        if let Ok(mut slot) = self.writing.lock() {
+            *slot = None;
+        }
     }
 
     /// From now on a signal ends the final drain (see the module doc); returns a
@@ -105,6 +130,18 @@ impl Signals {
             sig => Some(sig),
         }
     }
+}
+
+/// A signal while `summary.json` is being written: the second of the run exits now
+/// with what the summary says, the writer left where it is (the run directory may be
+/// the mount it hangs on, so nothing else touches it); a first one says so.
+fn during_summary_write(sig: i32, again: bool, essentials: &str) {
+    if again {
+        super::eprint_line("second signal: exiting now, without summary.json (its write has not returned: is the run directory's filesystem hung?)");
+        super::eprint_line(&format!("summary: {essentials}"));
+        std::process::exit(128 + sig);
+    }
+    super::eprint_line(&format!("received signal {sig} while writing summary.json: again to exit at once, its essentials printed instead"));
 }
 
 /// How long the launcher lets a rank run after its SIGTERM before killing it:

@@ -215,6 +215,32 @@ impl Summary {
         }
     }
 
+    /// What the summary says that a user needs, on one line of JSON: how the run
+    /// ended, where it got to, its losses, and its newest checkpoint. Printed on
+    /// stderr when the summary cannot be written, or its write never returns.
+    pub fn essentials(&self) -> serde_json::Value {
+        // As the disk holds it at the end; the plugin's report beside it.
+        let checkpoint = self
+            .plugins
+            .get("checkpoint")
+            .map(|c| serde_json::json!({ "newest": self.checkpoint, "dir": c.get("dir"), "latest": c.get("latest"), "kept": c.get("kept") }));
+        serde_json::json!({
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "error": self.error,
+            "stop_reason": self.stop_reason,
+            "start_step": self.start_step,
+            "last_step": self.last_step,
+            "total_steps": self.total_steps,
+            "first_loss": self.first_loss,
+            "final_loss": self.final_loss,
+            "final_eval_loss": self.final_eval_loss,
+            "checkpoint": checkpoint,
+            "plugin_failures": self.plugin_failures.len(),
+            "abandoned_plugins": self.abandoned_plugins,
+        })
+    }
+
     /// Writes the summary through a temporary file and a rename; a write that fails
     /// (a full disk) leaves no temporary file behind.
     pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
