@@ -7,7 +7,11 @@
 //! normalizer over the file's vocabulary and merges, whatever the file's own say. ptrain
 //! encodes with the file. Where the two split a sample differently, set-up says so once.
 
-use std::path::Path;
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
 
 use tokenizers::{
     normalizers::unicode::NFC,
@@ -24,6 +28,19 @@ const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{
 
 /// Text where the usual pre-tokenizers disagree: numbers, contractions, newlines.
 const SAMPLE: &str = "In 2024 it's 42 x1234, e.g.  3.14\nDon't\n\n  stop";
+
+/// Logs [`split_warning`] once per folder in a process: a run may build the encoder more
+/// than once (under `data.kind = "prompts"`, the prompt reader and the rollout stage).
+pub fn warn_once(tokenizer: &Tokenizer, dir: &Path) {
+    static WARNED: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+    let Ok(mut warned) = WARNED.lock() else { return };
+    if !warned.contains(dir) {
+        if let Some(warning) = split_warning(tokenizer, dir) {
+            tracing::warn!("{warning}");
+        }
+        warned.insert(dir.to_path_buf());
+    }
+}
 
 /// A warning when `AutoTokenizer` would split `SAMPLE` otherwise than `tokenizer` (loaded
 /// from `dir/tokenizer.json`) does; None when they agree or the folder is not one

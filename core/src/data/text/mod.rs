@@ -42,9 +42,7 @@ pub fn encoder(config: &Config) -> Result<(Encoder, Vec<String>)> {
     let tokenizer_path = PathBuf::from(&data.tokenizer);
     let tokenizer = tokenize::load_tokenizer(&tokenizer_path)?;
     let dir = tokenizer_path.parent().map(Path::to_path_buf).unwrap_or_default();
-    if let Some(warning) = super::tokenizer_check::split_warning(&tokenizer, &dir) {
-        tracing::warn!("{warning}");
-    }
+    super::tokenizer_check::warn_once(&tokenizer, &dir);
     let template = chat_template::ChatTemplate::find(&dir)?;
     if data.kind == DataKind::Chat && template.is_none() {
         return Err(Error::Data {
