@@ -117,8 +117,9 @@ fn a_command_that_cannot_start_exits_2_naming_the_key() {
     let not_executable = dir.path().join("reward.sh");
     std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
     let cases = [
-        (format!("['{}']", s(&dir.path().join("missing"))), "No such file"),
-        (format!("['{}']", s(&not_executable)), "Permission denied"),
+        (format!("['{}']", s(&dir.path().join("missing"))), "does not exist"),
+        (format!("['{}']", s(&not_executable)), "is not an executable file"),
+        ("['no-such-reward-program-on-path']".to_string(), "is not found on PATH"),
         ("[]".to_string(), "needs its program"),
     ];
     for (i, (argv, says)) in cases.into_iter().enumerate() {
@@ -127,7 +128,7 @@ fn a_command_that_cannot_start_exits_2_naming_the_key() {
         let out = run_expect(&mut run(&d, &run_dir, 1, &rewards), 2);
         let err = stderr(&out);
         assert!(err.contains("grpo.rewards.command") && err.contains("judge") && err.contains(says), "{argv}: {err}");
-        assert!(!run_dir.join("metrics.jsonl").exists() || read_jsonl(&run_dir.join("metrics.jsonl")).is_empty(), "before training");
+        assert!(!run_dir.exists(), "{argv}: refused with the configuration, before the run directory is claimed");
     }
 }
 

@@ -44,7 +44,10 @@ impl Config {
             Some(RewardKind::Command) if reward.timeout_s.is_some_and(|t| !(t > 0.0 && t.is_finite())) => {
                 Err(bad("grpo.rewards.timeout_s", format!("{name:?}: must be a positive number of seconds")))
             }
-            Some(RewardKind::Command) => Ok(()),
+            Some(RewardKind::Command) => {
+                let program = reward.command.as_ref().and_then(|c| c.first()).map_or("", String::as_str);
+                runnable(program).map_err(|why| bad("grpo.rewards.command", format!("{name:?}: `{program}` {why}")))
+            }
         }
     }
 
@@ -63,5 +66,26 @@ impl Config {
             return Err(bad("lora.enabled", "[lora] with data.kind = \"prompts\" is not built yet: train without adapters, or on rollouts"));
         }
         Ok(())
+    }
+}
+
+/// Whether `program` can be started as `Command::new` would find it (a path, or a name
+/// on `PATH`): checked with the configuration, so a reward command that cannot start is
+/// refused before the run directory is claimed.
+fn runnable(program: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if program.contains('/') {
+        let path = std::path::Path::new(program);
+        return match path.exists() {
+            false => Err("does not exist".into()),
+            true if executable(path) => Ok(()),
+            true => Err("is not an executable file (chmod +x it, or name its interpreter first)".into()),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    match std::env::split_paths(&path).any(|dir| executable(&dir.join(program))) {
+        true => Ok(()),
+        false => Err("is not found on PATH".into()),
     }
 }
