@@ -136,16 +136,22 @@ fn a_command_that_cannot_start_exits_2_naming_the_key() {
 fn a_command_that_dies_hangs_or_answers_wrong_fails_the_run_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let d = made();
-    // Each answers step 1's request, then misbehaves on step 2's.
+    // Each answers step 1's request, then misbehaves on step 2's. The last hangs behind a
+    // shell that does not exec it: the hung grandchild holds the output open, so ending
+    // the run must stop the command's whole process group, not only the shell.
+    let (python, script) =
+        (std::env::var("PTRAIN_PYTHON").unwrap_or_else(|_| s(&repo().join(".venv/bin/python"))), s(&repo().join("tests/support/reward_cmd.py")));
+    let behind_shell = format!("['sh', '-c', \"'{python}' '{script}' hang; exit 0\"]");
     let cases = [
-        ("die", "the process ended (exit status: 3)"),
-        ("hang", "no answer within timeout_s = 2 s"),
-        ("count", "13 scores for 12 completions"),
-        ("word", "score 0 is \"good\", not a number or null"),
+        ("die", command(&["die"]), "the process ended (exit status: 3)"),
+        ("hang", command(&["hang"]), "no answer within timeout_s = 2 s"),
+        ("count", command(&["count"]), "13 scores for 12 completions"),
+        ("word", command(&["word"]), "score 0 is \"good\", not a number or null"),
+        ("hang-behind-a-shell", behind_shell, "no answer within timeout_s = 2 s"),
     ];
-    for (mode, says) in cases {
+    for (mode, argv, says) in cases {
         let run_dir = dir.path().join(mode);
-        let rewards = format!("[{{name = \"judge\", kind = \"command\", command = {}, timeout_s = 2}}]", command(&[mode]));
+        let rewards = format!("[{{name = \"judge\", kind = \"command\", command = {argv}, timeout_s = 2}}]");
         let out = run_expect(&mut run(&d, &run_dir, 3, &rewards), 1);
         let summary = summary(&run_dir);
         assert_eq!(summary["status"], "failed", "{mode}: {summary}");

@@ -122,9 +122,17 @@ impl CommandReward {
 }
 
 impl Drop for CommandReward {
-    /// Closes its stdin (a well-behaved process ends there), then stops it for good.
+    /// Stops the command's whole process group (it leads its own, see `start`): a
+    /// process it started and did not exec (a shell's child) holds the output pipe too,
+    /// and the pipes' thread, blocked reading it, would never end. Then ends the thread.
     fn drop(&mut self) {
         self.requests = None;
+        if let Ok(group) = i32::try_from(self.child.id()) {
+            // SAFETY: killpg(2) with a plain process-group id and a signal number; it
+            // touches no memory of ours. The group is the child's own (`process_group(0)`),
+            // which stays ours until the child is waited for below.
+            unsafe { libc::killpg(group, libc::SIGKILL) };
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(pipes) = self.pipes.take() {
