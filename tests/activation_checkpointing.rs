@@ -129,30 +129,7 @@ fn bf16_autocast_recomputes_under_autocast() {
 #[test]
 fn checkpointing_lowers_peak_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let peak = |mode: &str| {
-        let run_dir = dir.path().join(mode);
-        let mut cmd = ptrain();
-        // glibc's heap keeps freed activations below its (adaptive) mmap threshold, so the
-        // peak RSS follows the heap's layout as much as the live tensors (a 45 MB swing
-        // from an unrelated change was seen); a fixed 64 KiB threshold returns them, and
-        // the peak is the live memory's.
-        cmd.env("MALLOC_MMAP_THRESHOLD_", "65536");
-        cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "2", "--run-dir"]).arg(&run_dir);
-        cmd.args(sets(&[
-            "model.n_layer=8",
-            "model.n_embd=64",
-            "model.n_head=2",
-            "model.block_size=512",
-            "data.batch_size=16",
-            "train.eval_every=0",
-            "train.eval_batches=1",
-            "run.threads=1",
-            &format!("train.activation_checkpointing={mode}"),
-        ]));
-        run_expect(&mut cmd, 0);
-        summary(&run_dir)["peak_memory_bytes"].as_u64().unwrap() as f64
-    };
-    let (none, full) = (peak("none"), peak("full"));
+    let (none, full) = checkpointing_peaks(dir.path(), &[]);
     // 711 MB against 473 MB when measured: half that gap is the bound.
     assert!(full < none - 119e6, "peak {full} bytes with full checkpointing vs {none} without");
 }

@@ -306,22 +306,8 @@ fn a_scratch_moe_learns_recomputes_and_shards_as_one_rank_does() {
 #[test]
 fn checkpointing_a_moe_with_its_router_losses_lowers_peak_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let peak = |mode: &str| {
-        let run_dir = dir.path().join(mode);
-        let mut cmd = ptrain();
-        // A fixed mmap threshold: the peak is the live tensors', not glibc's heap layout's.
-        cmd.env("MALLOC_MMAP_THRESHOLD_", "65536");
-        cmd.args(["run", "--quiet", "--device", "cpu", "--steps", "2", "--run-dir"]).arg(&run_dir);
-        let sets = ["model.kind=moe", "model.n_layer=8", "model.n_embd=64", "model.n_head=2", "model.block_size=512", "data.batch_size=16"];
-        let more = ["model.moe.experts=4", "model.moe.expert_intermediate_size=64", "model.moe.router_aux_loss_coef=0.01", "train.eval_every=0"];
-        let mode = format!("train.activation_checkpointing={mode}");
-        for set in sets.iter().chain(&more).chain(&["train.eval_batches=1", "run.threads=1", &mode]) {
-            cmd.args(["--set", set]);
-        }
-        run_expect(&mut cmd, 0);
-        summary(&run_dir)["peak_memory_bytes"].as_u64().unwrap() as f64
-    };
-    let (none, full) = (peak("none"), peak("full"));
+    let moe = ["model.kind=moe", "model.moe.experts=4", "model.moe.expert_intermediate_size=64", "model.moe.router_aux_loss_coef=0.01"];
+    let (none, full) = checkpointing_peaks(dir.path(), &moe);
     // 815 MB against 508 MB when measured: half that gap is the bound.
     assert!(full < none - 150e6, "peak {full} bytes with full checkpointing vs {none} without");
 }
