@@ -1,7 +1,10 @@
 //! GRPO that samples its completions in the run (`data.kind = "prompts"`), through the
 //! built binary, judged by the real `transformers` (tests/support/grpo_sampling.py):
-//! greedy completions equal `generate`'s, each sampled token's log-probability equals
-//! the one transformers' logits processors give on the same logits, the mean reward of a
+//! greedy completions equal `generate`'s (each prompt alone, and all in one batch with
+//! transformers' left padding, for a Qwen2 and a Gemma 2: ptrain samples a micro-batch's
+//! prompts of five lengths in one left-padded batch), each sampled token's
+//! log-probability equals the one transformers' logits processors give on the same
+//! logits of the prompt and completion alone (no pad seen), the mean reward of a
 //! toy task rises, a generation's iterations train on the completions sampled once, and
 //! bad prompt rows and settings exit 2 naming what is wrong. A tiny random Qwen2 made
 //! by `transformers`; nothing is downloaded.
@@ -18,6 +21,11 @@ use common::{
 /// A tokenizer, a policy and six prompt rows, in `dir` (a copy of the suite's shared fixture).
 fn made(dir: &Path) -> PathBuf {
     fixture::copy("grpo_sampling.py", &["make", fixture::OUT, "5"], dir)
+}
+
+/// The same prompts with a Gemma 2 policy (soft caps, a sliding window of 6).
+fn made_gemma(dir: &Path) -> PathBuf {
+    fixture::copy("grpo_sampling.py", &["make", fixture::OUT, "5", "gemma2"], dir)
 }
 
 /// A one-thread CPU GRPO run's arguments on `d`'s prompts, with `extra`.
@@ -64,15 +72,53 @@ fn greedy_completions_equal_transformers_generate() {
     // top_k = 1 keeps the most likely token alone: sampling is greedy decoding.
     let run_dir = run(&d, "greedy", &[&ALL_ONCE[..], &["grpo.top_k=1", "grpo.max_completion_length=12"]].concat());
     let theirs = support_py("grpo_sampling.py", &[&"greedy", &d.join("policy"), &d.join("prompts.jsonl"), &"12"]);
+    assert_greedy_equal(&run_dir, &theirs, "each prompt alone");
     let records = read_jsonl(&run_dir.join("completions.jsonl"));
-    assert_eq!(records.len(), 12, "each prompt's two completions");
+    let texts: std::collections::HashSet<&str> = records.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
+    assert_eq!(texts.len(), 6, "every prompt, the chat ones rendered with the generation prompt");
+}
+
+/// Asserts that each of `run_dir`'s completions equals transformers' greedy one of its
+/// prompt in `theirs` (`greedy` or `greedy-padded`'s answer).
+fn assert_greedy_equal(run_dir: &Path, theirs: &serde_json::Value, what: &str) {
+    let records = read_jsonl(&run_dir.join("completions.jsonl"));
+    assert_eq!(records.len(), 12, "{what}: each prompt's two completions");
     let rendered: Vec<&str> = theirs["rendered"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
     for r in &records {
         let i = rendered.iter().position(|p| *p == r["prompt"].as_str().unwrap()).expect("the prompt rendered as TRL renders it");
-        assert_eq!(r["completion_ids"], theirs["completions"][i], "prompt {i}: {}", r["prompt"]);
+        assert_eq!(r["completion_ids"], theirs["completions"][i], "{what}, prompt {i}: {}", r["prompt"]);
     }
-    let texts: std::collections::HashSet<&str> = records.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
-    assert_eq!(texts.len(), 6, "every prompt, the chat ones rendered with the generation prompt");
+}
+
+#[test]
+fn left_padded_batches_equal_transformers_left_padded_generate() {
+    // Six prompts of five lengths in one micro-batch: one batch, five of its prompts
+    // padded. A Qwen2 (grouped-query attention) and a Gemma 2 (soft-capped scores, a
+    // sliding window that the padded columns must not shift).
+    for (kind, made) in [("llama", made as fn(&Path) -> PathBuf), ("gemma", made_gemma)] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = made(dir.path());
+        let kind_set = format!("model.kind={kind}");
+        let run_dir = run(&d, "greedy", &[&ALL_ONCE[..], &["grpo.top_k=1", "grpo.max_completion_length=12", &kind_set]].concat());
+        let theirs = support_py("grpo_sampling.py", &[&"greedy-padded", &d.join("policy"), &d.join("prompts.jsonl"), &"12"]);
+        assert_eq!(theirs["padded"], 5, "{kind}: transformers padded all but the longest prompt: {theirs}");
+        assert_greedy_equal(&run_dir, &theirs, kind);
+    }
+}
+
+#[test]
+fn a_gemmas_sampled_tokens_log_probs_equal_transformers_processors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made_gemma(dir.path());
+    let settings = serde_json::json!({"temperature": 0.7, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.3});
+    let sets: Vec<String> = settings.as_object().unwrap().iter().map(|(k, v)| format!("grpo.{k}={v}")).collect();
+    let sets: Vec<&str> = sets.iter().map(String::as_str).chain(["grpo.max_completion_length=10", "model.kind=gemma"]).collect();
+    let run_dir = run(&d, "sampled", &[&ALL_ONCE[..], &sets[..]].concat());
+    // Each completion's logits in transformers from its prompt alone: a padded row that
+    // saw a pad, or a window shifted by its pads, would be off by far more than ulps.
+    let theirs = support_py("grpo_sampling.py", &[&"processed", &d.join("policy"), &run_dir.join("completions.jsonl"), &settings.to_string()]);
+    assert!(theirs["tokens"].as_u64().unwrap() >= 12, "{theirs}");
+    assert!(theirs["max_abs_diff"].as_f64().unwrap() < 1e-4, "{theirs}");
 }
 
 #[test]

@@ -2,12 +2,18 @@
 and prompt rows with the real `tokenizers` and `transformers`, then says what transformers makes of
 ptrain's sampled completions. Nothing is downloaded. Each command prints one JSON object.
 
-  grpo_sampling.py make DIR SEED             DIR/policy and DIR/prompts.jsonl: text prompts of two
-                                             lengths and chat prompts, each with an `answer` column
+  grpo_sampling.py make DIR SEED [KIND]      DIR/policy and DIR/prompts.jsonl: text prompts of two
+                                             lengths and chat prompts, each with an `answer` column;
+                                             KIND gemma2: the policy a Gemma 2 (soft caps, a sliding
+                                             window of 6 in its first layer) of the same tokenizer
   grpo_sampling.py greedy POLICY DATA N      each row's prompt rendered as TRL renders it (a string as
                                              it is; messages with the chat template and the generation
                                              prompt) and transformers' greedy `generate` of N new tokens
                                              (stopped at EOS, which is kept)
+  grpo_sampling.py greedy-padded POLICY DATA N
+                                             the same, every prompt in one batch left-padded by the
+                                             tokenizer (its `padding_side = "left"`), as TRL's
+                                             GRPOTrainer generates; also how many rows were padded
   grpo_sampling.py processed POLICY RECORDS SETTINGS
                                              for each completion of RECORDS (ptrain's completions.jsonl),
                                              the log-probability of each sampled token under the
@@ -29,11 +35,13 @@ def out(obj):
     print(json.dumps(obj))
 
 
-def make(d, seed):
+def make(d, seed, kind="qwen2"):
     rng = random.Random(int(seed))
     policy = os.path.join(d, "policy")
-    chat.make_model(policy, rng, 300, 256, True, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2)
+    tok = chat.make_model(policy, rng, 300, 256, True, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2)
+    if kind == "gemma2":
+        make_gemma2(policy, tok)
     rows = []
     for i in range(4):
         # Two prompts of each of two word counts: prompts of equal token length share a batch.
@@ -44,6 +52,32 @@ def make(d, seed):
         for r in rows:
             f.write(json.dumps(r) + "\n")
     out({"policy": policy, "rows": len(rows)})
+
+
+def make_gemma2(policy, tok):
+    """A random Gemma 2 over TOK's vocabulary in POLICY (replacing the Qwen2 there): its
+    attention soft-capped and scaled by query_pre_attn_scalar, a window of 6 in the first
+    layer, so that short prompts and completions reach past it."""
+    import torch
+    import transformers
+
+    for name in os.listdir(policy):
+        if name.endswith(".safetensors") or name == "config.json":
+            os.remove(os.path.join(policy, name))
+    config = transformers.Gemma2Config(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, query_pre_attn_scalar=32, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+        max_position_embeddings=256, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"), pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    # Fresh norms are 0 (they scale by 1 + weight): perturb everything, the sub-layers'
+    # output norms most, so that the blocks, not the tied embedding, choose the tokens.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * 0.2 + (4.0 if ".post_" in name else 0.0))
+    model.save_pretrained(policy)
 
 
 def load(policy):
@@ -77,6 +111,25 @@ def greedy(policy, data, n):
         rendered.append(text)
         completions.append(done[0, ids.shape[1]:].tolist())
     out({"rendered": rendered, "completions": completions})
+
+
+def greedy_padded(policy, data, n):
+    import torch
+
+    tok, model = load(policy)
+    rendered = [render(tok, json.loads(line)["prompt"]) for line in open(data)]
+    tok.padding_side = "left"
+    batch = tok(rendered, add_special_tokens=False, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        done = model.generate(**batch, do_sample=False, max_new_tokens=int(n), eos_token_id=tok.eos_token_id,
+                              pad_token_id=tok.pad_token_id)
+    completions = []
+    for row in done[:, batch.input_ids.shape[1]:].tolist():
+        # After its EOS, a row holds pads until every row has ended.
+        end = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
+        completions.append(row[:end])
+    padded = int((batch.attention_mask == 0).any(dim=1).sum())
+    out({"rendered": rendered, "completions": completions, "padded": padded})
 
 
 def processors(s):
@@ -122,4 +175,4 @@ def processed(policy, records, settings):
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"make": make, "greedy": greedy, "processed": processed}[cmd](*args)
+    {"make": make, "greedy": greedy, "greedy-padded": greedy_padded, "processed": processed}[cmd](*args)

@@ -216,9 +216,12 @@ impl<F: Family> Decoder<F> {
         if let Some(c) = cache.as_deref() {
             c.reserve(t)?;
         }
-        let at = match segments {
-            Some(s) => Positions::Given(&s.positions),
-            None => Positions::From { start, len: t },
+        // A left-padded cache's rows each count their positions from their first token.
+        let padded = cache.as_deref().map(|c| c.positions(t)).transpose()?.flatten();
+        let at = match (segments, &padded) {
+            (Some(s), _) => Positions::Given(&s.positions),
+            (None, Some(p)) => Positions::Given(p),
+            (None, None) => Positions::From { start, len: t },
         };
         let wrap = self.wrap.as_deref();
         if let Some(w) = wrap {

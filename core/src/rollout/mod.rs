@@ -158,23 +158,14 @@ impl RolloutStage {
             .collect()
     }
 
-    /// Samples each prompt `grpo.num_generations` times (the prompts of one length in
-    /// one batch), decodes the completions and hands them to the rewards.
+    /// Samples each prompt `grpo.num_generations` times (the micro-batch in one
+    /// left-padded batch), decodes the completions and hands them to the rewards.
     fn sample(&mut self, step: u64, model: &mut dyn Model, p: &Prompts) -> Result<Unscored> {
         tch::manual_seed(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(p.slot) as i64);
         let g = self.generations;
-        let mut by_length: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for (i, row) in p.rows.iter().enumerate() {
-            by_length.entry(row.ids.len()).or_default().push(i);
-        }
-        let mut sampled: Vec<Vec<Sampled>> = vec![Vec::new(); p.rows.len()];
-        for indices in by_length.values() {
-            let prompts: Vec<&[u32]> = indices.iter().flat_map(|&i| std::iter::repeat_n(&p.rows[i].ids[..], g)).collect();
-            let out = sampler::sample(model, &prompts, &self.processors, self.max_new, self.scoring.eos, self.device)?;
-            for (&i, completions) in indices.iter().zip(out.chunks(g)) {
-                sampled[i] = completions.to_vec();
-            }
-        }
+        let prompts: Vec<&[u32]> = p.rows.iter().flat_map(|row| std::iter::repeat_n(&row.ids[..], g)).collect();
+        let out = sampler::sample(model, &prompts, &self.processors, self.max_new, self.scoring.eos, self.device)?;
+        let sampled: Vec<Vec<Sampled>> = out.chunks(g).map(<[Sampled]>::to_vec).collect();
         let decode = |c: &Sampled| self.tokenizer.decode(&c.ids, true).map_err(|e| Error::Other(format!("decoding a completion: {e}")));
         let texts: Vec<Vec<String>> = sampled.iter().map(|group| group.iter().map(decode).collect::<Result<_>>()).collect::<Result<_>>()?;
         let ids = sampled.iter().map(|group| group.iter().map(|c| c.ids.clone()).collect()).collect();

@@ -1,8 +1,11 @@
-//! Batched sampling on the key/value cache for the rollout stage: the rows of one call
-//! share their prompt length (the stage groups a micro-batch's prompts by length), so
-//! the batch needs no padding, no attention mask and no per-row positions: one prefill
-//! of `[R, P]`, then one forward of `[R, 1]` per new token. A finished row keeps being
-//! decoded with the others (its tokens after EOS are cut on the host at the end).
+//! Batched sampling on the key/value cache for the rollout stage: all of a micro-batch's
+//! rows in one batch, whatever their prompt lengths. The prompts are left-padded to the
+//! longest ([`KvCache::pad_left`](crate::model::KvCache::pad_left): no row attends to its
+//! pads, each row's positions count from its first token, as transformers' `generate`
+//! with its left padding), so one prefill of `[R, P]` ends every row's prompt at the same
+//! column and one forward of `[R, 1]` per new token decodes them all. A finished row
+//! keeps being decoded with the others (its tokens after EOS are cut on the host at the
+//! end): the batch does not shrink, which would copy every layer's cache for the rows left.
 //!
 //! The host waits on the device only to stop early: every [`CHECK_EVERY`] tokens it
 //! reads whether every row has produced an EOS. Tokens, their log-probabilities and
@@ -27,17 +30,24 @@ pub struct Sampled {
     pub logps: Vec<f32>,
 }
 
-/// Samples one completion for each of `prompts` (all of one length) with `model`.
+/// Samples one completion for each of `prompts` (of any lengths) with `model`.
 pub fn sample(model: &mut dyn Model, prompts: &[&[u32]], processors: &Processors, max_new: usize, eos: u32, device: Device) -> Result<Vec<Sampled>> {
-    let (rows, length) = (prompts.len() as i64, prompts.first().map_or(0, |p| p.len()) as i64);
-    if prompts.iter().any(|p| p.len() as i64 != length) || length == 0 {
-        return Err(Error::Other("the sampler's rows share one non-empty prompt length".into()));
+    if prompts.iter().any(|p| p.is_empty()) {
+        return Err(Error::Other("the sampler's prompts are not empty".into()));
     }
+    let (rows, width) = (prompts.len() as i64, prompts.iter().map(|p| p.len()).max().unwrap_or(0) as i64);
     let mut cache = model
-        .new_cache(length + max_new as i64)
+        .new_cache(width + max_new as i64)
         .ok_or_else(|| Error::Other(format!("model.kind {:?} has no key/value cache to sample with", model.kind())))?;
-    let flat: Vec<i64> = prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64)).collect();
-    let prompt = Tensor::f_from_slice(&flat)?.f_view([rows, length])?.f_to_device(device)?;
+    let pads: Vec<i64> = prompts.iter().map(|p| width - p.len() as i64).collect();
+    if pads.iter().any(|&p| p > 0) {
+        cache.pad_left(&pads, device)?;
+    }
+    // A row's pads repeat its first token: they are masked out of attention, and the
+    // repetition penalty's `seen` (scattered from the padded prompt) holds only its tokens.
+    let flat: Vec<i64> =
+        prompts.iter().zip(&pads).flat_map(|(p, &n)| std::iter::repeat_n(p[0], n as usize).chain(p.iter().copied()).map(i64::from)).collect();
+    let prompt = Tensor::f_from_slice(&flat)?.f_view([rows, width])?.f_to_device(device)?;
     let mut step = |input: &Tensor| -> Result<Tensor> {
         let logits = tch::no_grad(|| model.forward(ModelInput::new(input, false).cache(&mut cache))?.logits())?;
         Ok(logits.f_select(1, -1)?.f_to_kind(Kind::Float)?)
