@@ -81,6 +81,20 @@ impl KvCache {
         }))
     }
 
+    /// Each row repeated `times` times in place (row `r` becomes rows `r * times ..
+    /// (r + 1) * times`): a prompt prefilled once continues as several completions.
+    pub fn repeat_rows(&mut self, times: i64) -> Result<()> {
+        let repeat = |t: &Tensor| t.f_repeat_interleave_self_int(times, 0, None);
+        for (keys, values) in self.layers.iter_mut().flatten() {
+            (*keys, *values) = (repeat(keys)?, repeat(values)?);
+        }
+        if let Some(p) = &mut self.padding {
+            (p.keys, p.pads) = (repeat(&p.keys)?, repeat(&p.pads)?);
+        }
+        self.masks = (-1, 0, Vec::new());
+        Ok(())
+    }
+
     /// Positions held.
     pub fn len(&self) -> i64 {
         self.len

@@ -163,8 +163,8 @@ impl RolloutStage {
     fn sample(&mut self, step: u64, model: &mut dyn Model, p: &Prompts) -> Result<Unscored> {
         tch::manual_seed(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(p.slot) as i64);
         let g = self.generations;
-        let prompts: Vec<&[u32]> = p.rows.iter().flat_map(|row| std::iter::repeat_n(&row.ids[..], g)).collect();
-        let out = sampler::sample(model, &prompts, &self.processors, self.max_new, self.scoring.eos, self.device)?;
+        let prompts: Vec<&[u32]> = p.rows.iter().map(|row| &row.ids[..]).collect();
+        let out = sampler::sample(model, &prompts, g, &self.processors, self.max_new, self.scoring.eos, self.device)?;
         let sampled: Vec<Vec<Sampled>> = out.chunks(g).map(<[Sampled]>::to_vec).collect();
         let decode = |c: &Sampled| self.tokenizer.decode(&c.ids, true).map_err(|e| Error::Other(format!("decoding a completion: {e}")));
         let texts: Vec<Vec<String>> = sampled.iter().map(|group| group.iter().map(decode).collect::<Result<_>>()).collect::<Result<_>>()?;

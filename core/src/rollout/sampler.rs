@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 use super::processors::Processors;
 use crate::{
     error::{Error, Result},
-    model::{Model, ModelInput},
+    model::{KvCache, Model, ModelInput},
 };
 
 /// Tokens between two reads of "every row has ended" (the one host sync of decoding).
@@ -30,12 +30,24 @@ pub struct Sampled {
     pub logps: Vec<f32>,
 }
 
-/// Samples one completion for each of `prompts` (of any lengths) with `model`.
-pub fn sample(model: &mut dyn Model, prompts: &[&[u32]], processors: &Processors, max_new: usize, eos: u32, device: Device) -> Result<Vec<Sampled>> {
+/// Samples `generations` completions of each of `prompts` (of any lengths) with
+/// `model`, a prompt's completions one after the other. Each prompt is prefilled once
+/// and its cache rows repeated for its completions (GRPO's completions of a prompt share
+/// it: a prefill of every row would compute each prompt `generations` times).
+pub fn sample(
+    model: &mut dyn Model,
+    prompts: &[&[u32]],
+    generations: usize,
+    processors: &Processors,
+    max_new: usize,
+    eos: u32,
+    device: Device,
+) -> Result<Vec<Sampled>> {
     if prompts.iter().any(|p| p.is_empty()) {
         return Err(Error::Other("the sampler's prompts are not empty".into()));
     }
-    let (rows, width) = (prompts.len() as i64, prompts.iter().map(|p| p.len()).max().unwrap_or(0) as i64);
+    let (width, times) = (prompts.iter().map(|p| p.len()).max().unwrap_or(0) as i64, generations as i64);
+    let rows = prompts.len() as i64 * times;
     let mut cache = model
         .new_cache(width + max_new as i64)
         .ok_or_else(|| Error::Other(format!("model.kind {:?} has no key/value cache to sample with", model.kind())))?;
@@ -47,14 +59,13 @@ pub fn sample(model: &mut dyn Model, prompts: &[&[u32]], processors: &Processors
     // repetition penalty's `seen` (scattered from the padded prompt) holds only its tokens.
     let flat: Vec<i64> =
         prompts.iter().zip(&pads).flat_map(|(p, &n)| std::iter::repeat_n(p[0], n as usize).chain(p.iter().copied()).map(i64::from)).collect();
-    let prompt = Tensor::f_from_slice(&flat)?.f_view([rows, width])?.f_to_device(device)?;
-    let mut step = |input: &Tensor| -> Result<Tensor> {
-        let logits = tch::no_grad(|| model.forward(ModelInput::new(input, false).cache(&mut cache))?.logits())?;
-        Ok(logits.f_select(1, -1)?.f_to_kind(Kind::Float)?)
-    };
-    let mut logits = step(&prompt)?;
+    let prompt = Tensor::f_from_slice(&flat)?.f_view([prompts.len() as i64, width])?.f_to_device(device)?;
+    let mut logits = last_logits(model, &mut cache, &prompt)?.f_repeat_interleave_self_int(times, 0, None)?;
+    cache.repeat_rows(times)?;
     let vocab = logits.size()[1];
-    let mut seen = Tensor::f_zeros([rows, vocab], (Kind::Bool, device))?.f_scatter_value(1, &prompt, 1)?;
+    let mut seen = Tensor::f_zeros([prompts.len() as i64, vocab], (Kind::Bool, device))?
+        .f_scatter_value(1, &prompt, 1)?
+        .f_repeat_interleave_self_int(times, 0, None)?;
     let mut done = Tensor::f_zeros([rows], (Kind::Bool, device))?;
     let (mut tokens, mut logps) = (Vec::with_capacity(max_new), Vec::with_capacity(max_new));
     for n in 1..=max_new {
@@ -68,11 +79,17 @@ pub fn sample(model: &mut dyn Model, prompts: &[&[u32]], processors: &Processors
         if n == max_new || (n % CHECK_EVERY == 0 && done.f_all()?.f_int64_value(&[])? != 0) {
             break;
         }
-        logits = step(&next)?;
+        logits = last_logits(model, &mut cache, &next)?;
     }
     let ids = Vec::<Vec<i64>>::try_from(Tensor::f_cat(&tokens, 1)?.f_to_device(Device::Cpu)?)?;
     let logps = Vec::<Vec<f32>>::try_from(Tensor::f_cat(&logps, 1)?.f_to_device(Device::Cpu)?)?;
     Ok(ids.into_iter().zip(logps).map(|(ids, logps)| cut_after_eos(&ids, &logps, eos)).collect())
+}
+
+/// The float32 logits `[R, V]` of the last of `input`'s positions after those `cache` holds.
+fn last_logits(model: &mut dyn Model, cache: &mut KvCache, input: &Tensor) -> Result<Tensor> {
+    let logits = tch::no_grad(|| model.forward(ModelInput::new(input, false).cache(cache))?.logits())?;
+    Ok(logits.f_select(1, -1)?.f_to_kind(Kind::Float)?)
 }
 
 /// A row's tokens up to its first EOS (kept), with their log-probabilities.
