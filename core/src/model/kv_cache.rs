@@ -21,9 +21,16 @@ pub struct KvCache {
     capacity: i64,
     len: i64,
     padding: Option<Padding>,
-    /// The masks of the forward in progress (its `start` and `n`), by window: made by
-    /// its first layer, shared by the others.
-    masks: (i64, i64, Vec<(Option<i64>, Option<Tensor>)>),
+    masks: ForwardMasks,
+}
+
+/// The masks of the forward in progress (`n` new positions after `start`), by window:
+/// made by its first layer, shared by the others.
+#[derive(Debug, Default)]
+struct ForwardMasks {
+    start: i64,
+    n: i64,
+    by_window: Vec<(Option<i64>, Option<Tensor>)>,
 }
 
 /// Where a left-padded cache's rows start.
@@ -52,7 +59,7 @@ pub struct Attend {
 impl KvCache {
     /// A cache for `layers` layers and at most `capacity` positions.
     pub fn new(layers: usize, capacity: i64) -> KvCache {
-        KvCache { layers: (0..layers).map(|_| None).collect(), capacity, len: 0, padding: None, masks: (-1, 0, Vec::new()) }
+        KvCache { layers: (0..layers).map(|_| None).collect(), capacity, len: 0, padding: None, masks: ForwardMasks::default() }
     }
 
     /// Its rows left-padded: row `r` starts with `pads[r]` pads (a prompt `pads[r]`
@@ -91,7 +98,7 @@ impl KvCache {
         if let Some(p) = &mut self.padding {
             (p.keys, p.pads) = (repeat(&p.keys)?, repeat(&p.pads)?);
         }
-        self.masks = (-1, 0, Vec::new());
+        self.masks = ForwardMasks::default();
         Ok(())
     }
 
@@ -144,10 +151,10 @@ impl KvCache {
     /// The mask of `n` queries after `start` held positions within `window`, made once
     /// per forward and window: `None` where plain (causal) attention is it.
     fn mask(&mut self, start: i64, n: i64, window: Option<i64>, device: Device) -> Result<Option<Tensor>> {
-        if (self.masks.0, self.masks.1) != (start, n) {
-            self.masks = (start, n, Vec::new());
+        if (self.masks.start, self.masks.n) != (start, n) {
+            self.masks = ForwardMasks { start, n, by_window: Vec::new() };
         }
-        if let Some((_, mask)) = self.masks.2.iter().find(|(w, _)| *w == window) {
+        if let Some((_, mask)) = self.masks.by_window.iter().find(|(w, _)| *w == window) {
             return Ok(mask.as_ref().map(Tensor::shallow_clone));
         }
         let order = (start > 0 && n > 1) || window.is_some();
@@ -156,7 +163,7 @@ impl KvCache {
             None => order,
             Some(padding) => Some(padded(padding, start, n, order)?),
         };
-        self.masks.2.push((window, mask.as_ref().map(Tensor::shallow_clone)));
+        self.masks.by_window.push((window, mask.as_ref().map(Tensor::shallow_clone)));
         Ok(mask)
     }
 
