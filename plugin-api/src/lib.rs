@@ -32,6 +32,7 @@ mod host;
 pub mod loss;
 mod metrics;
 mod plugin;
+mod reward;
 #[cfg(feature = "tch")]
 mod tensor;
 pub mod testing;
@@ -50,6 +51,7 @@ pub use host::{HostApi, LogLevel, STOP_FAILURE_PREFIX};
 pub use loss::IGNORE_INDEX;
 pub use metrics::{Histogram, Metric, MetricBatch, MetricValue, Outbox, Scalar};
 pub use plugin::{guard, parse_options, Adapter, Plugin};
+pub use reward::{OwnedRewardBatch, RewardBatch};
 
 /// Re-exported so that [`export_plugin!`] works without authors naming abi_stable.
 #[doc(hidden)]
