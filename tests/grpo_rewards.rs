@@ -6,6 +6,10 @@
 //! seconds sampling and learning add up in summary.json); a command that
 //! cannot start exits 2 before training; one that dies, hangs, or answers a wrong count
 //! or a word fails the run (exit 1, summary.json naming the reward and what happened).
+//! A `kind = "plugin"` reward: the crate `ptrain plugins new NAME --reward` writes, built
+//! as generated, scores as the built-in `length` reward; a reward plugin that errs,
+//! panics, hangs or answers a wrong count (tests/fixtures/reward-faults) fails the run
+//! the same way, critical or not; one naming no reward plugin exits 2.
 
 mod common;
 

@@ -12,7 +12,8 @@
 //! that has periodic work (flushing a file, sending to a server) asks for a timer
 //! ([`Plugin::timer_interval`]) and its worker thread calls [`Plugin::on_timer`]. An
 //! inline plugin with slow work hands it to the host's deferred-work thread
-//! ([`HostApi::defer`]).
+//! ([`HostApi::defer`]). A reward plugin (GRPO, [`Descriptor::reward`], 0.6.0) scores
+//! sampled completions on its worker thread ([`Plugin::score`], [`RewardBatch`]).
 //!
 //! A guide from the author's side, with a sink walkthrough, every tensor a step
 //! carries, testing and building: `docs/plugins.md` in ptrain's repository, or
