@@ -6,6 +6,10 @@
 //! seconds sampling and learning add up in summary.json); a command that
 //! cannot start exits 2 before training; one that dies, hangs, or answers a wrong count
 //! or a word fails the run (exit 1, summary.json naming the reward and what happened).
+//! A `kind = "plugin"` reward: the crate `ptrain plugins new NAME --reward` writes, built
+//! as generated, scores as the built-in `length` reward; a reward plugin that errs,
+//! panics, hangs or answers a wrong count (tests/fixtures/reward-faults) fails the run
+//! the same way, critical or not; one naming no reward plugin exits 2.
 
 mod common;
 
@@ -159,5 +163,156 @@ fn a_command_that_dies_hangs_or_answers_wrong_fails_the_run_naming_it() {
         assert!(message.contains("[[grpo.rewards]] \"judge\"") && message.contains(says), "{mode}: {message}");
         assert_eq!(summary["error"]["step"], 2, "{mode}: {summary}");
         assert!(stderr(&out).contains(says), "{mode}: {}", stderr(&out));
+    }
+}
+
+/// The reward-faults fixture's library (tests/fixtures/reward-faults).
+fn reward_faults() -> String {
+    let path = build_dir().join("libptrain_fixture_reward_faults.so");
+    assert!(path.exists(), "{} missing: build the workspace first", path.display());
+    s(&path)
+}
+
+/// `cargo <args>` in `dir` as an author's shell runs it: without the variables cargo
+/// set for this test (the scaffold's .cargo/config.toml is all the crate needs).
+fn cargo(dir: &Path, args: &[&str]) -> String {
+    let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        if (key.starts_with("CARGO_") && key != "CARGO_HOME") || key.starts_with("__CARGO") || key.starts_with("RUSTC") || key == "RUSTFLAGS" {
+            cmd.env_remove(&key);
+        }
+    }
+    let out = cmd.args(args).current_dir(dir).output().expect("run cargo");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "cargo {args:?} in {} failed:\n{text}", dir.display());
+    text
+}
+
+/// `ptrain plugins new NAME --reward` as generated, built and unit-tested, then named
+/// by a `kind = "plugin"` reward (which loads it: no --plugins) in a GRPO run: it
+/// scores every completion as the built-in `length` reward of the same target (TRL's
+/// `reward_len`), in completions.jsonl and the step metrics, and its scores move the
+/// run's reward (`train/reward` is the two functions' weighted sum).
+#[test]
+fn a_scaffolded_reward_plugin_scores_as_the_built_in_length_reward() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made();
+    // A build cache kept between runs of the suite (a reward plugin links no libtorch:
+    // its dependencies are compiled there once).
+    let home = repo().join("target/tmp/reward-scaffold-home");
+    let crate_dir = dir.path().join("len-reward");
+    let out = run_expect(ptrain().env("PTRAIN_HOME", &home).args(["plugins", "new", "len-reward", "--reward", "--dir"]).arg(&crate_dir), 0);
+    assert!(stdout(&out).contains("a GRPO reward"), "{}", stdout(&out));
+    cargo(&crate_dir, &["build", "--release"]);
+    let tests = cargo(&crate_dir, &["test", "--release"]);
+    assert!(tests.contains("test result: ok. 2 passed"), "{tests}");
+    let info = run_expect(ptrain().args(["plugins", "info"]).arg(crate_dir.join("target/release/libptrain_plugin_len_reward.so")), 0);
+    assert!(stdout(&info).contains("reward: scores GRPO's completions"), "{}", stdout(&info));
+
+    let run_dir = dir.path().join("run");
+    let rewards =
+        "[{name = \"len\", kind = \"length\", target = 20}, {name = \"plugin_len\", kind = \"plugin\", plugin = \"len-reward\", weight = 0.5}]";
+    run_expect(run(&d, &run_dir, 2, rewards).env("PTRAIN_PLUGIN_PATH", crate_dir.join("target/release")), 0);
+    let records = read_jsonl(&run_dir.join("completions.jsonl"));
+    assert_eq!(records.len(), 24, "12 completions at each of 2 steps");
+    for r in &records {
+        assert!(r["rewards"]["len"].as_f64().is_some_and(|l| l <= 0.0), "{r}");
+        assert_eq!(r["rewards"]["plugin_len"], r["rewards"]["len"], "{r}");
+    }
+    let metrics = read_jsonl(&run_dir.join("metrics.jsonl"));
+    assert_eq!(metrics.len(), 2);
+    for m in &metrics {
+        let mean = |name: &str| m[format!("train/rewards/{name}/mean")].as_f64().unwrap();
+        assert_eq!(mean("plugin_len"), mean("len"), "{m}");
+        let reward = m["train/reward"].as_f64().unwrap();
+        assert!(mean("len") < 0.0 && (reward - 1.5 * mean("len")).abs() < 1e-4, "weights 1 and 0.5: {m}");
+    }
+    let summary = summary(&run_dir);
+    let loaded: Vec<&str> = summary["plugins_loaded"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    assert!(loaded.contains(&"len-reward"), "the reward loaded its plugin: {summary}");
+    assert_eq!(summary["plugin_failures"], serde_json::json!([]), "{summary}");
+}
+
+/// A reward plugin that returns an error, panics, hangs past `timeout_s` or answers a
+/// wrong count fails the run at the step it fails (exit 1, summary.json naming the
+/// reward, its plugin and what happened), critical or not: advantages without it would
+/// be wrong. One that answers `None` for every completion is no failure (TRL's `None`).
+#[test]
+fn a_reward_plugin_that_fails_hangs_or_answers_wrong_fails_the_run_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made();
+    let plugin = reward_faults();
+    let cases = [
+        ("error", "failed: deliberate error at step 2"),
+        ("panic", "failed: panicked at"),
+        ("hang", "no answer within timeout_s = 2 s"),
+        ("count", "13 scores for 12 completions"),
+    ];
+    for (mode, says) in cases {
+        let run_dir = dir.path().join(mode);
+        let rewards = format!("[{{name = \"judge\", kind = \"plugin\", plugin = '{plugin}', timeout_s = 2}}]");
+        let sets = [format!("plugins.reward-faults.mode={mode}"), "plugins.reward-faults.finish_timeout_s=1".into()];
+        let out = run_expect(run(&d, &run_dir, 3, &rewards).args(sets.iter().flat_map(|s| ["--set", s.as_str()])), 1);
+        let summary = summary(&run_dir);
+        assert_eq!(summary["status"], "failed", "{mode}: {summary}");
+        let message = summary["error"]["message"].as_str().unwrap();
+        assert!(message.contains("[[grpo.rewards]] \"judge\" (plugin `") && message.contains(says), "{mode}: {message}");
+        assert_eq!(summary["error"]["step"], 2, "{mode}: {summary}");
+        assert!(stderr(&out).contains(says), "{mode}: {}", stderr(&out));
+        if matches!(mode, "error" | "panic") {
+            let failure = &summary["plugin_failures"][0];
+            assert_eq!((failure["plugin"].as_str(), failure["hook"].as_str()), (Some("reward-faults"), Some("reward")), "{mode}: {summary}");
+        }
+    }
+    // No reward for any completion: advantages 0, the run goes on.
+    let run_dir = dir.path().join("none");
+    let rewards = format!("[{{name = \"judge\", kind = \"plugin\", plugin = '{plugin}'}}]");
+    run_expect(run(&d, &run_dir, 2, &rewards).args(["--set", "plugins.reward-faults.mode=none"]), 0);
+    let records = read_jsonl(&run_dir.join("completions.jsonl"));
+    assert!(records.iter().filter(|r| r["step"] == 2).all(|r| r["rewards"]["judge"].is_null()), "{records:?}");
+    assert_eq!(summary(&run_dir)["plugins"]["reward-faults"]["batches"], 2);
+}
+
+/// `critical = true` on a reward plugin: the run it stops is the one its failure fails
+/// already, at the same step (no step runs after it without the reward), recorded as
+/// the critical plugin's failure in `plugin_failures`.
+#[test]
+fn a_critical_reward_plugin_that_fails_fails_the_run_at_that_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, run_dir, plugin) = (made(), dir.path().join("run"), reward_faults());
+    let rewards = format!("[{{name = \"judge\", kind = \"plugin\", plugin = '{plugin}'}}]");
+    let sets = ["plugins.reward-faults.mode=error", "plugins.reward-faults.critical=true"];
+    run_expect(run(&d, &run_dir, 3, &rewards).args(sets.iter().flat_map(|s| ["--set", *s])), 1);
+    let summary = summary(&run_dir);
+    assert_eq!((summary["status"].as_str(), summary["exit_code"].as_i64()), (Some("failed"), Some(1)), "{summary}");
+    assert_eq!((summary["error"]["step"].as_u64(), summary["last_step"].as_u64()), (Some(2), Some(1)), "{summary}");
+    let loaded = summary["plugins_loaded"].as_array().unwrap().iter().find(|p| p["name"] == "reward-faults").cloned();
+    assert_eq!(loaded.map(|p| p["critical"].clone()), Some(serde_json::json!(true)), "{summary}");
+    let failure = &summary["plugin_failures"][0];
+    assert_eq!(
+        (failure["plugin"].as_str(), failure["hook"].as_str(), failure["step"].as_u64()),
+        (Some("reward-faults"), Some("reward"), Some(2)),
+        "{summary}"
+    );
+}
+
+/// A `kind = "plugin"` reward without its plugin, or naming a plugin that scores no
+/// rewards, exits 2 naming `grpo.rewards.plugin` before training.
+#[test]
+fn a_plugin_reward_without_a_reward_plugin_exits_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made();
+    let sink = s(&build_dir().join("libptrain_fixture_worker_faults.so"));
+    let cases = [
+        ("[{name = \"judge\", kind = \"plugin\"}]".to_string(), "names its plugin"),
+        (format!("[{{name = \"judge\", kind = \"plugin\", plugin = '{sink}'}}]"), "scores no rewards"),
+    ];
+    for (i, (rewards, says)) in cases.into_iter().enumerate() {
+        let run_dir = dir.path().join(format!("never-{i}"));
+        let out = run_expect(&mut run(&d, &run_dir, 1, &rewards), 2);
+        let err = stderr(&out);
+        assert!(err.contains("grpo.rewards.plugin") && err.contains("judge") && err.contains(says), "{rewards}: {err}");
+        assert!(!run_dir.join("config.toml").exists(), "{rewards}: refused before the run leaves a record");
     }
 }

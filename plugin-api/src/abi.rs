@@ -19,6 +19,7 @@ use crate::{
     context::{RunEnd, RunInfo, StepContext},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
+    reward::RewardBatch,
 };
 
 /// The root-module name every ptrain plugin library carries; anything else is foreign.
@@ -60,6 +61,12 @@ pub trait FfiPlugin: Send {
     /// A timer tick, on the worker plugin's own thread (see [`crate::Plugin::on_timer`]).
     fn on_timer(&mut self) -> RResult<(), RString> {
         RResult::ROk(())
+    }
+
+    /// One score per completion of `batch`, NaN for none (see [`crate::Plugin::score`]),
+    /// on the reward plugin's worker thread. Added in 0.6.0.
+    fn score(&mut self, _batch: &RewardBatch<'_>) -> RResult<RVec<f64>, RString> {
+        RResult::RErr("this plugin scores no rewards (its descriptor has no `.reward()`)".into())
     }
 }
 

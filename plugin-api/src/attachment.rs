@@ -294,6 +294,10 @@ pub struct Descriptor {
     /// Critical unless its table says `critical = false`: its failure, stall or
     /// abandonment fails the run (a guard's), as `[plugins.<name>] critical = true`.
     pub critical: bool,
+    /// A reward function for GRPO (0.6.0): [`crate::Plugin::score`] answers
+    /// `[[grpo.rewards]] kind = "plugin"` entries that name it. Worker plugins only; it
+    /// runs on every rank of a distributed run (each rank scores its own completions).
+    pub reward: bool,
     pub attachments: RSlice<'static, Attachment>,
 }
 
@@ -313,6 +317,7 @@ impl Descriptor {
             threading,
             per_rank: false,
             critical: false,
+            reward: false,
             attachments: RSlice::from_slice(attachments),
         }
     }
@@ -326,5 +331,11 @@ impl Descriptor {
     /// run says so itself; a user's `[plugins.<name>] critical = false` still wins.
     pub const fn critical(self) -> Descriptor {
         Descriptor { critical: true, ..self }
+    }
+
+    /// Scores GRPO's completions ([`crate::Plugin::score`], plugin-api 0.6.0): a
+    /// `[[grpo.rewards]] kind = "plugin", plugin = "<name>"` entry names it.
+    pub const fn reward(self) -> Descriptor {
+        Descriptor { reward: true, ..self }
     }
 }

@@ -12,7 +12,8 @@
 //! that has periodic work (flushing a file, sending to a server) asks for a timer
 //! ([`Plugin::timer_interval`]) and its worker thread calls [`Plugin::on_timer`]. An
 //! inline plugin with slow work hands it to the host's deferred-work thread
-//! ([`HostApi::defer`]).
+//! ([`HostApi::defer`]). A reward plugin (GRPO, [`Descriptor::reward`], 0.6.0) scores
+//! sampled completions on its worker thread ([`Plugin::score`], [`RewardBatch`]).
 //!
 //! A guide from the author's side, with a sink walkthrough, every tensor a step
 //! carries, testing and building: `docs/plugins.md` in ptrain's repository, or
@@ -32,6 +33,7 @@ mod host;
 pub mod loss;
 mod metrics;
 mod plugin;
+mod reward;
 #[cfg(feature = "tch")]
 mod tensor;
 pub mod testing;
@@ -50,6 +52,7 @@ pub use host::{HostApi, LogLevel, STOP_FAILURE_PREFIX};
 pub use loss::IGNORE_INDEX;
 pub use metrics::{Histogram, Metric, MetricBatch, MetricValue, Outbox, Scalar};
 pub use plugin::{guard, parse_options, Adapter, Plugin};
+pub use reward::{OwnedRewardBatch, RewardBatch};
 
 /// Re-exported so that [`export_plugin!`] works without authors naming abi_stable.
 #[doc(hidden)]

@@ -19,6 +19,7 @@ use crate::{
     error::{PluginError, PluginResult},
     host::HostApi,
     metrics::{MetricBatch, Outbox},
+    reward::RewardBatch,
 };
 
 /// A ptrain plugin. Implement it, then `ptrain_plugin_api::export_plugin!(MyPlugin);`.
@@ -108,6 +109,17 @@ pub trait Plugin: Send + Sized + 'static {
     /// Not called after `on_run_end`, so `on_run_end` must flush what is left.
     fn on_timer(&mut self) -> PluginResult {
         Ok(())
+    }
+
+    /// A reward function (GRPO, `[[grpo.rewards]] kind = "plugin"`): one score per
+    /// completion of `batch`, in its order, or `None` for a completion this function
+    /// does not score (TRL's `None`: left out of the weighted sum). Called on the
+    /// plugin's worker thread for each sampled micro-batch, for plugins whose
+    /// descriptor says [`Descriptor::reward`] (worker plugins only). The step waits for
+    /// the answer (at most the reward's `timeout_s`): an error, a panic, a wrong count
+    /// or no answer in time fails the run, as a raising reward function fails TRL's.
+    fn score(&mut self, _batch: &RewardBatch<'_>) -> PluginResult<Vec<Option<f64>>> {
+        Err("this plugin scores no rewards: implement Plugin::score".into())
     }
 }
 
@@ -229,6 +241,10 @@ impl<P: Plugin> FfiPlugin for Adapter<P> {
 
     fn on_timer(&mut self) -> RResult<(), RString> {
         guard(|| self.0.on_timer())
+    }
+
+    fn score(&mut self, batch: &RewardBatch<'_>) -> RResult<RVec<f64>, RString> {
+        guard(|| Ok(self.0.score(batch)?.into_iter().map(|s| s.unwrap_or(f64::NAN)).collect()))
     }
 }
 

@@ -25,7 +25,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     } else {
         let config = ConfigBuilder::layered(&args.config, &args.set)?.build()?;
         // As `ptrain run` would: every [plugins.<name>] table names a plugin there is.
-        ptrain_core::host::loader::check_tables(&config.run.plugins, &config.plugins)?;
+        ptrain_core::host::loader::check_tables(&config.plugins_to_load(), &config.plugins)?;
         out!("{}", config.to_toml());
     }
     Ok(ExitCode::SUCCESS)

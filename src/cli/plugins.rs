@@ -12,8 +12,9 @@ pub enum PluginsCommand {
     /// One plugin, by name or path.
     Info { name: String },
     /// Write a new plugin crate, ready for `cargo build --release`: an inline plugin that
-    /// reads gradients every 20 steps and emits a metric, or with --sink a worker that
-    /// writes every metrics batch to a CSV file; each with a unit test. It depends on this
+    /// reads gradients every 20 steps and emits a metric, with --sink a worker that
+    /// writes every metrics batch to a CSV file, or with --reward a GRPO reward function
+    /// (`[[grpo.rewards]] kind = "plugin"`, docs/rl.md); each with a unit test. It depends on this
     /// ptrain's plugin-api by path and builds in the plugin build cache shared by your
     /// plugins ($PTRAIN_HOME/plugin-build, default ~/.cache/ptrain/plugin-build; nothing is
     /// written into ptrain's checkout), which the first inline plugin seeds from ptrain's own
@@ -22,8 +23,12 @@ pub enum PluginsCommand {
         /// The plugin's name (lowercase letters, digits, inner dashes): `--plugins <NAME>` loads it.
         name: String,
         /// A sink (worker thread, metrics batches to a file) instead of an inline plugin reading tensors.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "reward")]
         sink: bool,
+        /// A GRPO reward (worker thread, scores sampled completions: TRL's reward_len as
+        /// written), named by `[[grpo.rewards]] kind = "plugin", plugin = "<NAME>"`.
+        #[arg(long, conflicts_with = "python")]
+        reward: bool,
         /// Where to write the crate (default `./<NAME>`); must be missing or empty.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
@@ -50,6 +55,9 @@ fn describe(lib: &loader::PluginLibrary, path: &std::path::Path) -> String {
     );
     if d.critical {
         out.push_str("  critical: its error, panic or stall fails the run (`critical = false` in its [plugins.<name>] table turns it off)\n");
+    }
+    if d.reward {
+        out.push_str("  reward: scores GRPO's completions ([[grpo.rewards]] kind = \"plugin\", plugin = \"<name>\"), on its worker thread\n");
     }
     for a in d.attachments.iter() {
         let cadence = match a.hook {
@@ -84,7 +92,14 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
             out!("{}", describe(&lib, &path));
         }
         PluginsCommand::New { name, python: true, dir, .. } => super::scaffold_python::run(&name, dir)?,
-        PluginsCommand::New { name, sink, dir, api_version, .. } => super::scaffold::run(&name, sink, dir, api_version)?,
+        PluginsCommand::New { name, sink, reward, dir, api_version, .. } => {
+            let kind = match (sink, reward) {
+                (_, true) => super::scaffold::Kind::Reward,
+                (true, _) => super::scaffold::Kind::Sink,
+                _ => super::scaffold::Kind::Inline,
+            };
+            super::scaffold::run(&name, kind, dir, api_version)?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

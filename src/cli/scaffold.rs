@@ -19,6 +19,7 @@ const CARGO_CONFIG: &str = include_str!("templates/cargo-config.toml.in");
 const README: &str = include_str!("templates/README.md.in");
 const INLINE: &str = include_str!("templates/inline.rs");
 const SINK: &str = include_str!("templates/sink.rs");
+const REWARD: &str = include_str!("templates/reward.rs");
 
 /// Where this ptrain was built from and with, as far as this machine shows it.
 struct Origin {
@@ -90,15 +91,31 @@ fn toml_string(path: &Path) -> String {
     path.display().to_string().replace('\\', "\\\\").replace('"', "\\\"")
 }
 
+/// What `ptrain plugins new` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Inline, on the training thread, reading tensors (links libtorch).
+    Inline,
+    /// A worker thread writing metrics batches (`--sink`).
+    Sink,
+    /// A GRPO reward function on a worker thread (`--reward`).
+    Reward,
+}
+
 /// The files of the crate, by path relative to its directory.
-fn files(name: &str, sink: bool, origin: &Origin) -> Vec<(&'static str, String)> {
+fn files(name: &str, kind: Kind, origin: &Origin) -> Vec<(&'static str, String)> {
+    // A sink and a reward plugin need no libtorch: they never see tensors.
+    let sink = kind != Kind::Inline;
     let lib = name.replace('-', "_");
     let fill = |template: &str| {
-        template
-            .replace("{{name}}", name)
-            .replace("{{lib}}", &lib)
-            .replace("{{Type}}", &type_name(name))
-            .replace("{{sink_flag}}", if sink { " --sink" } else { "" })
+        template.replace("{{name}}", name).replace("{{lib}}", &lib).replace("{{Type}}", &type_name(name)).replace(
+            "{{sink_flag}}",
+            match kind {
+                Kind::Inline => "",
+                Kind::Sink => " --sink",
+                Kind::Reward => " --reward",
+            },
+        )
     };
     let (api_features, tch) = if sink {
         ("", String::new())
@@ -139,7 +156,11 @@ fn files(name: &str, sink: bool, origin: &Origin) -> Vec<(&'static str, String)>
                 + "\n# libtorch was not found: build and test with ptrain's scripts/env.sh sourced.\n"
         }
     }
-    let source = if sink { SINK } else { INLINE };
+    let source = match kind {
+        Kind::Inline => INLINE,
+        Kind::Sink => SINK,
+        Kind::Reward => REWARD,
+    };
     vec![
         ("Cargo.toml", cargo_toml),
         (".cargo/config.toml", config),
@@ -212,7 +233,7 @@ fn prepare_cache(origin: &Origin, sink: bool) {
     }
 }
 
-pub fn run(name: &str, sink: bool, dir: Option<PathBuf>, api_version: Option<String>) -> anyhow::Result<()> {
+pub fn run(name: &str, kind: Kind, dir: Option<PathBuf>, api_version: Option<String>) -> anyhow::Result<()> {
     check_name(name)?;
     if let Some(version) = &api_version {
         super::scaffold_version::check(version)?;
@@ -227,7 +248,7 @@ pub fn run(name: &str, sink: bool, dir: Option<PathBuf>, api_version: Option<Str
         (Err(_), Some(_)) => Origin::installed(),
         (Err(e), None) => return Err(e),
     };
-    for (path, mut text) in files(name, sink, &origin) {
+    for (path, mut text) in files(name, kind, &origin) {
         if let (Some(version), "Cargo.toml") = (&api_version, path) {
             text = super::scaffold_version::by_version(&text, version);
         }
@@ -240,15 +261,25 @@ pub fn run(name: &str, sink: bool, dir: Option<PathBuf>, api_version: Option<Str
     if lock.is_file() {
         std::fs::copy(&lock, dir.join("Cargo.lock")).with_context(|| format!("copying {}", lock.display()))?;
     }
-    let kind = if sink { "a sink (worker thread): metrics batches to CSV" } else { "inline: reads gradients every 20 steps" };
-    outln!("created plugin `{name}` in {}, {kind}", dir.display());
+    let what = match kind {
+        Kind::Inline => "inline: reads gradients every 20 steps",
+        Kind::Sink => "a sink (worker thread): metrics batches to CSV",
+        Kind::Reward => "a GRPO reward (worker thread): -abs(20 - characters) per completion",
+    };
+    outln!("created plugin `{name}` in {}, {what}", dir.display());
     match &api_version {
         Some(version) => outln!("  plugin-api: ptrain-plugin-api {version}, from your registry"),
         None => outln!("  plugin-api: {}", origin.checkout.join("plugin-api").display()),
     }
-    prepare_cache(&origin, sink);
+    prepare_cache(&origin, kind != Kind::Inline);
     outln!("next:\n  cd {} && cargo build --release && cargo test --release", dir.display());
-    outln!("  PTRAIN_PLUGIN_PATH=$PWD/target/release {} run --plugins {name}", ptrain_exe());
+    match kind {
+        Kind::Reward => outln!(
+            "  PTRAIN_PLUGIN_PATH=$PWD/target/release {} run --config grpo.toml, whose [[grpo.rewards]] has kind = \"plugin\", plugin = \"{name}\" (src/lib.rs shows it)",
+            ptrain_exe()
+        ),
+        _ => outln!("  PTRAIN_PLUGIN_PATH=$PWD/target/release {} run --plugins {name}", ptrain_exe()),
+    }
     Ok(())
 }
 
@@ -280,17 +311,20 @@ mod tests {
             cache: Some("/home/a/.cache/ptrain/plugin-build".into()),
             torch_lib: Some("/v/lib/python3.11/site-packages/torch/lib".into()),
         };
-        for sink in [false, true] {
-            for (path, text) in files("grad-watch", sink, &origin) {
-                assert!(!text.contains("{{"), "{path} ({sink}):\n{text}");
+        for kind in [Kind::Inline, Kind::Sink, Kind::Reward] {
+            for (path, text) in files("grad-watch", kind, &origin) {
+                assert!(!text.contains("{{"), "{path} ({kind:?}):\n{text}");
             }
         }
-        let sink = files("csv", true, &origin);
+        let reward = files("len", Kind::Reward, &origin);
+        let lib = &reward.iter().find(|(p, _)| *p == "src/lib.rs").unwrap().1;
+        assert!(lib.contains(".reward()") && lib.contains("fn score("), "{lib}");
+        let sink = files("csv", Kind::Sink, &origin);
         let config = &sink.iter().find(|(p, _)| *p == ".cargo/config.toml").unwrap().1;
         assert!(config.contains("build-dir = \"/home/a/.cache/ptrain/plugin-build\"") && config.contains("[profile.release]"), "{config}");
         assert!(!config.contains("/p/target"), "nothing builds in ptrain's checkout:\n{config}");
         assert!(!config.contains("[env]") && !config.contains("runner"), "a sink needs no libtorch:\n{config}");
-        let inline = files("grad", false, &Origin { cache: None, ..origin });
+        let inline = files("grad", Kind::Inline, &Origin { cache: None, ..origin });
         let config = &inline.iter().find(|(p, _)| *p == ".cargo/config.toml").unwrap().1;
         assert!(config.contains("LD_LIBRARY_PATH=/v/lib/python3.11/site-packages/torch/lib") && !config.contains("\nbuild-dir"), "{config}");
     }

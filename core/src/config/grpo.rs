@@ -81,6 +81,23 @@ impl GrpoConfig {
     }
 }
 
+impl super::Config {
+    /// The plugins the run loads: `run.plugins` (`--plugins`), then each reward plugin
+    /// a `[[grpo.rewards]] kind = "plugin"` names that it does not, as a reward function
+    /// is named once in TRL's `reward_funcs`.
+    pub fn plugins_to_load(&self) -> Vec<String> {
+        let mut plugins = self.run.plugins.clone();
+        let sampling = self.data.kind == super::DataKind::Prompts;
+        let rewards = self.grpo.rewards.iter().filter(|r| sampling && r.kind == Some(RewardKind::Plugin));
+        for name in rewards.filter_map(|r| r.plugin.as_ref()) {
+            if !plugins.contains(name) {
+                plugins.push(name.clone());
+            }
+        }
+        plugins
+    }
+}
+
 /// A reward function: its name (in the metrics `rewards/<name>/mean`), its weight and,
 /// when the run samples (`data.kind = "prompts"`), what computes it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -106,8 +123,12 @@ pub struct RewardSpec {
     /// completions in on its stdin, one line of scores out (rl.md, "Reward commands").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
-    /// `command`: the longest wait for a micro-batch's scores before the run fails
-    /// (absent: 120 s).
+    /// `plugin`: the reward plugin's name (`Descriptor::reward`); the reward loads it,
+    /// as if `run.plugins` named it (rl.md, "Writing a reward plugin").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// `command` and `plugin`: the longest wait for a micro-batch's scores before the
+    /// run fails (absent: 120 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
 }
@@ -129,6 +150,8 @@ pub enum RewardKind {
     Length,
     /// The scores an external process answers (`command`), one JSON line a micro-batch.
     Command,
+    /// The scores a reward plugin answers (`plugin`), on its worker thread.
+    Plugin,
 }
 
 fn one() -> f64 {

@@ -11,7 +11,10 @@ impl Config {
         // The keys' ranges (config/ranges.rs) are checked already.
         let grpo = &self.grpo;
         if grpo.rewards.is_empty() {
-            return Err(bad("grpo.rewards", "sampled completions need at least one [[grpo.rewards]] with a kind (regex, exact, length, command)"));
+            return Err(bad(
+                "grpo.rewards",
+                "sampled completions need at least one [[grpo.rewards]] with a kind (regex, exact, length, command, plugin)",
+            ));
         }
         for reward in &grpo.rewards {
             self.validate_reward(reward)?;
@@ -26,9 +29,10 @@ impl Config {
             None => Ok(()),
         };
         match reward.kind {
-            None => {
-                Err(bad("grpo.rewards.kind", format!("{name:?} needs a kind when the run samples: \"regex\", \"exact\", \"length\" or \"command\"")))
-            }
+            None => Err(bad(
+                "grpo.rewards.kind",
+                format!("{name:?} needs a kind when the run samples: \"regex\", \"exact\", \"length\", \"command\" or \"plugin\""),
+            )),
             Some(RewardKind::Regex) if reward.pattern.is_none() => {
                 Err(bad("grpo.rewards.pattern", format!("{name:?}: a regex reward needs a pattern")))
             }
@@ -41,13 +45,18 @@ impl Config {
                 "grpo.rewards.command",
                 format!("{name:?}: a command reward needs its program and arguments, e.g. command = [\"python3\", \"reward.py\"]"),
             )),
-            Some(RewardKind::Command) if reward.timeout_s.is_some_and(|t| !(t > 0.0 && t.is_finite())) => {
+            Some(RewardKind::Plugin) if reward.plugin.as_ref().is_none_or(|p| p.is_empty()) => {
+                Err(bad("grpo.rewards.plugin", format!("{name:?}: a plugin reward names its plugin, e.g. plugin = \"my-reward\"")))
+            }
+            Some(RewardKind::Command | RewardKind::Plugin) if reward.timeout_s.is_some_and(|t| !(t > 0.0 && t.is_finite())) => {
                 Err(bad("grpo.rewards.timeout_s", format!("{name:?}: must be a positive number of seconds")))
             }
             Some(RewardKind::Command) => {
                 let program = reward.command.as_ref().and_then(|c| c.first()).map_or("", String::as_str);
                 runnable(program).map_err(|why| bad("grpo.rewards.command", format!("{name:?}: `{program}` {why}")))
             }
+            // Loaded, and a reward plugin: checked when the plugins are (`reward::plugin::check`).
+            Some(RewardKind::Plugin) => Ok(()),
         }
     }
 

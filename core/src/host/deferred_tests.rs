@@ -16,7 +16,7 @@ fn host(shutdown: Duration) -> (PluginHost, Arc<HostServices>) {
     let services = HostServices::new(Arc::new(Gate::new(0)), Arc::new(SingleRank), shutdown);
     let (mut host, _) = PluginHost::load(&[], &BTreeMap::new(), &KeyOrigins::default(), services.clone(), 0).unwrap();
     host.instances.push(Instance {
-        info: LoadedInfo { name: "p".into(), version: "0".into(), path: "p".into(), threading: "inline", critical: false },
+        info: LoadedInfo { name: "p".into(), version: "0".into(), path: "p".into(), threading: "inline", critical: false, reward: false },
         runner: Runner::Absent,
         failed: false,
         detached: None,

@@ -9,7 +9,10 @@ use std::time::Duration;
 use abi_stable::std_types::{RResult, RSlice};
 use ptrain_plugin_api::{CheckpointPayload, Hook, MetricBatch, Needs, Outbox, PluginBox, StepContext, StepTensors, TensorRef};
 
-use super::run_data::{RunData, RunEndData};
+use super::{
+    reward::RewardRequest,
+    run_data::{RunData, RunEndData},
+};
 
 /// One call to a plugin.
 pub enum Event<'a> {
@@ -32,6 +35,9 @@ pub enum Event<'a> {
     /// A timer tick of a worker plugin, made by its own thread (never queued); `step`
     /// is that of the last event it handled, for a failure's report.
     Timer { step: u64 },
+    /// A micro-batch of completions for a reward plugin to score (queued to its worker;
+    /// the answer goes back on the request's channel).
+    Reward(Arc<RewardRequest>),
 }
 
 /// An event on its way to a worker thread: only the owned kinds (run start and
@@ -39,7 +45,7 @@ pub enum Event<'a> {
 pub struct Queued(pub Event<'static>);
 
 // SAFETY: `Event::queued` makes only the variants that own their data through
-// `Arc`s of `Send + Sync` types; the step context, whose tensor handles are raw
+// `Arc`s of `Send + Sync` types (a reward request's reply sender is behind a mutex); the step context, whose tensor handles are raw
 // pointers valid on the training thread only, is never queued.
 unsafe impl Send for Queued {}
 
@@ -50,6 +56,8 @@ pub enum Reply {
     Summary(String),
     /// `save_state`'s bytes.
     State(Vec<u8>),
+    /// `score`'s scores, one per completion (NaN: none).
+    Scores(Vec<f64>),
 }
 
 impl Event<'_> {
@@ -60,7 +68,9 @@ impl Event<'_> {
             Event::Step(ctx) => Some(ctx.hook),
             Event::Metrics(_) => Some(Hook::Metrics),
             Event::Checkpoint(_) => Some(Hook::Checkpoint),
-            Event::RunStart(_) | Event::RunEnd(_) | Event::SaveState { .. } | Event::LoadState { .. } | Event::Timer { .. } => None,
+            Event::RunStart(_) | Event::RunEnd(_) | Event::SaveState { .. } | Event::LoadState { .. } | Event::Timer { .. } | Event::Reward(_) => {
+                None
+            }
         }
     }
 
@@ -75,6 +85,7 @@ impl Event<'_> {
             Event::SaveState { .. } => "save_state",
             Event::LoadState { .. } => "load_state",
             Event::Timer { .. } => "timer",
+            Event::Reward(_) => "reward",
         }
     }
 
@@ -87,6 +98,7 @@ impl Event<'_> {
             Event::Checkpoint(payload) => payload.step,
             Event::RunEnd(end) => end.step,
             Event::SaveState { step, .. } | Event::LoadState { step, .. } | Event::Timer { step } => *step,
+            Event::Reward(request) => request.batch.step,
         }
     }
 
@@ -98,6 +110,7 @@ impl Event<'_> {
             Event::Metrics(batch) => Event::Metrics(batch.clone()),
             Event::Checkpoint(payload) => Event::Checkpoint(payload.clone()),
             Event::RunEnd(end) => Event::RunEnd(end.clone()),
+            Event::Reward(request) => Event::Reward(request.clone()),
             Event::Step(_) | Event::SaveState { .. } | Event::LoadState { .. } | Event::Timer { .. } => return None,
         }))
     }
@@ -147,6 +160,7 @@ pub fn call(plugin: &mut PluginBox, event: &Event<'_>, needs: Needs, out: &mut O
         Event::SaveState { .. } => plugin.save_state().into_result().map(|bytes| Reply::State(bytes.into_vec())),
         Event::LoadState { state, .. } => done(plugin.load_state((*state).into())),
         Event::Timer { .. } => done(plugin.on_timer()),
+        Event::Reward(request) => request.batch.view(|batch| plugin.score(batch)).into_result().map(|s| Reply::Scores(s.into_vec())),
     };
     result.map_err(|e| e.into_string())
 }

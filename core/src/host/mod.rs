@@ -24,7 +24,9 @@ mod dispatch;
 mod event;
 pub mod loader;
 mod queue;
+mod reward;
 mod run_data;
+mod runner;
 mod saves;
 mod services;
 mod watchdog;
@@ -32,7 +34,7 @@ mod worker;
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
-use ptrain_plugin_api::{Hook, Outbox, PluginBox, Threading};
+use ptrain_plugin_api::{Hook, Outbox, Threading};
 use serde::Serialize;
 
 pub use busy::BusyAtSave;
@@ -40,14 +42,15 @@ pub use dispatch::Reach;
 pub use event::{Event, Reply};
 pub use loader::{available, resolve, search_dirs, PluginLibrary};
 pub use queue::{BoundedQueue, QueueItem};
+pub use reward::{RewardClient, RewardRequest, Scores};
 pub use run_data::{RunData, RunEndData};
 pub use services::{HostServices, StopRequest};
 
 pub use watchdog::{seconds, Calls, Running, Stall};
 
 use self::{
+    runner::{start, Runner},
     watchdog::{Watchdog, Watched},
-    worker::Worker,
 };
 use crate::{
     config::{explain_option_error, KeyOrigins, PluginSettings},
@@ -72,14 +75,9 @@ pub struct LoadedInfo {
     /// Its failure, stall or abandonment fails the run (`critical`, from its table or
     /// its descriptor).
     pub critical: bool,
-}
-
-enum Runner {
-    Inline(PluginBox),
-    Worker(Worker),
-    /// A rank-0 worker plugin on another rank: scheduled (so every rank agrees on
-    /// emission steps) but not instantiated.
-    Absent,
+    /// Scores GRPO's completions (`Descriptor::reward`): runs on every rank.
+    #[serde(skip)]
+    pub reward: bool,
 }
 
 struct Instance {
@@ -103,30 +101,6 @@ impl Instance {
     fn declares(&self, hook: Hook) -> bool {
         self.declared & hook.bit() != 0
     }
-}
-
-/// A created plugin's runner (on the training thread, or its worker thread with its
-/// queue) and what the watchdog watches of it. A critical plugin's stall fails the run
-/// (it may never return).
-fn start(
-    name: &str,
-    plugin: PluginBox,
-    threading: Threading,
-    settings: &PluginSettings,
-    services: &Arc<HostServices>,
-) -> std::result::Result<(Runner, Arc<Watched>), abi_stable::std_types::RString> {
-    let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
-    let critical = settings.critical.then(|| services.clone());
-    let timer = worker::timer(&plugin, threading)?;
-    Ok(match threading {
-        Threading::Inline => (Runner::Inline(plugin), Watched::new(name, hook_warn, None, critical)),
-        Threading::Worker => {
-            let queue = Arc::new(BoundedQueue::new(settings.queue, settings.on_full));
-            let waiting = queue.clone();
-            let watched = Watched::new(name, hook_warn, Some(Box::new(move || waiting.len())), critical);
-            (Runner::Worker(Worker::spawn(name, plugin, queue, timer, watched.clone(), services.clone())), watched)
-        }
-    })
 }
 
 pub struct PluginHost {
@@ -201,7 +175,7 @@ impl PluginHost {
             };
             let index = host.instances.len();
             let hook_warn = Duration::from_secs_f64(settings.hook_warn_s);
-            let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank;
+            let runs_here = rank == 0 || d.threading == Threading::Inline || d.per_rank || d.reward;
             let ((runner, watched), declared) = match runs_here {
                 true => {
                     let plugin = lib.module.create()(settings.options.to_string().as_str().into(), services.api()).into_result().map_err(refused)?;
@@ -227,6 +201,7 @@ impl PluginHost {
                     path: path.canonicalize().unwrap_or(path),
                     threading,
                     critical: settings.critical,
+                    reward: d.reward,
                 },
                 runner,
                 failed: false,

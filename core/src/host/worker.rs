@@ -58,7 +58,7 @@ pub struct WorkerFailure {
 pub struct Shared {
     plugin: Mutex<PluginBox>,
     failed: AtomicBool,
-    failure: Mutex<Option<WorkerFailure>>,
+    pub(super) failure: Mutex<Option<WorkerFailure>>,
     summary: Mutex<Option<String>>,
     pub saves: SaveTracker,
     /// Inside a call of the plugin (counts as an unhandled item if abandoned).
@@ -321,6 +321,7 @@ fn run(name: &str, queue: &BoundedQueue<Queued>, shared: &Shared, watched: &Watc
 /// Calls the plugin with `event` unless it has failed; false once it has.
 fn handle(name: &str, shared: &Shared, watched: &Watched, event: &Event<'_>, unused: &mut Outbox) -> bool {
     if shared.failed.load(Ordering::Relaxed) {
+        super::reward::answer_disabled(event, &shared.failure);
         return false;
     }
     shared.busy.store(true, Ordering::SeqCst);
@@ -328,6 +329,7 @@ fn handle(name: &str, shared: &Shared, watched: &Watched, event: &Event<'_>, unu
     let result = call(&mut shared.plugin.lock().expect("plugin lock"), event, Needs::NONE, unused);
     watched.end();
     shared.busy.store(false, Ordering::SeqCst);
+    super::reward::answer(event, &result);
     match result {
         Ok(Reply::Summary(summary)) => *shared.summary.lock().expect("summary lock") = Some(summary),
         Ok(_) => {}

@@ -38,6 +38,7 @@ use crate::{
         text, Batch, Payload,
     },
     error::{Error, Result},
+    host::PluginHost,
     model::Model,
 };
 
@@ -84,7 +85,7 @@ pub struct RolloutStage {
 
 impl RolloutStage {
     /// The stage, when the run samples (`data.kind = "prompts"`).
-    pub fn from_config(config: &Config, run_dir: &Path, rank: u32, device: Device) -> Result<Option<RolloutStage>> {
+    pub fn from_config(config: &Config, run_dir: &Path, rank: u32, device: Device, host: &PluginHost) -> Result<Option<RolloutStage>> {
         if config.data.kind != DataKind::Prompts {
             return Ok(None);
         }
@@ -92,7 +93,7 @@ impl RolloutStage {
         let eos = collate::eos_id(&encoder, Path::new(&config.data.path))?;
         let grpo = &config.grpo;
         // The commands first: one that cannot start ends set-up before any file is made.
-        let rewards = Rewards::from_config(&grpo.rewards)?;
+        let rewards = Rewards::from_config(&grpo.rewards, host)?;
         let log = match (grpo.log_completions_every, rank) {
             (every, 0) if every > 0 => Some(CompletionLog::open(&run_dir.join("completions.jsonl"), every)?),
             _ => None,

@@ -88,6 +88,7 @@ mod tests {
             column: "answer".into(),
             target,
             command: None,
+            plugin: None,
             timeout_s: None,
         };
         BuiltIn::new(&spec).unwrap()

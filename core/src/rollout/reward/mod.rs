@@ -3,24 +3,26 @@
 //! prompts, the completions, their token ids and the rows' other columns, one entry per
 //! completion) and gives one score per completion, or none (NaN, TRL's `None`).
 //! Built-in ones ([`builtin`]) are computed on the training thread when collected;
-//! commands ([`command`]) get the batch when it is submitted, right after sampling, and
-//! score it on their own while the next micro-batch samples.
+//! commands ([`command`]) and plugins ([`plugin`]) get the batch when it is submitted,
+//! right after sampling, and score it on their own while the next micro-batch samples.
 
 pub mod builtin;
 pub mod command;
+pub mod plugin;
 
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use self::{builtin::BuiltIn, command::CommandReward};
+use self::{builtin::BuiltIn, command::CommandReward, plugin::PluginReward};
 use crate::{
     config::{RewardKind, RewardSpec},
     data::prompts::PromptRow,
     error::Result,
+    host::PluginHost,
 };
 
-/// `timeout_s`'s default: the longest a command may take over a micro-batch.
+/// `timeout_s`'s default: the longest a command or plugin may take over a micro-batch.
 pub const DEFAULT_TIMEOUT_S: f64 = 120.0;
 
 /// A micro-batch's completions, one entry per completion in each list, as TRL passes
@@ -79,6 +81,7 @@ impl ScoreBatch {
 enum Function {
     BuiltIn(BuiltIn),
     Command(CommandReward),
+    Plugin(PluginReward),
 }
 
 /// The configured reward functions, in `[[grpo.rewards]]`'s order.
@@ -88,15 +91,18 @@ pub struct Rewards {
 }
 
 impl Rewards {
-    /// Compiles the built-in rewards and starts the commands (exit 2 when one cannot start).
-    pub fn from_config(specs: &[RewardSpec]) -> Result<Rewards> {
+    /// Compiles the built-in rewards, starts the commands (exit 2 when one cannot start)
+    /// and finds the plugins in `host` (exit 2 when one is no reward plugin).
+    pub fn from_config(specs: &[RewardSpec], host: &PluginHost) -> Result<Rewards> {
         let functions = specs
             .iter()
-            .map(|spec| match (spec.kind, &spec.command) {
-                (Some(RewardKind::Command), Some(argv)) => {
-                    Ok(Function::Command(CommandReward::start(&spec.name, argv, spec.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?))
+            .map(|spec| {
+                let timeout_s = spec.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+                match (spec.kind, &spec.command) {
+                    (Some(RewardKind::Command), Some(argv)) => Ok(Function::Command(CommandReward::start(&spec.name, argv, timeout_s)?)),
+                    (Some(RewardKind::Plugin), _) => Ok(Function::Plugin(PluginReward::connect(spec, host, timeout_s)?)),
+                    _ => Ok(Function::BuiltIn(BuiltIn::new(spec)?)),
                 }
-                _ => Ok(Function::BuiltIn(BuiltIn::new(spec)?)),
             })
             .collect::<Result<_>>()?;
         Ok(Rewards { functions, names: specs.iter().map(|s| s.name.clone()).collect() })
@@ -105,8 +111,10 @@ impl Rewards {
     /// Hands `batch` to the functions that score on their own.
     pub fn submit(&self, batch: &Arc<ScoreBatch>) {
         for function in &self.functions {
-            if let Function::Command(command) = function {
-                command.submit(batch);
+            match function {
+                Function::Command(command) => command.submit(batch),
+                Function::Plugin(plugin) => plugin.submit(batch),
+                Function::BuiltIn(_) => {}
             }
         }
     }
@@ -118,6 +126,7 @@ impl Rewards {
             .map(|function| match function {
                 Function::BuiltIn(reward) => Ok(batch.texts.iter().zip(&batch.rows).map(|(t, r)| reward.score(t, &r.columns)).collect()),
                 Function::Command(command) => command.collect(),
+                Function::Plugin(plugin) => plugin.collect(batch.texts.len()),
             })
             .collect()
     }

@@ -99,7 +99,7 @@ pub(in crate::trainer) fn checkpoint(
         }
         state::check_global_batch(ckpt, config, world, allow_batch_change)?;
     }
-    crate::host::loader::check_tables(&config.run.plugins, &config.plugins)?;
+    crate::host::loader::check_tables(&config.plugins_to_load(), &config.plugins)?;
     Ok(checkpoint)
 }
 

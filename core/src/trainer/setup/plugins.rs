@@ -28,11 +28,13 @@ pub(in crate::trainer) fn host(
     // (through the host's services and the signal handlers) lower it.
     let gate = Arc::new(Gate::new(0));
     let services = HostServices::new(gate, dist.collectives(), Duration::from_secs_f64(config.run.shutdown_timeout_s));
-    let (host, slots) = PluginHost::load(&config.run.plugins, &config.plugins, &config.origins, services.clone(), dist.rank())?;
+    let (host, slots) = PluginHost::load(&config.plugins_to_load(), &config.plugins, &config.origins, services.clone(), dist.rank())?;
     if learner.optimizer.shard_mode() == ShardMode::Parameters {
         let reads_params = slots.iter().any(|s| s.needs.intersects(Needs::PARAMS.union(Needs::GRADS).union(Needs::HISTOGRAMS)));
         sharding::refuse_unsupported(config, reads_params)?;
     }
+    // Before the run leaves any record: a reward naming a plugin that scores nothing.
+    crate::rollout::reward::plugin::check(config, &host)?;
     Ok((host, services, slots))
 }
 
