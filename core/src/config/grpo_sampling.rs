@@ -3,7 +3,7 @@
 //! `[[grpo.rewards]]`, and the combinations the sampler does not run under refused
 //! before training (each naming its key).
 
-use super::{combinations::bad, grpo::RewardKind, Config, Precision, ShardMode};
+use super::{combinations::bad, grpo::RewardKind, Config, ShardMode};
 use crate::error::Error;
 
 impl Config {
@@ -51,19 +51,17 @@ impl Config {
         }
     }
 
-    /// What sampling is not built or tested under yet: refused, not run untested.
+    /// What sampling does not run under: refused, not run untested. ZeRO-3 holds each
+    /// block whole only while the block runs, gathered by every rank together; the
+    /// sampler's forwards (one per token, as many as a rank's own completions need) would
+    /// have to gather with every rank in step, and the stage does not gather the whole
+    /// model for sampling yet (TRL's `ds3_gather_for_generation`).
     fn refuse_unsampled_combinations(&self) -> Result<(), Error> {
-        if self.train.precision == Precision::Bf16 {
+        if self.dist.shard == ShardMode::Parameters {
             return Err(bad(
-                "train.precision",
-                "\"bf16\" with data.kind = \"prompts\" is not built yet (the sampler runs float32): use \"fp32\", or rollouts",
+                "dist.shard",
+                "\"parameters\" (ZeRO-3) with data.kind = \"prompts\" is not built yet (sampling needs the whole model on each rank): use \"optimizer\" or \"gradients\"",
             ));
-        }
-        if self.dist.shard != ShardMode::None {
-            return Err(bad("dist.shard", "ZeRO with data.kind = \"prompts\" is not built yet (the sampler runs the whole model): use \"none\""));
-        }
-        if self.lora.as_ref().is_some_and(|l| l.enabled) {
-            return Err(bad("lora.enabled", "[lora] with data.kind = \"prompts\" is not built yet: train without adapters, or on rollouts"));
         }
         Ok(())
     }

@@ -84,6 +84,12 @@ impl StepBatches {
         Ok(())
     }
 
+    /// The step's `completions` record (a JSON table), at the steps the rollout stage
+    /// records one.
+    pub fn take_completions(&mut self) -> Option<String> {
+        self.rollout.as_mut()?.take_completions()
+    }
+
     /// The seconds the step spent in the rollout stage, when there is one.
     pub fn sampling_s(&self) -> Option<f64> {
         self.rollout.as_ref().map(|stage| stage.step_s)
