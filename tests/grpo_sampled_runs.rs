@@ -1,9 +1,9 @@
 //! GRPO that samples its completions (`data.kind = "prompts"`) under what ptrain already
 //! runs, through the built binary: two Gloo ranks (each samples whole groups of its share
-//! of the prompts), ZeRO-1/2 following the unsharded run, LoRA (sampling with the
+//! of the prompts), ZeRO-1/2/3 following the unsharded run, LoRA (sampling with the
 //! adapters on, the reference with them off), bf16 (sampling under autocast, its
 //! log-probabilities judged by transformers under autocast), and an interrupted run
-//! resumed into the same completions, rewards and losses. ZeRO-3 stays refused. The
+//! resumed into the same completions, rewards and losses. ZeRO-3 too. The
 //! suite's tiny random Qwen2 and six prompts (tests/support/grpo_sampling.py).
 
 mod common;
@@ -134,14 +134,16 @@ fn two_ranks_sample_whole_groups_of_their_share_and_report_the_whole_batchs_rewa
 }
 
 #[test]
-fn zero_1_and_2_sample_and_learn_as_the_unsharded_ranks_do_and_zero_3_is_refused() {
+fn zero_1_2_and_3_sample_and_learn_as_the_unsharded_ranks_do() {
     let dir = tempfile::tempdir().unwrap();
     let d = made(dir.path());
     let sets = ["data.batch_size=12", "train.steps=3"];
     let none = run_on_two_ranks(&d, "none", &sets);
     let (ids, losses) =
         (|r: &Path| completions(r).iter().map(|c| c["completion_ids"].clone()).collect::<Vec<_>>(), |r: &Path| metric(r, "train/loss"));
-    for mode in ["optimizer", "gradients"] {
+    // ZeRO-3 holds the whole model for the rollout stage: no rank's sampler waits on
+    // another's gathers, whatever their completions' lengths.
+    for mode in ["optimizer", "gradients", "parameters"] {
         let shard = format!("dist.shard={mode}");
         let run_dir = run_on_two_ranks(&d, mode, &[&sets[..], &[shard.as_str()]].concat());
         assert_eq!(summary(&run_dir)["shard"], mode);
@@ -150,12 +152,6 @@ fn zero_1_and_2_sample_and_learn_as_the_unsharded_ranks_do_and_zero_3_is_refused
         assert_eq!(a.len(), 3);
         assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1e-3)), "{mode}: {a:?} vs unsharded {b:?}");
     }
-    let out = run_expect(
-        launch(2).args(["run", "--quiet", "--run-dir"]).arg(d.join("never")).args(args(&d, &[&sets[..], &["dist.shard=parameters"]].concat())),
-        2,
-    );
-    assert!(stderr(&out).contains("dist.shard"), "{}", stderr(&out));
-    assert!(!d.join("never").exists(), "refused before the run directory is made");
 }
 
 #[test]

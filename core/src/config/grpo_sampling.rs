@@ -1,9 +1,8 @@
 //! `[grpo]`'s checks when the run samples its completions (`data.kind = "prompts"`):
-//! a built-in reward for each
-//! `[[grpo.rewards]]`, and the combinations the sampler does not run under refused
-//! before training (each naming its key).
+//! a built-in reward for each `[[grpo.rewards]]`. Sampling runs under every rank count,
+//! ZeRO stage, LoRA and precision (docs/rl.md, "Ranks, ZeRO, LoRA, bf16").
 
-use super::{combinations::bad, grpo::RewardKind, Config, ShardMode};
+use super::{combinations::bad, grpo::RewardKind, Config};
 use crate::error::Error;
 
 impl Config {
@@ -16,7 +15,7 @@ impl Config {
         for reward in &grpo.rewards {
             self.validate_reward(reward)?;
         }
-        self.refuse_unsampled_combinations()
+        Ok(())
     }
 
     fn validate_reward(&self, reward: &super::RewardSpec) -> Result<(), Error> {
@@ -49,21 +48,6 @@ impl Config {
                 runnable(program).map_err(|why| bad("grpo.rewards.command", format!("{name:?}: `{program}` {why}")))
             }
         }
-    }
-
-    /// What sampling does not run under: refused, not run untested. ZeRO-3 holds each
-    /// block whole only while the block runs, gathered by every rank together; the
-    /// sampler's forwards (one per token, as many as a rank's own completions need) would
-    /// have to gather with every rank in step, and the stage does not gather the whole
-    /// model for sampling yet (TRL's `ds3_gather_for_generation`).
-    fn refuse_unsampled_combinations(&self) -> Result<(), Error> {
-        if self.dist.shard == ShardMode::Parameters {
-            return Err(bad(
-                "dist.shard",
-                "\"parameters\" (ZeRO-3) with data.kind = \"prompts\" is not built yet (sampling needs the whole model on each rank): use \"optimizer\" or \"gradients\"",
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -106,7 +106,8 @@ impl Run {
             self.call_hook(At { hook: Hook::StepStart, step, micro_batch: 0, lr, phases: timer.phases }, StepTensors::NONE);
             timer.book(Phase::Hooks);
         }
-        self.batches.roll_out(step, self.learner.model.as_mut(), &mut timer)?;
+        let whole = self.learner.optimizer.block_wrap().map(|(wrap, _)| wrap);
+        self.batches.roll_out(step, self.learner.model.as_mut(), whole.as_deref(), &mut timer)?;
         if let Some(table) = self.batches.take_completions() {
             // To every sink with this step's metrics (W&B's table, TensorBoard's text).
             self.metrics.emit(Metric::text(crate::rollout::record::COMPLETIONS, table));
