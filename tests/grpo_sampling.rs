@@ -209,7 +209,6 @@ fn bad_prompt_rows_and_settings_exit_2_naming_what_is_wrong() {
         ("grpo.rewards=[{name = \"r\"}]", "needs a kind"),
         ("grpo.rewards=[{name = \"r\", kind = \"regex\", pattern = \"(\"}]", "grpo.rewards.pattern"),
         ("grpo.top_p=0", "grpo.top_p"),
-        ("train.precision=\"bf16\"", "train.precision"),
     ];
     for (set, says) in refused {
         let out = run_expect(

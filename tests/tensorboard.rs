@@ -281,3 +281,41 @@ fn a_resumed_run_writes_a_second_file_and_tensorboard_reads_each_redone_step_onc
         assert!((tb_value - logged).abs() <= 1e-6 * logged.abs(), "step {step}: {tb_value} in TensorBoard, {logged} logged");
     }
 }
+
+#[test]
+fn a_grpo_runs_completions_record_reads_back_as_a_markdown_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = grpo::prompts_fixture(&dir.path().join("made"));
+    let run_dir = dir.path().join("run");
+    let args = grpo::prompts_run(&d, "tensorboard,jsonl", &["plugins.jsonl.every=1"]);
+    run_expect(ptrain().args(["run", "--quiet"]).args(args).arg("--run-dir").arg(&run_dir), 0);
+    let tb = tb_read(&run_dir.join("tensorboard"));
+    let tables = &tb.text["completions"];
+    assert_eq!(tables.iter().map(|(step, _)| *step).collect::<Vec<_>>(), [1, 2], "one table a step");
+    let records = read_jsonl(&run_dir.join("completions.jsonl"));
+    for (step, markdown) in tables {
+        let lines: Vec<&str> = markdown.lines().collect();
+        assert!(lines.len() > 2, "a markdown table: {markdown}");
+        assert_eq!(lines[..2], ["| step | prompt | completion | len | advantage |", "| --- | --- | --- | --- | --- |"], "{markdown}");
+        let of_step: Vec<&Value> = records.iter().filter(|r| r["step"] == *step).collect();
+        assert_eq!(lines.len(), 2 + of_step.len(), "a row per completion: {markdown}");
+        for (line, r) in lines[2..].iter().zip(&of_step) {
+            let cell = |v: &Value| {
+                let text = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                text.replace('|', "\\|").replace("\r\n", "<br>").replace(['\r', '\n'], "<br>")
+            };
+            let expected =
+                [json_cell(&r["step"]), cell(&r["prompt"]), cell(&r["completion"]), json_cell(&r["rewards"]["len"]), json_cell(&r["advantage"])];
+            assert_eq!(*line, format!("| {} |", expected.join(" | ")));
+        }
+    }
+    // The number sinks have no text to write: metrics.jsonl keeps one line a step.
+    let metrics = read_jsonl(&run_dir.join("metrics.jsonl"));
+    assert_eq!(metrics.len(), 2);
+    assert!(metrics.iter().all(|m| m.get("completions").is_none()));
+}
+
+/// A number cell as serde_json writes it.
+fn json_cell(v: &Value) -> String {
+    v.to_string()
+}

@@ -478,3 +478,31 @@ fn a_failed_run_ends_with_exit_code_1_that_sync_uploads() {
     assert_eq!(got.exit_code, Some(1), "W&B records the failed run's exit code");
     assert_eq!(got.steps(), vec![10], "the steps before the failure");
 }
+
+#[test]
+fn a_grpo_runs_completions_record_syncs_as_a_wandb_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = grpo::prompts_fixture(&dir.path().join("made"));
+    let run = dir.path().join("run");
+    let mut cmd = ptrain();
+    hermetic(&mut cmd).args(["run", "--quiet"]).args(grpo::prompts_run(&d, "wandb", &["plugins.wandb.every=1"])).arg("--run-dir").arg(&run);
+    run_expect(&mut cmd, 0);
+    let backend = Backend::start("ok");
+    sync(&[&run_dir_under(&run, "offline-run")], &backend, &[]);
+    let got = backend.received();
+    assert_eq!(got.steps(), [1, 2]);
+    let records = read_jsonl(&run.join("completions.jsonl"));
+    for row in &got.history {
+        let table = &row["completions"];
+        assert_eq!((table["_type"].as_str(), table["nrows"].as_u64(), table["ncols"].as_u64()), (Some("table-file"), Some(8), Some(5)), "{row}");
+        // The table's file went up as the SDK uploads a logged table's, its rows the
+        // step's completions.
+        let path = table["path"].as_str().unwrap();
+        let put = got.requests.iter().find(|r| r["method"] == "PUT" && r["path"].as_str().unwrap().ends_with(path)).expect("the table uploaded");
+        assert_eq!(put["body"]["columns"], json!(["step", "prompt", "completion", "len", "advantage"]));
+        let of_step: Vec<&Value> = records.iter().filter(|r| r["step"] == row["_step"]).collect();
+        let expected: Vec<Value> =
+            of_step.iter().map(|r| json!([r["step"], r["prompt"], r["completion"], r["rewards"]["len"], r["advantage"]])).collect();
+        assert_eq!(put["body"]["data"], json!(expected));
+    }
+}

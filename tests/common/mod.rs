@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fixture;
+pub mod grpo;
 pub mod hf;
 pub mod py;
 pub mod ranks;

@@ -20,7 +20,8 @@ ptrain's sampled completions. Nothing is downloaded. Each command prints one JSO
                                              distribution transformers' logits processors (the ones
                                              `generate` builds for SETTINGS, in its order) make of the
                                              model's logits at that position; the largest difference
-                                             from ptrain's `logps`
+                                             from ptrain's `logps` (SETTINGS' "bf16": true runs
+                                             the model under CPU bf16 autocast)
 """
 import json
 import os
@@ -155,13 +156,16 @@ def processed(policy, records, settings):
     import torch
 
     tok, model = load(policy)
-    chain = processors(json.loads(settings))
+    settings = json.loads(settings)
+    # "bf16": the forward under CPU bf16 autocast, as accelerate runs a bf16 model.
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(settings.pop("bf16", False)))
+    chain = processors(settings)
     worst, tokens = 0.0, 0
     for line in open(records):
         r = json.loads(line)
         prompt = tok(r["prompt"], add_special_tokens=False).input_ids
         ids = torch.tensor([prompt + r["completion_ids"]])
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             logits = model(ids).logits[0].float()
         for t, token in enumerate(r["completion_ids"]):
             at = len(prompt) + t

@@ -1,9 +1,8 @@
 //! `[grpo]`'s checks when the run samples its completions (`data.kind = "prompts"`):
-//! a built-in reward for each
-//! `[[grpo.rewards]]`, and the combinations the sampler does not run under refused
-//! before training (each naming its key).
+//! a built-in reward for each `[[grpo.rewards]]`. Sampling runs under every rank count,
+//! ZeRO stage, LoRA and precision (docs/rl.md, "Ranks, ZeRO, LoRA, bf16").
 
-use super::{combinations::bad, grpo::RewardKind, Config, Precision, ShardMode};
+use super::{combinations::bad, grpo::RewardKind, Config};
 use crate::error::Error;
 
 impl Config {
@@ -19,7 +18,7 @@ impl Config {
         for reward in &grpo.rewards {
             self.validate_reward(reward)?;
         }
-        self.refuse_unsampled_combinations()
+        Ok(())
     }
 
     fn validate_reward(&self, reward: &super::RewardSpec) -> Result<(), Error> {
@@ -58,23 +57,6 @@ impl Config {
             // Loaded, and a reward plugin: checked when the plugins are (`reward::plugin::check`).
             Some(RewardKind::Plugin) => Ok(()),
         }
-    }
-
-    /// What sampling is not built or tested under yet: refused, not run untested.
-    fn refuse_unsampled_combinations(&self) -> Result<(), Error> {
-        if self.train.precision == Precision::Bf16 {
-            return Err(bad(
-                "train.precision",
-                "\"bf16\" with data.kind = \"prompts\" is not built yet (the sampler runs float32): use \"fp32\", or rollouts",
-            ));
-        }
-        if self.dist.shard != ShardMode::None {
-            return Err(bad("dist.shard", "ZeRO with data.kind = \"prompts\" is not built yet (the sampler runs the whole model): use \"none\""));
-        }
-        if self.lora.as_ref().is_some_and(|l| l.enabled) {
-            return Err(bad("lora.enabled", "[lora] with data.kind = \"prompts\" is not built yet: train without adapters, or on rollouts"));
-        }
-        Ok(())
     }
 }
 

@@ -85,6 +85,8 @@ pub(super) struct Units {
     comm: Arc<dyn ShardCollectives>,
     rank: i64,
     reshard_after_forward: bool,
+    /// Every unit gathered and kept (`BlockWrap::hold_whole`).
+    held_whole: bool,
 }
 
 fn torch(e: TorchError) -> Error {
@@ -97,7 +99,7 @@ fn tch_err(e: tch::TchError) -> Error {
 
 impl Units {
     pub fn new(units: Vec<Unit>, comm: Arc<dyn ShardCollectives>, rank: u32, reshard_after_forward: bool) -> Result<Units> {
-        Ok(Units { units, comm, rank: rank as i64, reshard_after_forward })
+        Ok(Units { units, comm, rank: rank as i64, reshard_after_forward, held_whole: false })
     }
 
     /// Issues unit `u`'s all-gathers unless it is gathered or on its way.
@@ -301,9 +303,22 @@ impl BlockWrap for Shared {
             }
         }
         let mut units = self.lock();
-        if !training || units.reshard_after_forward {
+        if (!training || units.reshard_after_forward) && !units.held_whole {
             units.release(u)?;
         }
         Ok(output)
+    }
+
+    /// Gathers every unit (all their all-gathers issued first) and keeps them, or
+    /// releases them all: the gathered model costs its whole size on each rank while
+    /// held (4 bytes a parameter, 2 for the blocks' matrices under bf16).
+    fn hold_whole(&self, hold: bool) -> Result<()> {
+        let mut units = self.lock();
+        units.held_whole = hold;
+        let n = units.units.len();
+        match hold {
+            true => (0..n).try_for_each(|u| units.start_gather(u)).and_then(|()| (0..n).try_for_each(|u| units.gathered(u))),
+            false => units.release_all(),
+        }
     }
 }

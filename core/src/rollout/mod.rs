@@ -31,10 +31,10 @@ use self::{
     sampler::Sampled,
 };
 use crate::{
-    config::{Config, DataKind},
+    config::{Config, DataKind, Precision},
     data::{
         prompts::{PromptRow, Prompts},
-        rollouts::{collate, rows::Group, Scoring},
+        rollouts::{advantages, collate, rows::Group, Scoring},
         text, Batch, Payload,
     },
     error::{Error, Result},
@@ -74,6 +74,9 @@ pub struct RolloutStage {
     rewards: Rewards,
     tokenizer: Tokenizer,
     device: Device,
+    /// `train.precision = "bf16"`: sampling runs under bf16 autocast as learning's
+    /// forward does (`Some(true)` on CUDA), as TRL generates under accelerate's autocast.
+    autocast: Option<bool>,
     iterations: u64,
     /// The completions of the generation being trained on, by slot, while it has
     /// iterations left.
@@ -95,8 +98,9 @@ impl RolloutStage {
         // The commands first: one that cannot start ends set-up before any file is made.
         let rewards = Rewards::from_config(&grpo.rewards, host)?;
         let log = match (grpo.log_completions_every, rank) {
-            (every, 0) if every > 0 => Some(CompletionLog::open(&run_dir.join("completions.jsonl"), every)?),
-            _ => None,
+            (0, _) => None,
+            (every, 0) => Some(CompletionLog::open(Some(&run_dir.join("completions.jsonl")), every)?),
+            (every, _) => Some(CompletionLog::open(None, every)?),
         };
         Ok(Some(RolloutStage {
             processors: Processors::from_config(grpo),
@@ -107,6 +111,7 @@ impl RolloutStage {
             rewards,
             tokenizer: encoder.tokenizer,
             device,
+            autocast: (config.train.precision == Precision::Bf16).then_some(device.is_cuda()),
             iterations: grpo.num_iterations.max(1) as u64,
             kept: HashMap::new(),
             log,
@@ -159,13 +164,24 @@ impl RolloutStage {
             .collect()
     }
 
+    /// The step's `completions` record for the sinks (a JSON table,
+    /// [`record::COMPLETIONS`]), at the steps `grpo.log_completions_every` records.
+    pub fn take_completions(&mut self) -> Option<String> {
+        self.log.as_mut()?.take_table(&self.rewards.names)
+    }
+
     /// Samples each prompt `grpo.num_generations` times (the micro-batch in one
-    /// left-padded batch), decodes the completions and hands them to the rewards.
+    /// left-padded batch, under bf16 autocast when the run learns in bf16), decodes the
+    /// completions and hands them to the rewards.
     fn sample(&mut self, step: u64, model: &mut dyn Model, p: &Prompts) -> Result<Unscored> {
         tch::manual_seed(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(p.slot) as i64);
         let g = self.generations;
         let prompts: Vec<&[u32]> = p.rows.iter().map(|row| &row.ids[..]).collect();
-        let out = sampler::sample(model, &prompts, g, &self.processors, self.max_new, self.scoring.eos, self.device)?;
+        let mut run = || sampler::sample(model, &prompts, g, &self.processors, self.max_new, self.scoring.eos, self.device);
+        let out = match self.autocast {
+            None => run()?,
+            Some(cuda) => ptrain_torch_ext::autocast_bf16(cuda, run).map_err(|e| Error::Other(format!("autocast: {e}")))??,
+        };
         let sampled: Vec<Vec<Sampled>> = out.chunks(g).map(<[Sampled]>::to_vec).collect();
         let decode = |c: &Sampled| self.tokenizer.decode(&c.ids, true).map_err(|e| Error::Other(format!("decoding a completion: {e}")));
         let texts: Vec<Vec<String>> = sampled.iter().map(|group| group.iter().map(decode).collect::<Result<_>>()).collect::<Result<_>>()?;
@@ -179,15 +195,19 @@ impl RolloutStage {
     fn score(&mut self, step: u64, unscored: Unscored) -> Result<Vec<Group>> {
         let Unscored { rows, completions, batch } = unscored;
         let scores = self.rewards.collect(&batch)?;
+        if let Some(log) = self.log.as_mut().filter(|log| log.due(step)) {
+            // The advantages the collated batch will carry (the same host arithmetic),
+            // computed only at the record's steps.
+            let s = &self.scoring;
+            let advantages = advantages::score(&scores, &s.weights, s.generations, s.scale).advantages;
+            log.record(step, &rows, &completions, &batch.texts, &self.rewards.names, &scores, &advantages);
+        }
         let mut groups = Vec::with_capacity(rows.len());
         let mut first = 0;
         for (row, sampled) in rows.iter().zip(completions) {
             let range = first..first + sampled.len();
             first = range.end;
             let rewards: Vec<Vec<f64>> = scores.iter().map(|s| s[range.clone()].to_vec()).collect();
-            if let Some(log) = &self.log {
-                log.record(step, row, &sampled, &batch.texts[range], &self.rewards.names, &rewards);
-            }
             groups.push(Group { prompt: row.ids.clone(), completions: sampled.into_iter().map(|c| c.ids).collect(), rewards });
         }
         Ok(groups)

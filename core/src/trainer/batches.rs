@@ -18,7 +18,7 @@ use crate::{
     data::{Batch, Loader},
     dist::DataParallel,
     error::{Error, Result},
-    model::Model,
+    model::{decoder::BlockWrap, Model},
     objective::{Count, Objective, StepScale},
     rollout::RolloutStage,
 };
@@ -73,15 +73,27 @@ impl StepBatches {
 
     /// The rollout stage, when there is one: the step's `accum_steps` micro-batches of
     /// prompts are sampled with `model` and scored, and served as the step's batches.
-    pub fn roll_out(&mut self, step: u64, model: &mut dyn Model, timer: &mut StepTimer) -> Result<()> {
+    /// `whole`: parameter sharding's wrap, which holds the whole model on each rank
+    /// for the stage (ZeRO-3: a rank's sampler runs as many forwards as its own
+    /// completions need, which no per-block gather with the other ranks could follow).
+    pub fn roll_out(&mut self, step: u64, model: &mut dyn Model, whole: Option<&dyn BlockWrap>, timer: &mut StepTimer) -> Result<()> {
         if self.rollout.is_none() {
             return Ok(());
         }
         let prompts = (0..self.accum).map(|_| self.fetch()).collect::<Result<Vec<_>>>()?;
         let stage = self.rollout.as_mut().ok_or_else(|| Error::Other("the rollout stage has stopped".into()))?;
-        self.rolled.extend(stage.roll_out(step, model, prompts)?);
+        whole.map_or(Ok(()), |w| w.hold_whole(true))?;
+        let rolled = stage.roll_out(step, model, prompts);
+        whole.map_or(Ok(()), |w| w.hold_whole(false))?;
+        self.rolled.extend(rolled?);
         timer.book(Phase::Data);
         Ok(())
+    }
+
+    /// The step's `completions` record (a JSON table), at the steps the rollout stage
+    /// records one.
+    pub fn take_completions(&mut self) -> Option<String> {
+        self.rollout.as_mut()?.take_completions()
     }
 
     /// The seconds the step spent in the rollout stage, when there is one.

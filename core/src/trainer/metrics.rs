@@ -85,6 +85,12 @@ impl MetricsProcessor {
         !self.emitted.is_empty()
     }
 
+    /// Keeps `metric` for the next batch, which then reaches every sink (the rollout
+    /// stage's `completions` record).
+    pub fn emit(&mut self, metric: Metric) {
+        self.emitted.push(metric);
+    }
+
     /// Shows an evaluation and keeps its metrics (`eval/loss`, `eval/<name>`) for
     /// the next batch; returns them, for the `Eval` hook.
     pub fn record_eval(&mut self, point: &EvalPoint) -> &[Metric] {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use ptrain_plugin_api::{CheckpointReason, Hook, Needs, PhaseTimes, Scalar, StepTensors, TensorRef};
+use ptrain_plugin_api::{CheckpointReason, Hook, Metric, Needs, PhaseTimes, Scalar, StepTensors, TensorRef};
 
 use super::{
     failure::RunError,
@@ -106,7 +106,12 @@ impl Run {
             self.call_hook(At { hook: Hook::StepStart, step, micro_batch: 0, lr, phases: timer.phases }, StepTensors::NONE);
             timer.book(Phase::Hooks);
         }
-        self.batches.roll_out(step, self.learner.model.as_mut(), &mut timer)?;
+        let whole = self.learner.optimizer.block_wrap().map(|(wrap, _)| wrap);
+        self.batches.roll_out(step, self.learner.model.as_mut(), whole.as_deref(), &mut timer)?;
+        if let Some(table) = self.batches.take_completions() {
+            // To every sink with this step's metrics (W&B's table, TensorBoard's text).
+            self.metrics.emit(Metric::text(crate::rollout::record::COMPLETIONS, table));
+        }
         let scale = self.batches.stage(self.objective.as_ref(), self.dist.as_ref(), &mut timer)?;
         self.learner.lr.set(lr)?;
         self.tally.step_trained_tokens = self.batches.step_units();

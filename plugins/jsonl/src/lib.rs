@@ -11,8 +11,8 @@ use std::{
 };
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch, Needs, Plugin, PluginResult, RunEnd, RunInfo,
-    Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch, MetricValue, Needs, Plugin, PluginResult, RunEnd,
+    RunInfo, Threading,
 };
 use serde::Deserialize;
 
@@ -55,6 +55,11 @@ impl Plugin for Jsonl {
 
     fn on_metrics(&mut self, batch: &MetricBatch) -> PluginResult {
         let Some(out) = self.out.as_mut() else { return Ok(()) };
+        // A batch of text alone (a GRPO run's `completions` record at a step without
+        // metrics) has no number to write; completions.jsonl holds the completions.
+        if !batch.metrics.is_empty() && batch.metrics.iter().all(|m| matches!(m.value, MetricValue::Text(_))) {
+            return Ok(());
+        }
         let detailed = self.options.detailed.unwrap_or(true);
         let mut row = serde_json::Map::new();
         row.insert("step".into(), batch.step.into());

@@ -2,13 +2,15 @@
 //!
 //! Scalars (basic and detailed metrics) every 10 steps, parameter and gradient
 //! histograms every 500 (`[plugins.tensorboard.histograms] every = 0` turns them
-//! off), and the resolved configuration as text at the start. Runs on its own
+//! off), the resolved configuration as text at the start, and a GRPO run's
+//! `completions` record (`grpo.log_completions_every`) as a markdown table. Runs on its own
 //! worker thread; records are buffered and flushed by the plugin's timer every
 //! `flush_secs` (called on that thread) and at the end.
 //!
 //! Options (`[plugins.tensorboard]`): `logdir` (default `<run-dir>/tensorboard`),
 //! `flush_secs` (default 30). An I/O error disables the plugin with one error line.
 
+pub mod completions;
 pub mod event_file;
 pub mod flushed;
 pub mod proto;
@@ -125,6 +127,10 @@ impl Plugin for TensorBoard {
                 MetricValue::Scalar(v) => Some(Value::scalar(m.name.as_str(), *v)),
                 MetricValue::Histogram(h) if h.num > 0.0 => Some(Value::histogram(m.name.as_str(), histogram(h))),
                 MetricValue::Histogram(_) => None,
+                // A GRPO run's completions record: its JSON table as a markdown table.
+                MetricValue::Text(t) if m.name.as_str() == completions::NAME => {
+                    Some(Value::text(m.name.as_str(), &completions::markdown(t.as_str()).unwrap_or_else(|| t.to_string())))
+                }
                 MetricValue::Text(t) => Some(Value::text(m.name.as_str(), t.as_str())),
             })
             .collect();

@@ -9,7 +9,8 @@
 //! Cadence: basic metrics every 10 steps and at the end, detailed ones (grad norm,
 //! phase times, memory) every 50, histograms off unless `[plugins.wandb.histograms]
 //! every = N`. Options and environment variables: see `settings.rs` and
-//! docs/plugins/wandb.md. The run always ends with an exit record, also after an
+//! docs/plugins/wandb.md. A GRPO run's `completions` record is logged as a W&B
+//! table ([`table`]). The run always ends with an exit record, also after an
 //! interrupt (exit code 130/143) or a failure (1), so `wandb sync` never sees a crash.
 
 pub mod api;
@@ -20,6 +21,7 @@ pub mod offline;
 pub mod online;
 pub mod proto;
 pub mod settings;
+pub mod table;
 
 use std::{
     path::{Path, PathBuf},
@@ -27,8 +29,8 @@ use std::{
 };
 
 use ptrain_plugin_api::{
-    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch, Needs, Plugin, PluginError, PluginResult, RunEnd,
-    RunInfo, Threading,
+    export_plugin, parse_options, Attachment, Cadence, Descriptor, Hook, HostApi, MetricBatch, MetricValue, Needs, Plugin, PluginError, PluginResult,
+    RunEnd, RunInfo, Threading,
 };
 use serde_json::json;
 
@@ -128,6 +130,20 @@ impl Active {
     }
 }
 
+/// Writes the batch's `completions` record as a table file with its files record, and
+/// points the row's value at it (see [`table`]).
+fn write_tables(batch: &MetricBatch, offline: &mut OfflineRun, row: &mut Row) -> std::io::Result<()> {
+    for m in batch.metrics.iter().filter(|m| m.name.as_str() == table::NAME) {
+        let MetricValue::Text(text) = &m.value else { continue };
+        let Some(written) = table::write(&offline.files_dir(), table::NAME, batch.step, text.as_str())? else { continue };
+        offline.write_files(vec![written.path])?;
+        if let Some(item) = row.items.iter_mut().find(|(key, _)| key == table::NAME) {
+            item.1 = written.value;
+        }
+    }
+    Ok(())
+}
+
 impl Wandb {
     fn start(&self, run: &RunInfo<'_>) -> Result<Active, String> {
         let s = &self.settings;
@@ -205,15 +221,21 @@ impl Plugin for Wandb {
     fn on_metrics(&mut self, batch: &MetricBatch) -> PluginResult {
         let Some(active) = self.active.as_mut() else { return Ok(()) };
         let runtime = (batch.wall_time - active.meta.start_time).max(0.0);
-        let row = Row::from_batch(batch, runtime);
+        let mut row = Row::from_batch(batch, runtime);
+        // Online rows carry the record as text: the table's file is not uploaded online.
+        let online_line = active.online.as_ref().map(|_| row.json_line());
+        if let Err(e) = write_tables(batch, &mut active.offline, &mut row) {
+            let error = format!("cannot write {}: {e}", active.offline.files_dir().display());
+            return Err(self.abandon(error, 1));
+        }
         active.latest.update(&row);
         if let Err(e) = active.offline.write_history(&row) {
             let error = format!("cannot write {}: {e}", active.offline.file().display());
             return Err(self.abandon(error, 1));
         }
         active.rows += 1;
-        if let Some(online) = &mut active.online {
-            online.push(row.json_line(), active.latest.json(runtime));
+        if let (Some(online), Some(line)) = (&mut active.online, online_line) {
+            online.push(line, active.latest.json(runtime));
         }
         Ok(())
     }

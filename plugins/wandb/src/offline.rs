@@ -17,8 +17,8 @@ use crate::{
     leveldb::LogWriter,
     meta::RunMeta,
     proto::{
-        ConfigRecord, HeaderRecord, HistoryRecord, HistoryStep, Item, Record, RecordType, RunExitRecord, RunRecord, SummaryRecord, Timestamp,
-        VersionInfo,
+        ConfigRecord, FilesItem, FilesRecord, HeaderRecord, HistoryRecord, HistoryStep, Item, Record, RecordType, RunExitRecord, RunRecord,
+        SummaryRecord, Timestamp, VersionInfo,
     },
 };
 
@@ -129,6 +129,16 @@ impl OfflineRun {
             start_time: Some(Timestamp::from_unix(meta.start_time)),
             resume: meta.resume,
         })))
+    }
+
+    /// Where the run's files are (`files/`: logged tables).
+    pub fn files_dir(&self) -> PathBuf {
+        self.dir.join("files")
+    }
+
+    /// Names files written under [`OfflineRun::files_dir`] for `wandb sync` to upload.
+    pub fn write_files(&mut self, paths: Vec<String>) -> io::Result<()> {
+        self.write(RecordType::Files(FilesRecord { files: paths.into_iter().map(|path| FilesItem { path }).collect() }))
     }
 
     pub fn write_history(&mut self, row: &Row) -> io::Result<()> {

@@ -8,7 +8,7 @@ use prost::{Message, Oneof};
 pub struct Record {
     #[prost(int64, tag = "1")]
     pub num: i64,
-    #[prost(oneof = "RecordType", tags = "2, 3, 5, 17, 18, 21")]
+    #[prost(oneof = "RecordType", tags = "2, 3, 5, 6, 17, 18, 21")]
     pub record_type: Option<RecordType>,
 }
 
@@ -20,6 +20,8 @@ pub enum RecordType {
     Summary(SummaryRecord),
     #[prost(message, tag = "5")]
     Config(ConfigRecord),
+    #[prost(message, tag = "6")]
+    Files(FilesRecord),
     // Boxed: a run record is written once, history records thousands of times.
     #[prost(message, tag = "17")]
     Run(Box<RunRecord>),
@@ -144,4 +146,18 @@ pub struct VersionInfo {
     pub producer: String,
     #[prost(string, tag = "2")]
     pub min_consumer: String,
+}
+
+/// Files of the run directory's `files/` for `wandb sync` to upload (a logged table's).
+#[derive(Clone, PartialEq, Message)]
+pub struct FilesRecord {
+    #[prost(message, repeated, tag = "1")]
+    pub files: Vec<FilesItem>,
+}
+
+/// A file by its path under `files/`; its policy is left at 0, `NOW` (upload it now).
+#[derive(Clone, PartialEq, Message)]
+pub struct FilesItem {
+    #[prost(string, tag = "1")]
+    pub path: String,
 }

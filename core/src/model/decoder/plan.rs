@@ -28,6 +28,14 @@ pub trait BlockWrap: Send + Sync {
     /// inside its activation checkpoint: without a graph in forward, with one when
     /// backward recomputes it.
     fn around(&self, index: usize, input: &Tensor, checkpointed: bool, forward: &mut dyn FnMut() -> Result<Tensor>) -> Result<Tensor>;
+
+    /// `true`: every block whole from now on, with no collective in `enter` and
+    /// `around`, until `false` releases them (parameter sharding, while GRPO's rollout
+    /// stage samples: each rank's sampler runs as many forwards as its own completions
+    /// need). Called by every rank together. Default: nothing to do.
+    fn hold_whole(&self, _hold: bool) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Per-block choices, fixed when the model is built.

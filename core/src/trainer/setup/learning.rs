@@ -38,10 +38,6 @@ pub(in crate::trainer) fn data(
         None => crate::data::from_config(config)?,
     };
     let (rank, world) = (dist.rank(), dist.world_size());
-    if world > 1 && config.data.kind == crate::config::DataKind::Prompts {
-        let message = "sampling in the run (data.kind = \"prompts\") is not built for several ranks yet: run one process, or train on rollouts";
-        return Err(crate::error::ConfigError { origin: "configuration".into(), key: "data.kind".into(), message: message.into() }.into());
-    }
     if world > 1 && config.data.kind.is_grpo() && config.grpo.scale_rewards == crate::config::ScaleRewards::Batch {
         let message =
             "\"batch\" divides by the standard deviation of a rank's rewards; on several ranks that is not the batch's: use \"group\" or \"none\"";

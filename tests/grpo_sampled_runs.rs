@@ -1,0 +1,225 @@
+//! GRPO that samples its completions (`data.kind = "prompts"`) under what ptrain already
+//! runs, through the built binary: two Gloo ranks (each samples whole groups of its share
+//! of the prompts), ZeRO-1/2/3 following the unsharded run, LoRA (sampling with the
+//! adapters on, the reference with them off), bf16 (sampling under autocast, its
+//! log-probabilities judged by transformers under autocast), and an interrupted run
+//! resumed into the same completions, rewards and losses. ZeRO-3 too. The
+//! suite's tiny random Qwen2 and six prompts (tests/support/grpo_sampling.py).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{
+    hf::{s, support_py},
+    ranks::launch,
+    *,
+};
+use serde_json::Value;
+
+fn made(dir: &Path) -> PathBuf {
+    fixture::copy("grpo_sampling.py", &["make", fixture::OUT, "5"], dir)
+}
+
+/// A one-thread CPU GRPO run's arguments on `d`'s prompts, with `extra`.
+fn args(d: &Path, extra: &[&str]) -> Vec<String> {
+    args_with_plugins(d, "jsonl", extra)
+}
+
+fn args_with_plugins(d: &Path, plugins: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = ["--device", "cpu", "--plugins", plugins].map(String::from).into();
+    let sets = [
+        "run.threads=1".to_string(),
+        "model.kind=llama".into(),
+        format!("model.init_from={}", s(&d.join("policy"))),
+        "data.kind=prompts".into(),
+        format!("data.path={}", s(&d.join("prompts.jsonl"))),
+        "data.val_fraction=0".into(),
+        "optim.schedule=constant".into(),
+        "optim.warmup_steps=0".into(),
+        "optim.weight_decay=0.0".into(),
+        "optim.lr=0.01".into(),
+        "plugins.jsonl.every=1".into(),
+        "grpo.log_completions_every=1".into(),
+        "grpo.num_generations=4".into(),
+        "grpo.max_completion_length=6".into(),
+        "grpo.rewards=[{name = \"len\", kind = \"length\", target = 4}, {name = \"a_to_m\", kind = \"regex\", pattern = '^\\s*[a-m]', weight = 0.5}]"
+            .into(),
+    ];
+    for set in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
+        a.extend(["--set".to_string(), set.to_string()]);
+    }
+    a
+}
+
+fn run(d: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let run_dir = d.join(name);
+    run_expect(ptrain().args(["run", "--quiet", "--run-dir"]).arg(&run_dir).args(args(d, extra)), 0);
+    run_dir
+}
+
+fn run_on_two_ranks(d: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let run_dir = d.join(name);
+    run_expect(launch(2).args(["run", "--quiet", "--run-dir"]).arg(&run_dir).args(args(d, extra)), 0);
+    run_dir
+}
+
+fn completions(run_dir: &Path) -> Vec<Value> {
+    read_jsonl(&run_dir.join("completions.jsonl"))
+}
+
+/// Each step's metric `key`.
+fn metric(run_dir: &Path, key: &str) -> Vec<f64> {
+    read_jsonl(&run_dir.join("metrics.jsonl")).iter().filter_map(|m| m.get(key).and_then(Value::as_f64)).collect()
+}
+
+/// The weighted reward of a record (both rewards above are always given).
+fn reward(r: &Value) -> f64 {
+    r["rewards"]["len"].as_f64().unwrap() + 0.5 * r["rewards"]["a_to_m"].as_f64().unwrap()
+}
+
+/// Asserts that `records` (one step's, one rank's) hold whole groups of `g` completions
+/// of each prompt, each advantage its reward's distance from its group's mean over the
+/// group's standard deviation (+1e-4), as TRL's `scale_rewards = "group"`; returns how
+/// many prompts there were.
+fn assert_whole_groups_centred(records: &[&Value], g: usize) -> usize {
+    let mut groups: std::collections::BTreeMap<&str, Vec<&Value>> = Default::default();
+    for r in records {
+        groups.entry(r["prompt"].as_str().unwrap()).or_default().push(r);
+    }
+    for (prompt, group) in &groups {
+        assert_eq!(group.len(), g, "{prompt}: every completion of the group on this rank");
+        let rewards: Vec<f64> = group.iter().map(|r| reward(r)).collect();
+        let mean = rewards.iter().sum::<f64>() / g as f64;
+        let std = (rewards.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (g - 1) as f64).sqrt();
+        for (r, x) in group.iter().zip(&rewards) {
+            let expected = (x - mean) / (std + 1e-4);
+            assert!((r["advantage"].as_f64().unwrap() - expected).abs() < 1e-5, "{prompt}: {r} (expected {expected})");
+        }
+    }
+    groups.len()
+}
+
+#[test]
+fn two_ranks_sample_whole_groups_of_their_share_and_report_the_whole_batchs_rewards() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path());
+    // Six prompts, four completions each: one rank's batch of 24, or two ranks' of 12.
+    let one = run(&d, "one", &["data.batch_size=24", "train.steps=2", "grpo.top_k=1"]);
+    let two = run_on_two_ranks(&d, "two", &["data.batch_size=12", "train.steps=2", "grpo.top_k=1"]);
+    assert_eq!(summary(&two)["world_size"], 2);
+    // Greedy: rank 0's completions are the one-rank run's for the same prompts.
+    let theirs = completions(&one);
+    let ours = completions(&two);
+    let at_step_1: Vec<&Value> = ours.iter().filter(|r| r["step"] == 1).collect();
+    assert_eq!(at_step_1.len(), 12, "rank 0 records its share: half the prompts");
+    for r in &at_step_1 {
+        let same = theirs.iter().find(|t| t["step"] == 1 && t["prompt"] == r["prompt"]).expect("a prompt of the one-rank run's step");
+        assert_eq!((&r["completion_ids"], &r["rewards"], &r["advantage"]), (&same["completion_ids"], &same["rewards"], &same["advantage"]));
+    }
+    // The step's reward statistics are the whole batch's, both ranks' groups together.
+    for key in ["train/reward", "train/completions/mean_length", "train/rewards/len/mean"] {
+        let (a, b) = (metric(&one, key), metric(&two, key));
+        assert_eq!(a.len(), 2, "{key}");
+        assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-5), "{key}: one rank {a:?}, two {b:?}");
+    }
+    // Sampled (temperature 1): still whole groups per rank, advantages centred per group.
+    let sampled = run_on_two_ranks(&d, "sampled", &["data.batch_size=12", "train.steps=2"]);
+    let records = completions(&sampled);
+    for step in [1, 2] {
+        let of_step: Vec<&Value> = records.iter().filter(|r| r["step"] == step).collect();
+        assert_eq!(assert_whole_groups_centred(&of_step, 4), 3, "step {step}");
+    }
+    assert!(records.iter().any(|r| r["advantage"].as_f64().unwrap().abs() > 0.1), "groups whose rewards differ");
+}
+
+#[test]
+fn zero_1_2_and_3_sample_and_learn_as_the_unsharded_ranks_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path());
+    let sets = ["data.batch_size=12", "train.steps=3"];
+    let none = run_on_two_ranks(&d, "none", &sets);
+    let (ids, losses) =
+        (|r: &Path| completions(r).iter().map(|c| c["completion_ids"].clone()).collect::<Vec<_>>(), |r: &Path| metric(r, "train/loss"));
+    // ZeRO-3 holds the whole model for the rollout stage: no rank's sampler waits on
+    // another's gathers, whatever their completions' lengths.
+    for mode in ["optimizer", "gradients", "parameters"] {
+        let shard = format!("dist.shard={mode}");
+        let run_dir = run_on_two_ranks(&d, mode, &[&sets[..], &[shard.as_str()]].concat());
+        assert_eq!(summary(&run_dir)["shard"], mode);
+        assert_eq!(ids(&run_dir), ids(&none), "{mode}: the same completions at every step (the same weights sample them)");
+        let (a, b) = (losses(&run_dir), losses(&none));
+        assert_eq!(a.len(), 3);
+        assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1e-3)), "{mode}: {a:?} vs unsharded {b:?}");
+    }
+}
+
+#[test]
+fn lora_samples_with_its_adapters_on_and_its_reference_is_them_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path());
+    let sets = ["data.batch_size=24", "train.steps=4", "grpo.beta=0.1", "optim.lr=0.05", "lora.rank=4", "lora.alpha=8.0"];
+    let run_dir = run(&d, "lora", &sets);
+    assert!(summary(&run_dir)["trainable_parameters"].as_u64().unwrap() < 20_000, "only the adapters train");
+    // Each sampled token's log-probability (temperature 1, nothing processed: the
+    // policy's own) against the base model's, in transformers: equal at step 1 (the
+    // adapters start at zero), apart at step 4, after three updates of the adapters.
+    let base_diff = |step: u64| {
+        let records: Vec<String> = completions(&run_dir).iter().filter(|r| r["step"] == step).map(Value::to_string).collect();
+        let file = run_dir.join(format!("step-{step}.jsonl"));
+        std::fs::write(&file, records.join("\n") + "\n").unwrap();
+        let base = support_py("grpo_sampling.py", &[&"processed", &d.join("policy"), &file, &"{}"]);
+        assert!(base["tokens"].as_u64().unwrap() as usize >= records.len(), "{base}");
+        base["max_abs_diff"].as_f64().unwrap()
+    };
+    let (first, last) = (base_diff(1), base_diff(4));
+    assert!(first < 1e-4, "step 1 samples from the base: {first}");
+    assert!(last > 1e-2, "step 4 samples with the adapters on: {last}");
+    let kl = metric(&run_dir, "train/kl");
+    assert_eq!(kl[0], 0.0, "step 1: the adapters are zero, the policy is the reference: {kl:?}");
+    assert!(kl[3] > 0.0, "the reference is the base, the adapters off: {kl:?}");
+}
+
+#[test]
+fn bf16_samples_under_autocast_as_transformers_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path());
+    let run_dir = run(&d, "bf16", &["data.batch_size=24", "train.steps=1", "train.precision=bf16"]);
+    let records = run_dir.join("completions.jsonl");
+    let judge = |settings: &str| support_py("grpo_sampling.py", &[&"processed", &d.join("policy"), &records, &settings]);
+    let (fp32, bf16) = (judge("{}"), judge(r#"{"bf16": true}"#));
+    assert!(bf16["tokens"].as_u64().unwrap() >= 24, "{bf16}");
+    // Sampled in bf16: far from float32's log-probabilities (which agree to 1e-4 in fp32
+    // runs, tests/grpo_sampling.rs), close to transformers' own under CPU bf16 autocast
+    // (bf16 has 8 bits of mantissa; a cached decode and a whole forward round apart).
+    let (far, near) = (fp32["max_abs_diff"].as_f64().unwrap(), bf16["max_abs_diff"].as_f64().unwrap());
+    eprintln!("bf16 sampling against transformers: float32 {far}, bf16 autocast {near}");
+    assert!(far > 1e-3, "bf16 ran: {fp32}");
+    assert!(near < 0.05 && near < far, "{bf16} vs float32's {fp32}");
+    assert!(metric(&run_dir, "train/loss")[0].is_finite());
+}
+
+#[test]
+fn a_resumed_sampling_run_repeats_the_uninterrupted_completions_rewards_and_losses_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path());
+    let sets = ["data.batch_size=8", "train.steps=4"];
+    let with_checkpoints = |name: &str, more: &[&str]| {
+        let run_dir = d.join(name);
+        let mut cmd = ptrain();
+        cmd.args(["run", "--quiet", "--run-dir"]).arg(&run_dir).args(args_with_plugins(&d, "checkpoint,jsonl", &sets)).args(more);
+        run_expect(&mut cmd, 0);
+        run_dir
+    };
+    let whole = with_checkpoints("whole", &[]);
+    let parts = with_checkpoints("parts", &["--steps", "2"]);
+    let resumed = with_checkpoints("resumed", &["--resume", &s(&parts)]);
+    assert_eq!(summary(&resumed)["start_step"], 2);
+    let records = |run_dir: &Path| completions(run_dir).into_iter().filter(|r| r["step"].as_u64().unwrap() > 2).collect::<Vec<_>>();
+    assert_eq!(records(&whole).len(), 16, "steps 3 and 4, 8 completions each");
+    assert_eq!(records(&resumed), records(&whole), "the same completions, log-probabilities, rewards and advantages");
+    let bits = |run_dir: &Path| metric(run_dir, "train/loss").iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&resumed), bits(&whole)[2..]);
+    let rewards = |run_dir: &Path| metric(run_dir, "train/reward").iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+    assert_eq!(rewards(&resumed), rewards(&whole)[2..]);
+}
