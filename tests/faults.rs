@@ -1,7 +1,7 @@
 //! Fault probes, fourth pass (issue 63) and what a slow plugin costs (issue 62, items
 //! 3 and 4), through the built binary: resuming where the checkpoints are written,
 //! a sink that never stalls a save, stalls told as the summary holds them, a slow
-//! sink's drain and blocked time on the record.
+//! sink's drain and blocked time on the record, a save given up that never commits.
 
 mod common;
 
@@ -428,4 +428,62 @@ fn out_of_memory_in_a_step_or_at_set_up_exits_1_never_101() {
     assert!(line.contains("out of memory on cpu: tried to allocate") && line.contains("model.n_embd") && !line.contains("frame #"), "{line}");
     assert!(!err.contains("panicked at"), "{err}");
     assert!(!run_dir.join("ptrain.lock").exists(), "{err}");
+}
+
+/// Issue 63, item 5: a save the host gave up on (it took longer than
+/// `finish_timeout_s`) never commits afterwards. The save of step 5 is staged and
+/// then held before its commit (`debug.late_save_at_step`) until the host has given
+/// it up at the save of step 10; released while training is held at step 11, it is
+/// refused and removes what it staged, so the summary, written later, and the disk
+/// agree. Without the gate the checkpoint of step 5 appeared after the give-up.
+#[test]
+fn a_save_given_up_by_the_host_never_commits_afterwards() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let (release, go, done) = (run_dir.join("save-release"), dir.path().join("go"), run_dir.join("save-late-done.rank0.json"));
+    let mut cmd = ptrain();
+    cmd.args(tiny_gpt(12)).args(["--plugins", &format!("checkpoint,{}", fixture("inline-faults"))]);
+    let holds =
+        ["plugins.checkpoint.every=5", "plugins.checkpoint.finish_timeout_s=1", "debug.late_save_at_step=5", "plugins.inline-faults.sleep_at=11"];
+    sets(&mut cmd, &holds);
+    cmd.arg("--set").arg(format!("plugins.inline-faults.wait_for={:?}", go.display().to_string()));
+    let mut child = cmd.arg("--run-dir").arg(&run_dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Training goes on to step 11 once the writer's answer is known (or never comes).
+    let answered = {
+        let (done, go) = (done.clone(), go.clone());
+        std::thread::spawn(move || {
+            let patience = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while !done.exists() && std::time::Instant::now() < patience {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            std::fs::write(&go, "").unwrap();
+        })
+    };
+    let mut lines = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("plugin `checkpoint`: a checkpoint save did not finish within") && !release.exists() {
+            std::fs::write(&release, "").unwrap();
+        }
+        lines.push(line);
+    }
+    answered.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = lines.join("\n");
+    assert!(release.exists(), "the save was never given up: {err}");
+    let done: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&done).unwrap()).unwrap();
+    assert_eq!(done, serde_json::json!({"step": 5, "committed": false}), "{err}");
+    assert!(err.contains("the save of step 5 was given up by the run before its commit: not committed"), "{err}");
+    let checkpoints = run_dir.join("checkpoints");
+    let left: Vec<String> = std::fs::read_dir(&checkpoints).unwrap().filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_string())).collect();
+    assert!(left.is_empty(), "nothing committed or staged is left: {left:?}");
+    let s = summary(&run_dir);
+    assert_eq!(s["last_step"].as_u64(), Some(12), "{s}");
+    assert!(s["checkpoint"].is_null(), "no checkpoint on disk, none named: {s}");
+    let failure = &s["plugin_failures"][0];
+    assert_eq!((failure["plugin"].as_str(), failure["step"].as_u64()), (Some("checkpoint"), Some(10)), "{s}");
+    assert!(!failure["error"].as_str().unwrap_or_default().contains("may yet land"), "the commit had not begun: {s}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
 }

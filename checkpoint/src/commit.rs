@@ -1,4 +1,5 @@
-//! The `latest` pointer and removal, both crash-safe.
+//! The `latest` pointer and removal, both crash-safe, and the gate a staged
+//! checkpoint passes to become one.
 
 use std::{fs::File, io::Write, path::Path};
 
@@ -60,4 +61,22 @@ pub fn delete(checkpoint: &Path) -> Result<()> {
     std::fs::rename(checkpoint, &trash).map_err(Error::io(checkpoint))?;
     fsync_dir(parent)?;
     std::fs::remove_dir_all(&trash).map_err(Error::io(&trash))
+}
+
+/// Decides, when a staged checkpoint is complete, whether it may become `step-N`:
+/// the writer's host may have given the save up by then (a writer that took longer
+/// than it was allowed), and a checkpoint must not appear after the run's summary.
+pub trait CommitGate {
+    /// Runs `commit` (the rename) and returns what it returned if the save may still
+    /// commit; `None`, running nothing, if not.
+    fn commit(&self, step: u64, commit: &mut dyn FnMut() -> Result<()>) -> Option<Result<()>>;
+}
+
+/// Every save commits: for tools and tests, where no host gives a save up.
+pub struct Ungated;
+
+impl CommitGate for Ungated {
+    fn commit(&self, _step: u64, commit: &mut dyn FnMut() -> Result<()>) -> Option<Result<()>> {
+        Some(commit())
+    }
 }

@@ -36,13 +36,13 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
-pub use commit::{commit_best, commit_latest, delete, read_best, read_latest};
+pub use commit::{commit_best, commit_latest, delete, read_best, read_latest, CommitGate, Ungated};
 pub use find::{checkpoints_in, find_resumable, list, newest_complete, resolve};
 pub use params::{ParamEntry, ParamLayout, UnitLayout};
 pub use read::{read, read_model, read_without_tensors, validate, Checkpoint, Tensor};
 pub use shard::{part_name, write_part, write_sharded, ShardEntry, ShardLayout, ShardSet};
 pub use slices::{TensorEntry, TensorFile};
-pub use write::write;
+pub use write::{write, write_gated};
 
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";

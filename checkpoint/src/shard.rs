@@ -171,12 +171,19 @@ pub fn write_part(checkpoints: &Path, payload: &CheckpointPayload, layout: &Shar
 
 /// Rank 0: writes its own part and everything but the optimizer state, waits (at
 /// most `wait`) until every other rank's part is marked complete, then commits
-/// the checkpoint as `<checkpoints>/step-N` and returns its path. On failure the
-/// staging directory is removed and nothing is committed.
-pub fn write_sharded(checkpoints: &Path, payload: &CheckpointPayload, layout: &ShardLayout, wait: Duration) -> Result<PathBuf> {
+/// the checkpoint as `<checkpoints>/step-N` through `gate` and returns its path
+/// (`None`: the gate refused it). On failure or refusal the staging directory is
+/// removed and nothing is committed.
+pub fn write_sharded(
+    checkpoints: &Path,
+    payload: &CheckpointPayload,
+    layout: &ShardLayout,
+    wait: Duration,
+    gate: &dyn crate::CommitGate,
+) -> Result<Option<PathBuf>> {
     let target = checkpoints.join(dir_name(payload.step));
     if committed(checkpoints, payload.step) {
-        return Ok(target);
+        return Ok(Some(target));
     }
     if target.exists() {
         crate::delete(&target)?;
@@ -187,9 +194,7 @@ pub fn write_sharded(checkpoints: &Path, payload: &CheckpointPayload, layout: &S
         let _ = std::fs::remove_dir_all(&dir);
         return Err(e);
     }
-    std::fs::rename(&dir, &target).map_err(Error::io(&target))?;
-    fsync_dir(checkpoints)?;
-    Ok(target)
+    crate::write::commit_staged(checkpoints, &dir, &target, payload.step, gate)
 }
 
 fn assemble(dir: &Path, payload: &CheckpointPayload, layout: &ShardLayout, wait: Duration) -> Result<()> {

@@ -112,7 +112,7 @@ fn a_sharded_checkpoint_commits_once_every_rank_wrote_its_part() {
             })
         })
         .collect();
-    let path = write_sharded(dir.path(), &sharded_payload(6, &l, 0), &l, std::time::Duration::from_secs(10)).unwrap();
+    let path = write_sharded(dir.path(), &sharded_payload(6, &l, 0), &l, std::time::Duration::from_secs(10), &crate::Ungated).unwrap().unwrap();
     others.into_iter().for_each(|t| t.join().unwrap());
     let ckpt = read(&path).unwrap();
     assert_eq!(ckpt.manifest.format, SHARDED_FORMAT_VERSION);
@@ -143,7 +143,7 @@ fn a_missing_part_commits_nothing() {
     let l = layout("b2");
     write_part(dir.path(), &sharded_payload(3, &l, 1), &l, 1).unwrap();
     // Rank 2 never writes: rank 0 gives up after the wait and leaves no trace.
-    let err = write_sharded(dir.path(), &sharded_payload(3, &l, 0), &l, std::time::Duration::from_millis(200)).unwrap_err();
+    let err = write_sharded(dir.path(), &sharded_payload(3, &l, 0), &l, std::time::Duration::from_millis(200), &crate::Ungated).unwrap_err();
     assert!(err.to_string().contains("rank 2's optimizer part did not arrive"), "{err}");
     assert!(list(dir.path()).is_empty());
     assert!(find_resumable(dir.path()).0.is_none());
@@ -157,7 +157,7 @@ fn a_part_for_another_layout_is_refused() {
     other.ranges = vec![[0, 3], [3, 8], [8, 10]];
     write_part(dir.path(), &sharded_payload(2, &other, 1), &other, 1).unwrap();
     write_part(dir.path(), &sharded_payload(2, &l, 2), &l, 2).unwrap();
-    let err = write_sharded(dir.path(), &sharded_payload(2, &l, 0), &l, std::time::Duration::from_secs(5)).unwrap_err();
+    let err = write_sharded(dir.path(), &sharded_payload(2, &l, 0), &l, std::time::Duration::from_secs(5), &crate::Ungated).unwrap_err();
     assert!(err.to_string().contains("expected rank 1 [4, 8)"), "{err}");
     assert!(list(dir.path()).is_empty());
 }

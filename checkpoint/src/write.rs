@@ -52,12 +52,21 @@ pub(crate) fn safetensors_bytes(path: &Path, blobs: &[TensorBlob], step: u64, ex
 /// directory already exists and is valid, it is kept as it is (a step's state is
 /// deterministic); an invalid one is replaced.
 pub fn write(checkpoints: &Path, payload: &CheckpointPayload) -> Result<PathBuf> {
+    match write_gated(checkpoints, payload, &crate::Ungated)? {
+        Some(path) => Ok(path),
+        None => Err(Error::invalid(checkpoints, "the commit was refused")),
+    }
+}
+
+/// [`write`], the rename that makes the checkpoint passed through `gate`: `None`
+/// when the gate refused it (what was staged is removed).
+pub fn write_gated(checkpoints: &Path, payload: &CheckpointPayload, gate: &dyn crate::CommitGate) -> Result<Option<PathBuf>> {
     std::fs::create_dir_all(checkpoints).map_err(Error::io(checkpoints))?;
     let name = dir_name(payload.step);
     let target = checkpoints.join(&name);
     if target.exists() {
         if crate::validate(&target).is_ok() {
-            return Ok(target);
+            return Ok(Some(target));
         }
         crate::delete(&target)?;
     }
@@ -70,9 +79,23 @@ pub fn write(checkpoints: &Path, payload: &CheckpointPayload) -> Result<PathBuf>
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
-    std::fs::rename(&tmp, &target).map_err(Error::io(&target))?;
-    fsync_dir(checkpoints)?;
-    Ok(target)
+    commit_staged(checkpoints, &tmp, &target, payload.step, gate)
+}
+
+/// Renames the complete `staged` directory to `target` if `gate` lets it; removes it
+/// if not.
+pub(crate) fn commit_staged(checkpoints: &Path, staged: &Path, target: &Path, step: u64, gate: &dyn crate::CommitGate) -> Result<Option<PathBuf>> {
+    let mut rename = || {
+        std::fs::rename(staged, target).map_err(Error::io(target))?;
+        fsync_dir(checkpoints)
+    };
+    match gate.commit(step, &mut rename) {
+        Some(done) => done.map(|()| Some(target.to_path_buf())),
+        None => {
+            let _ = std::fs::remove_dir_all(staged);
+            Ok(None)
+        }
+    }
 }
 
 fn write_into(tmp: &Path, payload: &CheckpointPayload) -> Result<()> {

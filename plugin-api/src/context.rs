@@ -275,6 +275,9 @@ pub struct DebugFaults {
     pub pause_save_at_step: u64,
     /// `debug.pause_save_after_files` (at least 1).
     pub pause_save_after_files: u64,
+    /// `debug.late_save_at_step`: the checkpoint plugin's save of this step, staged,
+    /// waits before its commit until the test says to go on (0: never). Added in 0.6.0.
+    pub late_save_at_step: u64,
 }
 
 /// What a plugin learns once at the start of the run.

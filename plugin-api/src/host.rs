@@ -51,6 +51,9 @@ pub struct HostApi {
     pub detach: extern "C" fn(ctx: *const (), plugin: RStr<'_>, reason: RStr<'_>),
     pub defer: extern "C" fn(ctx: *const (), plugin: RStr<'_>, job: DeferredBox),
     pub wait_deferred: extern "C" fn(ctx: *const (), plugin: RStr<'_>) -> bool,
+    /// [`HostApi::commit_checkpoint`]'s two halves (added in 0.6.0).
+    pub begin_commit: extern "C" fn(ctx: *const (), plugin: RStr<'_>, step: u64) -> bool,
+    pub end_commit: extern "C" fn(ctx: *const (), plugin: RStr<'_>, step: u64),
 }
 
 // SAFETY: the host's context is a thread-safe object the host keeps alive for as long
@@ -123,6 +126,29 @@ impl HostApi {
         (self.wait_deferred)(self.ctx, plugin.into())
     }
 
+    /// Runs `commit`, the act that makes the checkpoint of `step` exist (the rename of
+    /// its staged directory, and the `latest` pointer), unless the host has given this
+    /// plugin's saves up (a save not finished within `finish_timeout_s`): then it
+    /// returns `None` without running it, and the writer removes what it staged. The
+    /// host, giving a save up, waits a moment for a commit in progress, so a given-up
+    /// writer never commits after the run's summary is written: a checkpoint is on
+    /// disk before the host gave up (and the summary names it), or never. Added in
+    /// 0.6.0; for a plugin that writes checkpoints on its worker thread.
+    pub fn commit_checkpoint<R>(&self, plugin: &str, step: u64, commit: impl FnOnce() -> R) -> Option<R> {
+        if !(self.begin_commit)(self.ctx, plugin.into(), step) {
+            return None;
+        }
+        /// Ends the commit however `commit` returns (a panic included).
+        struct End<'a>(&'a HostApi, &'a str, u64);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                (self.0.end_commit)(self.0.ctx, self.1.into(), self.2)
+            }
+        }
+        let _end = End(self, plugin, step);
+        Some(commit())
+    }
+
     /// A host that only logs to stderr: for trying a plugin outside ptrain. It runs
     /// deferred jobs at once, on the calling thread. To assert what the plugin asked
     /// of the host, use [`RecordingHost`] (`testing::RecordingHost`) instead.
@@ -150,6 +176,8 @@ impl HostApi {
             detach,
             defer,
             wait_deferred: all_done,
+            begin_commit: may_commit,
+            end_commit: commit_ended,
         }
     }
 }
@@ -219,6 +247,8 @@ impl RecordingHost {
             detach: rec_detach,
             defer: rec_defer,
             wait_deferred: all_done,
+            begin_commit: may_commit,
+            end_commit: commit_ended,
         }
     }
 
@@ -307,6 +337,13 @@ extern "C" fn no_reduce(_: *const (), _: TensorRef) -> RResult<(), RString> {
 extern "C" fn no_broadcast(_: *const (), _: TensorRef, _: u32) -> RResult<(), RString> {
     RResult::ROk(())
 }
+
+/// A host that never gives a save up: every commit may go ahead.
+extern "C" fn may_commit(_: *const (), _: RStr<'_>, _: u64) -> bool {
+    true
+}
+
+extern "C" fn commit_ended(_: *const (), _: RStr<'_>, _: u64) {}
 
 extern "C" fn all_done(_: *const (), _: RStr<'_>) -> bool {
     true

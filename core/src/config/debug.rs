@@ -56,6 +56,12 @@ pub struct DebugConfig {
     pub pause_save_at_step: u64,
     #[serde(default = "default_pause_files")]
     pub pause_save_after_files: u64,
+    /// The checkpoint plugin's save of this step, once staged, says so in
+    /// `<run-dir>/save-late.rank<r>.json` and waits until `<run-dir>/save-release`
+    /// exists before it asks to commit; `<run-dir>/save-late-done.rank<r>.json` then
+    /// says whether it did: tests make a save finish after the host gave it up. 0 = never.
+    #[serde(default)]
+    pub late_save_at_step: u64,
 }
 
 fn default_pause_files() -> u64 {

@@ -209,6 +209,7 @@ pub const RULES: &[(&str, Range)] = &[
     ("debug.alloc_bytes", int(1)),
     ("debug.data_panic_at_step", int(0)),
     ("debug.pause_save_at_step", int(0)),
+    ("debug.late_save_at_step", int(0)),
     ("debug.pause_save_after_files", int(1)),
 ];
 

@@ -19,6 +19,7 @@
 
 mod attach;
 mod busy;
+mod commits;
 mod deferred;
 mod dispatch;
 mod event;

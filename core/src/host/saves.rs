@@ -8,6 +8,10 @@ use std::{
 
 use super::{PluginHost, Runner};
 
+/// How long giving a save up waits for a commit already running (a rename and two
+/// fsyncs) to end.
+const COMMIT_WAIT: Duration = Duration::from_secs(1);
+
 /// Saves handed to the worker and not yet finished; the host waits on it before
 /// starting the next save, so saves never overlap and none is dropped.
 #[derive(Default)]
@@ -86,9 +90,15 @@ impl PluginHost {
             }
             let Runner::Worker(worker) = &mut self.instances[index].runner else { continue };
             let unhandled = worker.abandon();
+            // What it staged may no longer become a checkpoint: the summary, written
+            // after this, would not know of it.
+            let late = match self.services.commits.close(&name, COMMIT_WAIT) {
+                Some(step) => format!("; its commit of step {step} was still running and may yet land"),
+                None => String::new(),
+            };
             let why = format!(
                 "a checkpoint save did not finish within {:.0}s (plugins.{name}.finish_timeout_s, run.shutdown_timeout_s): \
-                 abandoned, with {unhandled} event(s) never handled",
+                 abandoned, with {unhandled} event(s) never handled{late}",
                 limit.as_secs_f64()
             );
             tracing::error!("plugin `{name}`: {why}; the plugin is disabled and takes no more saves");

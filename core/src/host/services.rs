@@ -1,5 +1,6 @@
 //! What plugins can ask of the host through [`HostApi`]: logging, stopping the run,
-//! leaving the schedule, collectives and deferred work (`deferred.rs`).
+//! leaving the schedule, collectives, deferred work (`deferred.rs`) and checkpoint
+//! commits (`commits.rs`).
 //!
 //! The run owns its services through an `Arc`, and so does everything that may still
 //! call a plugin (and so its `HostApi`) after the run let go: the plugin host (its
@@ -19,7 +20,7 @@ use abi_stable::std_types::{RResult, RStr, RString};
 use ptrain_plugin_api::{DeferredBox, HostApi, LogLevel, TensorRef, STOP_FAILURE_PREFIX};
 use tch::Tensor;
 
-use super::{deferred::Deferred, watchdog::Watched};
+use super::{commits::CommitGates, deferred::Deferred, watchdog::Watched};
 use crate::{dist::Collectives, schedule::Gate};
 
 /// A plugin's request to end the run (`HostApi::request_stop`).
@@ -78,6 +79,8 @@ pub struct HostServices {
     detach_pending: AtomicBool,
     /// Inline plugins' jobs run off the training thread (`HostApi::defer`).
     pub deferred: Deferred,
+    /// Whether a worker plugin may still commit a checkpoint (`HostApi::commit_checkpoint`).
+    pub commits: CommitGates,
     /// The plugins' calls in progress, to say where a plugin asked to stop (weak: a
     /// critical plugin's watch holds these services).
     calls: std::sync::OnceLock<Vec<std::sync::Weak<Watched>>>,
@@ -94,6 +97,7 @@ impl HostServices {
             detach_requests: Mutex::new(Vec::new()),
             detach_pending: AtomicBool::new(false),
             deferred: Deferred::new(shutdown),
+            commits: CommitGates::default(),
             calls: std::sync::OnceLock::new(),
         })
     }
@@ -152,7 +156,18 @@ impl HostServices {
     /// The function table handed to a plugin. Its context is this object, which the
     /// caller keeps alive for as long as the plugin may call it (see the module doc).
     pub fn api(self: &Arc<Self>) -> HostApi {
-        HostApi { ctx: Arc::as_ptr(self) as *const (), log, request_stop, all_reduce_sum, broadcast, detach, defer, wait_deferred }
+        HostApi {
+            ctx: Arc::as_ptr(self) as *const (),
+            log,
+            request_stop,
+            all_reduce_sum,
+            broadcast,
+            detach,
+            defer,
+            wait_deferred,
+            begin_commit,
+            end_commit,
+        }
     }
 }
 
@@ -197,6 +212,14 @@ extern "C" fn defer(ctx: *const (), plugin: RStr<'_>, job: DeferredBox) {
     // The job may call its HostApi: it keeps the services alive until it has run.
     let host = services_arc(ctx);
     host.deferred.submit(plugin.as_str(), job, host.clone());
+}
+
+extern "C" fn begin_commit(ctx: *const (), plugin: RStr<'_>, step: u64) -> bool {
+    services(ctx).commits.begin(plugin.as_str(), step)
+}
+
+extern "C" fn end_commit(ctx: *const (), plugin: RStr<'_>, _step: u64) {
+    services(ctx).commits.end(plugin.as_str())
 }
 
 extern "C" fn wait_deferred(ctx: *const (), plugin: RStr<'_>) -> bool {

@@ -22,6 +22,7 @@
 //! checkpoint is scored by the metric observed at its own step); `ptrain export
 //! --checkpoint best` reads it.
 
+mod gate;
 mod retention;
 
 use std::{
@@ -88,6 +89,8 @@ pub struct Checkpointer {
     /// `[debug] pause_save_at_step` and `pause_save_after_files` (`RunInfo::debug`), and the file
     /// that says the save paused (`<run-dir>/save-paused.rank<r>.json`).
     pause: Option<(u64, u32, PathBuf)>,
+    /// `[debug] late_save_at_step` (`RunInfo::debug`).
+    late: Option<gate::LateSave>,
 }
 
 const ATTACHMENTS: &[Attachment] = &[
@@ -166,18 +169,26 @@ impl Checkpointer {
         if !self.leftovers_removed {
             self.remove_leftovers(layout.as_ref().map(|l| l.save_id.as_str()));
         }
+        let gate = gate::HostGate { host: &self.host, late: self.late.as_ref() };
         let written = match &layout {
-            Some(layout) => ptrain_checkpoint::write_sharded(&self.dir, payload, layout, self.part_wait),
-            None => ptrain_checkpoint::write(&self.dir, payload),
+            Some(layout) => ptrain_checkpoint::write_sharded(&self.dir, payload, layout, self.part_wait, &gate),
+            None => ptrain_checkpoint::write_gated(&self.dir, payload, &gate),
         };
         let written = written.and_then(|path| {
+            let Some(path) = path else { return Ok(None) };
             let newest = self.entries.iter().map(|e| e.step).chain([payload.step]).max().unwrap_or(payload.step);
             ptrain_checkpoint::commit_latest(&self.dir, &ptrain_checkpoint::dir_name(newest))?;
-            Ok((path, ptrain_checkpoint::dir_name(newest)))
+            Ok(Some((path, ptrain_checkpoint::dir_name(newest))))
         });
         self.write_s += started.elapsed().as_secs_f64();
         match written {
-            Ok((_, name)) => {
+            Ok(None) => {
+                // The host gave this save up (it took longer than `finish_timeout_s`)
+                // and has disabled the plugin: what was staged is removed, not committed.
+                let message = format!("the save of step {} was given up by the run before its commit: not committed", payload.step);
+                self.host.log(LogLevel::Warn, "checkpoint", &message);
+            }
+            Ok(Some((_, name))) => {
                 self.saved += 1;
                 self.latest = Some(name);
                 // Only a metric observed at this very step scores this checkpoint.
@@ -224,6 +235,7 @@ impl Plugin for Checkpointer {
             leftovers_removed: false,
             part_wait: Duration::from_secs(60),
             pause: None,
+            late: None,
         })
     }
 
@@ -236,6 +248,8 @@ impl Plugin for Checkpointer {
         let debug = run.debug;
         let files = debug.pause_save_after_files.clamp(1, u64::from(u32::MAX)) as u32;
         self.pause = (debug.pause_save_at_step > 0).then_some((debug.pause_save_at_step, files, ready));
+        let run_dir = std::path::Path::new(run.run_dir.as_str());
+        self.late = (debug.late_save_at_step > 0).then(|| gate::LateSave::new(debug.late_save_at_step, run_dir, run.rank));
         if self.rank != 0 {
             // Other ranks only write their parts; rank 0 owns the directory.
             return Ok(());

@@ -54,6 +54,7 @@ pub(in crate::trainer) fn run_data(
         debug: DebugFaults {
             pause_save_at_step: config.debug.pause_save_at_step,
             pause_save_after_files: config.debug.pause_save_after_files.max(1),
+            late_save_at_step: config.debug.late_save_at_step,
         },
     }
 }
