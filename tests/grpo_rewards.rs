@@ -36,13 +36,7 @@ fn run(d: &Path, run_dir: &Path, steps: u32, rewards: &str) -> std::process::Com
     let mut cmd = ptrain();
     cmd.args(["run", "--quiet", "--device", "cpu", "--plugins", "jsonl", "--run-dir"]).arg(run_dir);
     let sets = [
-        "run.threads=1".to_string(),
-        "model.kind=llama".into(),
-        format!("model.init_from={}", s(&d.join("policy"))),
-        "data.kind=prompts".into(),
-        format!("data.path={}", s(&d.join("prompts.jsonl"))),
-        "data.val_fraction=0".into(),
-        "data.batch_size=12".into(),
+        "data.batch_size=12".to_string(),
         "grpo.num_generations=2".into(),
         "grpo.max_completion_length=8".into(),
         "grpo.log_completions_every=1".into(),
@@ -50,7 +44,7 @@ fn run(d: &Path, run_dir: &Path, steps: u32, rewards: &str) -> std::process::Com
         format!("train.steps={steps}"),
         format!("grpo.rewards={rewards}"),
     ];
-    for set in sets {
+    for set in grpo::sampling_on(d).into_iter().chain(sets) {
         cmd.args(["--set", &set]);
     }
     cmd

@@ -29,13 +29,7 @@ fn args(d: &Path, extra: &[&str]) -> Vec<String> {
 fn args_with_plugins(d: &Path, plugins: &str, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = ["--device", "cpu", "--plugins", plugins].map(String::from).into();
     let sets = [
-        "run.threads=1".to_string(),
-        "model.kind=llama".into(),
-        format!("model.init_from={}", s(&d.join("policy"))),
-        "data.kind=prompts".into(),
-        format!("data.path={}", s(&d.join("prompts.jsonl"))),
-        "data.val_fraction=0".into(),
-        "optim.schedule=constant".into(),
+        "optim.schedule=constant".to_string(),
         "optim.warmup_steps=0".into(),
         "optim.weight_decay=0.0".into(),
         "optim.lr=0.01".into(),
@@ -46,7 +40,7 @@ fn args_with_plugins(d: &Path, plugins: &str, extra: &[&str]) -> Vec<String> {
         "grpo.rewards=[{name = \"len\", kind = \"length\", target = 4}, {name = \"a_to_m\", kind = \"regex\", pattern = '^\\s*[a-m]', weight = 0.5}]"
             .into(),
     ];
-    for set in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
+    for set in grpo::sampling_on(d).iter().chain(&sets).map(String::as_str).chain(extra.iter().copied()) {
         a.extend(["--set".to_string(), set.to_string()]);
     }
     a

@@ -16,21 +16,29 @@ pub fn prompts_fixture(dir: &Path) -> PathBuf {
 pub fn prompts_run(d: &Path, plugins: &str, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = ["--device", "cpu", "--plugins", plugins].map(String::from).into();
     let sets = [
-        "run.threads=1".to_string(),
-        "model.kind=llama".into(),
-        format!("model.init_from={}", s(&d.join("policy"))),
-        "data.kind=prompts".into(),
-        format!("data.path={}", s(&d.join("prompts.jsonl"))),
-        "data.val_fraction=0".into(),
-        "data.batch_size=8".into(),
+        "data.batch_size=8".to_string(),
         "train.steps=2".into(),
         "grpo.num_generations=4".into(),
         "grpo.max_completion_length=6".into(),
         "grpo.log_completions_every=1".into(),
         "grpo.rewards=[{name = \"len\", kind = \"length\", target = 4}]".into(),
     ];
-    for set in sets.iter().map(String::as_str).chain(extra.iter().copied()) {
+    let base = sampling_on(d);
+    for set in base.iter().chain(&sets).map(String::as_str).chain(extra.iter().copied()) {
         a.extend(["--set".to_string(), set.to_string()]);
     }
     a
+}
+
+/// The settings every sampled GRPO test run starts from: one thread, the fixture's
+/// policy in `d` and its prompts, no held-out split.
+pub fn sampling_on(d: &Path) -> [String; 6] {
+    [
+        "run.threads=1".to_string(),
+        "model.kind=llama".into(),
+        format!("model.init_from={}", s(&d.join("policy"))),
+        "data.kind=prompts".into(),
+        format!("data.path={}", s(&d.join("prompts.jsonl"))),
+        "data.val_fraction=0".into(),
+    ]
 }
