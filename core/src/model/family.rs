@@ -45,6 +45,15 @@ pub struct FamilySpec {
     pub hf: Option<HfSpec>,
 }
 
+impl FamilySpec {
+    /// A family of another kind than a decoder (`mlp`, `torchscript`): no blocks, no
+    /// key/value cache, no Hugging Face counterpart, nothing LoRA adapts, every shape
+    /// buildable.
+    pub const fn without_blocks(kind: ModelKind, build: BuildOther) -> FamilySpec {
+        FamilySpec { kind, build: Build::Other(build), kv_cache: false, lora_modules: &[], lora_parameters: &[], check: |_| None, hf: None }
+    }
+}
+
 /// How a family's model is built.
 pub enum Build {
     /// A decoder-only language model of repeated blocks (`super::decoder::Decoder`):

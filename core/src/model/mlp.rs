@@ -2,27 +2,15 @@
 
 use tch::nn;
 
-use super::{
-    family::{Build, FamilySpec},
-    Layer, Model, ModelInput, ModelOutput, Task,
-};
+use super::{family::FamilySpec, Layer, Model, ModelInput, ModelOutput, Task};
 use crate::{
     config::{Config, ModelKind},
     data::Dataset,
     error::{ConfigError, Error, Result},
 };
 
-/// The `mlp` kind, registered in `model::family`: no blocks, no key/value cache, no
-/// Hugging Face counterpart, nothing LoRA adapts.
-pub const SPEC: FamilySpec = FamilySpec {
-    kind: ModelKind::Mlp,
-    build: Build::Other(build),
-    kv_cache: false,
-    lora_modules: &[],
-    lora_parameters: &[],
-    check: |_| None,
-    hf: None,
-};
+/// The `mlp` kind, registered in `model::family`.
+pub const SPEC: FamilySpec = FamilySpec::without_blocks(ModelKind::Mlp, build);
 
 /// The configured classifier, its widths taken from the data where unset.
 fn build(config: &Config, vs: &nn::Path, dataset: &dyn Dataset) -> Result<Box<dyn Model>> {

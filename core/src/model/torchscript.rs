@@ -11,27 +11,15 @@ use std::path::Path;
 
 use tch::{nn, TrainableCModule};
 
-use super::{
-    family::{Build, FamilySpec},
-    Model, ModelInput, ModelOutput, Task,
-};
+use super::{family::FamilySpec, Model, ModelInput, ModelOutput, Task};
 use crate::{
     config::{Config, ModelKind, TaskKind},
     data::Dataset,
     error::{Error, Result},
 };
 
-/// The `torchscript` kind, registered in `model::family`: no blocks, no key/value
-/// cache, no Hugging Face counterpart, nothing LoRA adapts.
-pub const SPEC: FamilySpec = FamilySpec {
-    kind: ModelKind::Torchscript,
-    build: Build::Other(build),
-    kv_cache: false,
-    lora_modules: &[],
-    lora_parameters: &[],
-    check: |_| None,
-    hf: None,
-};
+/// The `torchscript` kind, registered in `model::family`.
+pub const SPEC: FamilySpec = FamilySpec::without_blocks(ModelKind::Torchscript, build);
 
 /// `model.torchscript.path`, trained for its task.
 fn build(config: &Config, vs: &nn::Path, _dataset: &dyn Dataset) -> Result<Box<dyn Model>> {

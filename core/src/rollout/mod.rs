@@ -1,10 +1,11 @@
 //! On-line RL's rollout stage (`data.kind = "prompts"`), before the step's core: the
 //! step's micro-batches of prompts ([`crate::data::prompts`]) are sampled with the
 //! policy on the key/value cache ([`sampler`], [`processors`]), scored by the rewards
-//! ([`reward`]: each micro-batch handed to the reward commands as soon as it is
-//! sampled, their answers collected once the step's last is) and collated into scored rollouts, the advantages in their payload,
-//! as [`crate::data::rollouts`] collates rollouts read from a file: the core and the
-//! objective ([`crate::objective::Grpo`]) see no difference.
+//! ([`reward`]: each micro-batch handed to the reward commands and plugins as soon as
+//! it is sampled, their answers collected once the step's last is) and collated into
+//! scored rollouts, the advantages in their payload, as [`crate::data::rollouts`]
+//! collates rollouts read from a file: the core and the objective
+//! ([`crate::objective::Grpo`]) see no difference.
 //!
 //! A generation's `grpo.num_iterations` steps train on the completions sampled on its
 //! first (kept here by slot); GRPO keeps their old log-probabilities. The sampler's

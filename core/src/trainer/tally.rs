@@ -100,8 +100,6 @@ impl Tally {
         std::mem::take(&mut self.metric_sums)
     }
 
-    /// Counts one finished optimizer step over `world` ranks: its (detached) loss
-    /// and the objective's metrics, scaled as the loss.
     /// Counts a step that spent `sampling_s` of its `step_s` in the rollout stage;
     /// returns the rest, its learning seconds, as a step metric (a host scalar).
     pub fn count_rollout(&mut self, sampling_s: f64, step_s: f64) -> Tensor {
@@ -111,6 +109,8 @@ impl Tally {
         Tensor::from(learning_s)
     }
 
+    /// Counts one finished optimizer step over `world` ranks: its (detached) loss
+    /// and the objective's metrics, scaled as the loss.
     pub fn count_step(&mut self, world: u64, phases: &PhaseTimes, hooks_s: f64, loss: Tensor, metrics: Metrics) {
         self.phases_total = self.phases_total.plus(phases);
         self.hooks_total_s += hooks_s;

@@ -109,8 +109,8 @@ impl Rewards {
     }
 
     /// Hands `batch` to the functions that score on their own.
-    pub fn submit(&self, batch: &Arc<ScoreBatch>) {
-        for function in &self.functions {
+    pub fn submit(&mut self, batch: &Arc<ScoreBatch>) {
+        for function in &mut self.functions {
             match function {
                 Function::Command(command) => command.submit(batch),
                 Function::Plugin(plugin) => plugin.submit(batch),

@@ -13,10 +13,7 @@
 
 use std::{
     collections::VecDeque,
-    sync::{
-        mpsc::{Receiver, RecvTimeoutError},
-        Mutex,
-    },
+    sync::mpsc::{Receiver, RecvTimeoutError},
     time::{Duration, Instant},
 };
 
@@ -35,7 +32,7 @@ pub struct PluginReward {
     client: RewardClient,
     timeout: Duration,
     /// The answers of the batches submitted and not collected yet, oldest first.
-    pending: Mutex<VecDeque<Receiver<Scores>>>,
+    pending: VecDeque<Receiver<Scores>>,
 }
 
 /// Refuses, before any record of the run is written, a `kind = "plugin"` reward whose
@@ -58,11 +55,11 @@ impl PluginReward {
             Error::from(ConfigError { origin: "configuration".into(), key: "grpo.rewards.plugin".into(), message: format!("{:?}: {why}", spec.name) })
         })?;
         let timeout = Duration::from_secs_f64(timeout_s);
-        Ok(PluginReward { name: spec.name.clone(), plugin, client, timeout, pending: Mutex::new(VecDeque::new()) })
+        Ok(PluginReward { name: spec.name.clone(), plugin, client, timeout, pending: VecDeque::new() })
     }
 
     /// Queues `batch` to the plugin's worker thread.
-    pub fn submit(&self, batch: &ScoreBatch) {
+    pub fn submit(&mut self, batch: &ScoreBatch) {
         let owned = OwnedRewardBatch {
             step: batch.step,
             prompts: batch.prompts.iter().map(|p| p.to_string()).collect(),
@@ -71,13 +68,13 @@ impl PluginReward {
             columns_json: serde_json::Value::Object(batch.columns.clone()).to_string(),
         };
         let answer = self.client.submit(owned);
-        self.pending.lock().expect("pending rewards lock").push_back(answer);
+        self.pending.push_back(answer);
     }
 
     /// The scores of the oldest batch submitted (`expected` completions), waited for at
     /// most `timeout_s`.
     pub fn collect(&mut self, expected: usize) -> Result<Vec<f64>> {
-        let Some(answer) = self.pending.get_mut().expect("pending rewards lock").pop_front() else {
+        let Some(answer) = self.pending.pop_front() else {
             return Err(self.failed("no batch was submitted".into()));
         };
         let started = Instant::now();
