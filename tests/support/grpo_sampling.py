@@ -30,6 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chat  # noqa: E402
+import hf  # noqa: E402
 
 
 def out(obj):
@@ -73,11 +74,7 @@ def make_gemma2(policy, tok):
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    # Fresh norms are 0 (they scale by 1 + weight): perturb everything, the sub-layers'
-    # output norms most, so that the blocks, not the tied embedding, choose the tokens.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * 0.2 + (4.0 if ".post_" in name else 0.0))
+    hf.perturb_gemma(model)
     model.save_pretrained(policy)
 
 

@@ -190,13 +190,7 @@ def make_gemma(kind, d, tokenizer=None, *flags):
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    # Fresh norms are 0 (they scale by 1 + weight): perturb everything, and enough that
-    # the soft caps, the window and the scales each change the logits; the sub-layers'
-    # output norms 5x, so that the blocks, not the copied token embedding (the head is
-    # tied), decide what greedy generation continues with.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * 0.2 + (4.0 if ".post_" in name else 0.0))
+    perturb_gemma(model)
     model.save_pretrained(d)
     if "--4x" in flags:
         with open(f"{d}/config.json") as f:
@@ -213,6 +207,18 @@ def make_gemma(kind, d, tokenizer=None, *flags):
         with open(f"{d}/config.json", "w") as f:
             json.dump(c, f)
     save_tokenizer(d, tokenizer)
+
+
+def perturb_gemma(model):
+    """Fresh Gemma norms are 0 (they scale by 1 + weight): perturbs every weight, and
+    enough that the soft caps, the window and the scales each change the logits; the
+    sub-layers' output norms 5x, so that the blocks, not the copied token embedding (the
+    head is tied), decide what greedy generation continues with."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * 0.2 + (4.0 if ".post_" in name else 0.0))
 
 
 def gemma_features(model, probe):
