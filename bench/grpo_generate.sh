@@ -4,8 +4,9 @@
 # for each text prompt of about PROMPT tokens, scored by TRL's quickstart length reward (ptrain's
 # `kind = "length"`), then learning on them: the same random Qwen2 (LAYERS x WIDTH, a 300-token BPE
 # vocabulary, so completions rarely end before COMPLETION), batches of BATCH completions, dapo, beta = 0,
-# temperature 1, fp32, THREADS threads each. Prints a Markdown table for BENCHMARKS.md: steps/s (the
-# first step left out on both sides), the share of the timed steps spent sampling, peak RSS.
+# temperature 1, fp32, THREADS threads each; ptrain once with a row per completion and once with
+# `data.packing = true` (each group one sequence). Prints a Markdown table for BENCHMARKS.md: steps/s
+# (the first step left out on both sides), the share of the timed steps spent sampling, peak RSS.
 #
 #   bench/grpo_generate.sh              # 4 layers x 512, prompts ~32 tokens, completions <= 64, batch 16 (2 groups of 8), 5 steps
 #   bench/grpo_generate.sh --tiny       # a dry run: 1 layer x 64, completions <= 8, 2 steps
@@ -63,18 +64,23 @@ echo "Qwen2 $layers layers x $width wide; text prompts of ~$prompt tokens, compl
 echo
 echo "| side | steps/s | sampling share | peak RSS MiB |"
 echo "| --- | --- | --- | --- |"
-rm -rf "$out/run"
-"$root/target/release/ptrain" run --quiet --device cpu --config "$out/grpo.toml" --steps $((steps + 1)) --run-dir "$out/run" \
-  --plugins jsonl --set plugins.jsonl.every=1 >&2
-# Steps 2.. from the per-step rows: their step times and the rollout stage's share of them.
-"$py" - "$out/run" <<'PY'
+# ptrain twice: each completion its own row (as TRL), then each group one sequence
+# (`data.packing = true`: the prompt run once per group in the learning step).
+for packing in false true; do
+  rm -rf "$out/run"
+  "$root/target/release/ptrain" run --quiet --device cpu --config "$out/grpo.toml" --steps $((steps + 1)) --run-dir "$out/run" \
+    --plugins jsonl --set plugins.jsonl.every=1 --set data.packing=$packing >&2
+  # Steps 2.. from the per-step rows: their step times and the rollout stage's share of them.
+  "$py" - "$out/run" "$packing" <<'PY'
 import json, sys
-run = sys.argv[1]
+run, packing = sys.argv[1], sys.argv[2] == "true"
 rows = [r for r in map(json.loads, open(f"{run}/metrics.jsonl")) if r["step"] >= 2 and "time/step_s" in r]
 step_s = sum(r["time/step_s"] for r in rows)
 sampling_s = sum(r["train/timing/sampling_s"] for r in rows)
 peak = json.load(open(f"{run}/summary.json"))["peak_memory_bytes"] / 2**20
-print("| ptrain | %.3f | %.2f | %.0f |" % (len(rows) / step_s, sampling_s / step_s, peak))
+name = "ptrain, data.packing" if packing else "ptrain"
+print("| %s | %.3f | %.2f | %.0f |" % (name, len(rows) / step_s, sampling_s / step_s, peak))
 PY
+done
 theirs=$(TRL_EXPERIMENTAL_SILENCE=1 "$py" bench/grpo.py trl-generate "$d" "$steps" "$batch" "$g" "$threads" "$completion" "$target" 2>/dev/null | tail -n 1)
 "$py" -c "import json; t=json.loads('$theirs'); print('| TRL GRPOTrainer | %.3f | %.2f | %.0f |' % (t['steps_per_s'], t['sampling_share'], t['peak_rss_mib']))"

@@ -111,7 +111,7 @@ impl Config {
         let data = &self.data;
         if !data.kind.is_instruction() {
             let set = [
-                ("data.packing", data.packing),
+                ("data.packing", data.packing && !data.kind.is_grpo()),
                 ("data.train_on", data.train_on != TrainOn::Auto),
                 ("data.format", data.format != DataFormat::Auto),
                 ("data.columns", data.columns != ColumnMap::default()),

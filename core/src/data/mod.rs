@@ -91,7 +91,12 @@ impl Payload {
     fn map(self, f: impl Fn(Tensor) -> Tensor) -> Payload {
         match self {
             Payload::Pairs(ids) => Payload::Pairs(f(ids)),
-            Payload::Rollouts(r) => Payload::Rollouts(rollouts::Rollouts { advantages: f(r.advantages), stats: f(r.stats), ..r }),
+            Payload::Rollouts(r) => Payload::Rollouts(rollouts::Rollouts {
+                advantages: f(r.advantages),
+                stats: f(r.stats),
+                packed: r.packed.map(|p| rollouts::PackedRows { index: f(p.index), targets: f(p.targets) }),
+                ..r
+            }),
             other => other,
         }
     }

@@ -209,7 +209,9 @@ impl<F: Family> Decoder<F> {
         if segments.is_some() && cache.is_some() {
             return Err(Error::Other("a forward after a key/value cache takes no segments".into()));
         }
-        if start + t > self.family.context() {
+        // Packed rows carry their positions (each row's from its own start, checked by the
+        // data against data.max_seq_len): only a plain sequence's length is its positions.
+        if segments.is_none() && start + t > self.family.context() {
             let context = self.family.context();
             return Err(Error::Other(format!("{} positions exceed the model's context of {context} (model.block_size)", start + t)));
         }

@@ -2,7 +2,8 @@
 //! completion` from position 0, right-padded, its completion tokens the targets (none
 //! when `grpo.mask_truncated_completions` and it did not end with EOS), and in the
 //! payload ([`Rollouts`]) each completion's advantage and the batch's statistics.
-//! Rollouts read from a file and completions sampled in the run are collated alike.
+//! Rollouts read from a file and completions sampled in the run are collated alike;
+//! with `data.packing`, each group is one sequence instead ([`super::pack`]).
 
 use std::path::Path;
 
@@ -34,6 +35,8 @@ pub struct Scoring {
     pub scale: ScaleRewards,
     pub mask_truncated: bool,
     pub eos: u32,
+    /// `data.packing`: each group one sequence, its prompt once ([`super::pack`]).
+    pub packed: bool,
 }
 
 impl Scoring {
@@ -50,6 +53,7 @@ impl Scoring {
             scale: grpo.scale_rewards,
             mask_truncated: grpo.mask_truncated_completions,
             eos,
+            packed: config.data.packing,
         }
     }
 }
@@ -67,15 +71,16 @@ pub fn eos_id(encoder: &Encoder, path: &Path) -> Result<u32> {
 /// generation, on its `iteration`.
 pub fn collate(groups: &[&Group], scoring: &Scoring, slot: u64, iteration: u64) -> Result<Batch> {
     let rows: Vec<(&[u32], &[u32])> = groups.iter().flat_map(|g| g.completions.iter().map(move |c| (&g.prompt[..], &c[..]))).collect();
-    let t = rows.iter().map(|(p, c)| p.len() + c.len() - 1).max().unwrap_or(1).max(1);
-    let mut grid = Grid::new(rows.len(), t);
-    let mut trained = 0;
-    for (r, (prompt, completion)) in rows.iter().enumerate() {
-        let train = !(scoring.mask_truncated && completion.last() != Some(&scoring.eos));
-        let id = |p: usize| if p < prompt.len() { prompt[p] } else { completion[p - prompt.len()] };
-        let (_, n) = grid.write_row(r * t, prompt.len() + completion.len(), id, |p| train && p >= prompt.len(), Place { position: 0, row: 0 });
-        trained += n;
-    }
+    let (grid, segments, packed, trained) = match scoring.packed {
+        true => {
+            let p = super::pack::pack(groups, scoring)?;
+            (p.grid, Some(p.segments), Some(p.rows), p.trained)
+        }
+        false => {
+            let (grid, trained) = separate(&rows, scoring);
+            (grid, None, None, trained)
+        }
+    };
     let rewards: Vec<Vec<f64>> = (0..scoring.weights.len()).map(|f| groups.iter().flat_map(|g| g.rewards[f].iter().copied()).collect()).collect();
     let scored = advantages::score(&rewards, &scoring.weights, scoring.generations, scoring.scale);
     let lengths: Vec<f64> = rows.iter().map(|(_, c)| c.len() as f64).collect();
@@ -99,6 +104,22 @@ pub fn collate(groups: &[&Group], scoring: &Scoring, slot: u64, iteration: u64) 
         slot,
         iteration,
         trained,
+        packed,
     });
-    grid.batch(rows.len(), None, None, payload)
+    grid.batch(rows.len(), segments, None, payload)
+}
+
+/// Each completion a row `prompt + completion` from position 0, right-padded; the
+/// targets trained.
+fn separate(rows: &[(&[u32], &[u32])], scoring: &Scoring) -> (Grid, i64) {
+    let t = rows.iter().map(|(p, c)| p.len() + c.len() - 1).max().unwrap_or(1).max(1);
+    let mut grid = Grid::new(rows.len(), t);
+    let mut trained = 0;
+    for (r, (prompt, completion)) in rows.iter().enumerate() {
+        let train = !(scoring.mask_truncated && completion.last() != Some(&scoring.eos));
+        let id = |p: usize| if p < prompt.len() { prompt[p] } else { completion[p - prompt.len()] };
+        let (_, n) = grid.write_row(r * t, prompt.len() + completion.len(), id, |p| train && p >= prompt.len(), Place { position: 0, row: 0 });
+        trained += n;
+    }
+    (grid, trained)
 }

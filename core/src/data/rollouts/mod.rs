@@ -13,6 +13,7 @@
 
 pub mod advantages;
 pub mod collate;
+mod pack;
 pub mod rows;
 
 use std::path::Path;
@@ -46,6 +47,19 @@ pub struct Rollouts {
     pub iteration: u64,
     /// Completion tokens in the loss.
     pub trained: i64,
+    /// `data.packing`: where each completion's tokens are in its group's sequence.
+    pub packed: Option<PackedRows>,
+}
+
+/// One row per completion over a packed batch ([`pack`]): `[B, L]` (`L` the longest
+/// completion), completion `r`'s `j`-th token at `[r, j]`.
+#[derive(Debug)]
+pub struct PackedRows {
+    /// int64: the token's cell in the batch's flattened `[groups x T]` grid, whose
+    /// output predicts it (0 past the completion's end).
+    pub index: Tensor,
+    /// int64: the token where it is trained, else [`crate::objective::IGNORE_INDEX`].
+    pub targets: Tensor,
 }
 
 /// The statistics' names (TRL's), in the order of [`Rollouts::stats`].

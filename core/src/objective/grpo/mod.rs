@@ -12,16 +12,24 @@
 //! loss's gradient ([`chunked::summed`]), as DPO does: no `[tokens, vocab]` logits
 //! exist. The temperature divides the hidden states there (`(h / t) W^T`), which a
 //! soft-capped head cannot take: that combination is refused.
+//!
+//! With `data.packing`, each group is one sequence (its prompt run once,
+//! [`crate::data::rollouts`]); the per-token values are read back as one row per
+//! completion ([`rows`]) before the loss, which is the same either way.
 
 mod loss;
+mod rows;
 mod tokens;
 
 use std::{collections::HashMap, sync::Mutex};
 
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
-use self::loss::{Inputs, Settings};
-use super::{chunked, logps::Output, Count, Forward, Metrics, Objective, Reference, Sum, IGNORE_INDEX};
+use self::{
+    loss::{Inputs, Settings},
+    rows::Rows,
+};
+use super::{chunked, logps::Output, Count, Forward, Metrics, Objective, Reference, Sum};
 use crate::{
     config::{Config, GrpoLoss},
     data::{
@@ -132,18 +140,18 @@ impl Grpo {
         Ok(kept.unwrap_or(current))
     }
 
-    fn reference_logps(&self, model: &mut dyn Forward, batch: &Batch) -> Result<Option<Tensor>> {
+    fn reference_logps(&self, model: &mut dyn Forward, batch: &Batch, rows: &Rows) -> Result<Option<Tensor>> {
         let Some(reference) = &self.reference else { return Ok(None) };
         let mut reference = reference.lock().map_err(|_| Error::Other("the GRPO reference model's lock is poisoned".into()))?;
         let (chunk, temperature) = (self.chunk, self.temperature);
-        reference.run(model, |m| Ok(Some(tokens::values(&Output::of(m, batch, false, chunk)?, batch, temperature)?.logps)))
+        reference.run(model, |m| Ok(Some(rows.gather(&tokens::values(&Output::of(m, batch, false, chunk)?, batch, temperature)?.logps)?)))
     }
 
-    /// The loss and metrics from the policy's token log-probabilities `logps`.
+    /// The loss and metrics from the policy's token log-probabilities `logps`, a row per completion.
     fn loss_of(&self, logps: &Tensor, values: &TokensRest, batch: &Batch, train: bool) -> Result<(Tensor, Metrics)> {
         let r = Self::rollouts(batch)?;
         let old = self.old_logps(logps, r, train)?;
-        let mask = batch.targets.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Float)?;
+        let mask = Rows::of(batch, r.packed.as_ref()).mask()?;
         let inputs =
             Inputs { logps, old: &old, reference: values.reference.as_ref(), entropy: &values.entropy, advantages: &r.advantages, mask: &mask };
         let weight = self.weight(batch, r);
@@ -171,14 +179,16 @@ impl Objective for Grpo {
     }
 
     fn sum(&self, model: &mut dyn Forward, batch: &Batch, train: bool) -> Result<Sum> {
+        let rows = Rows::of(batch, Self::rollouts(batch)?.packed.as_ref());
         // The reference first: its logits are freed before the policy's graph is built.
-        let reference = self.reference_logps(model, batch)?;
+        let reference = self.reference_logps(model, batch, &rows)?;
         let output = Output::of(model, batch, train, self.chunk)?;
         let values = tokens::values(&output, batch, self.temperature)?;
-        let rest = TokensRest { entropy: values.entropy, reference };
+        let (logps, entropy) = (rows.gather(&values.logps)?, rows.gather(&values.entropy)?);
+        let rest = TokensRest { entropy, reference };
         match output {
             Output::Logits(logits) => {
-                let (loss, metrics) = self.loss_of(&values.logps, &rest, batch, train)?;
+                let (loss, metrics) = self.loss_of(&logps, &rest, batch, train)?;
                 Ok(Sum { loss, metrics, logits: Some(logits) })
             }
             Output::Hidden { states, head, chunk } if states.requires_grad() => {
@@ -187,18 +197,19 @@ impl Objective for Grpo {
                         "grpo.temperature with train.loss_chunk on a model that soft-caps its logits: set train.loss_chunk = 0".into(),
                     ));
                 }
-                let leaf = values.logps.f_detach()?.f_set_requires_grad(true)?;
+                let leaf = logps.f_detach()?.f_set_requires_grad(true)?;
                 let (loss, metrics) = self.loss_of(&leaf, &rest, batch, train)?;
                 let mut grads = Tensor::f_run_backward(&[&loss], &[&leaf], false, false)?;
                 let grad = grads.pop().ok_or_else(|| Error::Other("GRPO: no gradient for the log-probabilities".into()))?;
                 // d loss / d logp(token) = grad; the cross-entropy is -logp of (h / t) W^T.
+                let grad = rows.scatter(&grad, &batch.targets)?;
                 let scaled = states.f_div_scalar(self.temperature)?;
                 let surrogate = chunked::summed(&scaled, &head, &batch.targets, Some(&grad.f_neg()?), chunk)?;
                 let loss = loss.f_detach()?.f_add(&surrogate.f_sub(&surrogate.f_detach()?)?)?;
                 Ok(Sum { loss, metrics, logits: None })
             }
             Output::Hidden { .. } => {
-                let (loss, metrics) = self.loss_of(&values.logps, &rest, batch, train)?;
+                let (loss, metrics) = self.loss_of(&logps, &rest, batch, train)?;
                 Ok(Sum { loss, metrics, logits: None })
             }
         }
