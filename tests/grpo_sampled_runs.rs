@@ -137,14 +137,17 @@ fn zero_1_2_and_3_sample_and_learn_as_the_unsharded_ranks_do() {
         (|r: &Path| completions(r).iter().map(|c| c["completion_ids"].clone()).collect::<Vec<_>>(), |r: &Path| metric(r, "train/loss"));
     // ZeRO-3 holds the whole model for the rollout stage: no rank's sampler waits on
     // another's gathers, whatever their completions' lengths.
-    for mode in ["optimizer", "gradients", "parameters"] {
+    // The last: each group one sequence (data.packing), its blocks gathered once per forward.
+    for (mode, packing) in [("optimizer", false), ("gradients", false), ("parameters", false), ("parameters", true)] {
         let shard = format!("dist.shard={mode}");
-        let run_dir = run_on_two_ranks(&d, mode, &[&sets[..], &[shard.as_str()]].concat());
+        let packed = format!("data.packing={packing}");
+        let name = format!("{mode}{}", if packing { "-packed" } else { "" });
+        let run_dir = run_on_two_ranks(&d, &name, &[&sets[..], &[shard.as_str(), packed.as_str()]].concat());
         assert_eq!(summary(&run_dir)["shard"], mode);
-        assert_eq!(ids(&run_dir), ids(&none), "{mode}: the same completions at every step (the same weights sample them)");
+        assert_eq!(ids(&run_dir), ids(&none), "{name}: the same completions at every step (the same weights sample them)");
         let (a, b) = (losses(&run_dir), losses(&none));
         assert_eq!(a.len(), 3);
-        assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1e-3)), "{mode}: {a:?} vs unsharded {b:?}");
+        assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1e-3)), "{name}: {a:?} vs unsharded {b:?}");
     }
 }
 

@@ -29,7 +29,9 @@ pub struct DataConfig {
     /// `chat` / `prompt_completion`: what happens to a row longer than the sequence.
     pub overflow: Overflow,
     /// `chat` / `prompt_completion`: rows concatenated into full sequences, each
-    /// attending only to itself, instead of one padded row per sequence.
+    /// attending only to itself, instead of one padded row per sequence. Preference
+    /// pairs: a pair one sequence, its prompt once. GRPO (`rollouts`, `prompts`): a
+    /// group one sequence, its prompt once.
     pub packing: bool,
     /// `chat` / `prompt_completion`: how the files are read (detected by default).
     pub format: DataFormat,
