@@ -12,7 +12,11 @@ TRL's quickstart length reward; steps/s with the first step left out, the share 
 steps spent in `generate`, peak RSS.
 
   grpo.py make-prompts DIR LAYERS WIDTH PROMPT ROWS
-  grpo.py trl-generate DIR STEPS BATCH G THREADS COMPLETION TARGET
+  grpo.py trl-generate DIR STEPS BATCH G THREADS COMPLETION TARGET [DEVICE]
+
+DEVICE cuda: TRL on the GPU under bf16 autocast (GRPOConfig(bf16=True), the weights in float32, as
+ptrain's train.precision = "bf16"), each step's end timed after a device synchronisation, and the
+peak memory the device's peak allocation.
 """
 import json
 import os
@@ -49,7 +53,7 @@ def make_prompts(d, layers, width, prompt, rows):
             f.write(json.dumps({"prompt": text.strip()}) + "\n")
 
 
-def trl_generate(d, steps, batch, g, threads, completion, target):
+def trl_generate(d, steps, batch, g, threads, completion, target, device="cpu"):
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -63,12 +67,16 @@ def trl_generate(d, steps, batch, g, threads, completion, target):
 
     times, generating = [], []
 
+    cuda = device == "cuda"
+
     class Clock(TrainerCallback):
         def on_step_end(self, *a, **kw):
+            if cuda:
+                torch.cuda.synchronize()
             times.append(time.perf_counter())
 
     args = GRPOConfig(output_dir=os.path.join(d, "trl-out"), per_device_train_batch_size=int(batch), num_generations=int(g),
-                      max_completion_length=int(completion), max_steps=int(steps) + 1, use_cpu=True, bf16=False, report_to=[],
+                      max_completion_length=int(completion), max_steps=int(steps) + 1, use_cpu=not cuda, bf16=cuda, report_to=[],
                       logging_steps=1000, save_strategy="no", learning_rate=1e-6, lr_scheduler_type="constant", beta=0.0,
                       model_init_kwargs={"dtype": torch.float32}, dataloader_num_workers=0, seed=1)
     t = GRPOTrainer(model=os.path.join(d, "model"), reward_funcs=[reward_len], args=args, callbacks=[Clock()],
@@ -85,8 +93,8 @@ def trl_generate(d, steps, batch, g, threads, completion, target):
     t.train()
     timed = times[-1] - times[0]
     sampling = sum(b - a for a, b in generating if a >= times[0])
-    print(json.dumps({"steps_per_s": (len(times) - 1) / timed, "sampling_share": sampling / timed,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"steps_per_s": (len(times) - 1) / timed, "sampling_share": sampling / timed, "peak_rss_mib": peak}))
 
 
 def trl(d, steps, batch, g, threads, beta="0.0"):

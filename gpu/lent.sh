@@ -18,7 +18,10 @@
 # with the checkpoint plugin, each with perf's per-phase times), trace (a Kineto trace of
 # GPT-small's steps 10-12), diag (whether libtorch_cuda loads by dlopen alone), trl (TRL's
 # SFTTrainer on the qwen05b step's model and tokens, without and with Liger-Kernel: gpu/trl_sft.py;
-# the image lacks TRL and Liger, so carry their wheels in the bundle first: gpu/wheels.sh bundle/wheels).
+# the image lacks TRL and Liger, so carry their wheels in the bundle first: gpu/wheels.sh bundle/wheels),
+# grpo (GRPO with generation, ptrain as rows and packed against TRL's GRPOTrainer with `generate`, bf16:
+# bench/grpo_generate.sh --device cuda on a 24 x 1024 Qwen2, 64 completions of <= 256 tokens a step;
+# needs the TRL wheels too).
 set -uo pipefail
 smoke=0
 [ "${1:-}" = --smoke ] && { smoke=1; shift; }
@@ -36,7 +39,7 @@ export PYTHONUNBUFFERED=1
 torch_lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 2
 export LD_LIBRARY_PATH="$torch_lib" PTRAIN_TORCH_LIB="$torch_lib" PTRAIN_PLUGIN_PATH="$bin"
 dev=cuda; [ $smoke = 1 ] && dev=cpu
-steps_wanted=",${LENT_STEPS:-check,validate,sdpa,qwen05b,trl,bench,phases},"
+steps_wanted=",${LENT_STEPS:-check,validate,sdpa,qwen05b,grpo,trl,bench,phases},"
 # Wheels carried with the bundle (gpu/wheels.sh): installed apart, for the trl step.
 if ls "$here"/wheels/*.whl >/dev/null 2>&1; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lent-site "$here"/wheels/*.whl \
@@ -97,6 +100,14 @@ if want qwen05b; then
   exited "qwen05b's transformers loop" $?
 fi
 
+if want grpo; then
+  log "grpo with generation"
+  shape=(--device cuda --layers 24 --width 1024 --prompt 64 --completion 256 --batch 64 --steps 5)
+  [ $smoke = 1 ] && shape=(--tiny)
+  PTRAIN_BIN_DIR="$bin" PTRAIN_PYTHON="$py" timeout "$(cap 240)" "$here/bench/grpo_generate.sh" "${shape[@]}" >"$o/grpo.md" 2>"$o/grpo.err"
+  exited grpo $?
+fi
+
 tv=(plain); [ $smoke = 0 ] && tv=(plain liger)
 want trl && log "trl sft"
 for variant in "${tv[@]}"; do
@@ -139,6 +150,7 @@ log "done"
   for f in "$o/check/summary.txt" "$o/cuda/summary.txt"; do [ -f "$f" ] && { cat "$f"; echo; }; done
   [ -f "$o/cuda/summary.txt" ] || { [ -f "$o/cuda/work/rows.tsv" ] && { echo "validate cut short; rows so far:"; cat "$o/cuda/work/rows.tsv"; echo; }; }
   [ -s "$o/sdpa.json" ] && { echo "sdpa:"; cat "$o/sdpa.json"; echo; }
+  [ -s "$o/grpo.md" ] && { echo "grpo with generation (bench/grpo_generate.sh):"; cat "$o/grpo.md"; echo; }
   echo "qwen2-0.5B shape, batch $batch x $seq, $steps steps, bf16 autocast:"
   for v in "${variants[@]}"; do
     "$py" - "$q/ptrain-$v.json" "$v" <<'EOF' 2>/dev/null || echo "ptrain $v: no summary"
