@@ -56,6 +56,12 @@ impl Scoring {
             packed: config.data.packing,
         }
     }
+
+    /// Whether `completion`'s tokens are trained: not when it did not end with EOS
+    /// and `grpo.mask_truncated_completions` says so.
+    pub fn trains(&self, completion: &[u32]) -> bool {
+        !(self.mask_truncated && completion.last() != Some(&self.eos))
+    }
 }
 
 /// The id of the encoder's EOS token, which ends a completion (`path`: the data, named
@@ -116,7 +122,7 @@ fn separate(rows: &[(&[u32], &[u32])], scoring: &Scoring) -> (Grid, i64) {
     let mut grid = Grid::new(rows.len(), t);
     let mut trained = 0;
     for (r, (prompt, completion)) in rows.iter().enumerate() {
-        let train = !(scoring.mask_truncated && completion.last() != Some(&scoring.eos));
+        let train = scoring.trains(completion);
         let id = |p: usize| if p < prompt.len() { prompt[p] } else { completion[p - prompt.len()] };
         let (_, n) = grid.write_row(r * t, prompt.len() + completion.len(), id, |p| train && p >= prompt.len(), Place { position: 0, row: 0 });
         trained += n;

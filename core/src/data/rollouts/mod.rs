@@ -2,7 +2,8 @@
 //! ([`rows`]), read whole at set-up; a micro-batch of `B` completions is `B / G`
 //! groups of `G = grpo.num_generations`, each completion a row `prompt + completion`
 //! from position 0, right-padded, its completion tokens the targets (none when
-//! `grpo.mask_truncated_completions` and it did not end with EOS). What GRPO needs
+//! `grpo.mask_truncated_completions` and it did not end with EOS); with `data.packing`,
+//! each group is one sequence, its prompt once ([`pack`]). What GRPO needs
 //! beyond them is computed here, on the data workers, and travels in the batch's
 //! payload ([`Rollouts`]): each completion's advantage ([`advantages`]) and the
 //! batch's reward and length statistics, TRL's metrics.

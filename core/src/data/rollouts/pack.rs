@@ -57,7 +57,7 @@ pub(super) fn pack(groups: &[&Group], scoring: &Scoring) -> Result<Packed> {
             at += 1;
         }
         for (k, completion) in group.completions.iter().enumerate() {
-            let train = !(scoring.mask_truncated && completion.last() != Some(&scoring.eos));
+            let train = scoring.trains(completion);
             let id = |p: usize| if p == 0 { last } else { completion[p - 1] };
             let place = Place { position: shared.len() as i64, row: FIRST + k as i64 };
             let (end, n) = grid.write_row(at, completion.len() + 1, id, |_| train, place);
