@@ -33,8 +33,13 @@ fn command(args: &[&str]) -> String {
 /// A one-thread GRPO run on the fixture's six prompts (each twice, one micro-batch a
 /// step) for `steps` steps, scored by `rewards` (a TOML array of tables).
 fn run(d: &Path, run_dir: &Path, steps: u32, rewards: &str) -> std::process::Command {
+    run_with(d, run_dir, steps, rewards, "jsonl")
+}
+
+/// [`run`] with `--plugins plugins`.
+fn run_with(d: &Path, run_dir: &Path, steps: u32, rewards: &str, plugins: &str) -> std::process::Command {
     let mut cmd = ptrain();
-    cmd.args(["run", "--quiet", "--device", "cpu", "--plugins", "jsonl", "--run-dir"]).arg(run_dir);
+    cmd.args(["run", "--quiet", "--device", "cpu", "--plugins", plugins, "--run-dir"]).arg(run_dir);
     let sets = [
         "data.batch_size=12".to_string(),
         "grpo.num_generations=2".into(),
@@ -222,10 +227,19 @@ fn a_scaffolded_reward_plugin_scores_as_the_built_in_length_reward() {
         let reward = m["train/reward"].as_f64().unwrap();
         assert!(mean("len") < 0.0 && (reward - 1.5 * mean("len")).abs() < 1e-4, "weights 1 and 0.5: {m}");
     }
-    let summary = summary(&run_dir);
-    let loaded: Vec<&str> = summary["plugins_loaded"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
-    assert!(loaded.contains(&"len-reward"), "the reward loaded its plugin: {summary}");
-    assert_eq!(summary["plugin_failures"], serde_json::json!([]), "{summary}");
+    let first = summary(&run_dir);
+    let loaded: Vec<&str> = first["plugins_loaded"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    assert!(loaded.contains(&"len-reward"), "the reward loaded its plugin: {first}");
+    assert_eq!(first["plugin_failures"], serde_json::json!([]), "{first}");
+
+    // Named by `--plugins` and given by its path in the reward: one library, one plugin.
+    let so = crate_dir.join("target/release/libptrain_plugin_len_reward.so");
+    let by_path = format!("[{{name = \"plugin_len\", kind = \"plugin\", plugin = '{}'}}]", so.display());
+    let both = dir.path().join("by-path");
+    run_expect(run_with(&d, &both, 1, &by_path, "jsonl,len-reward").env("PTRAIN_PLUGIN_PATH", crate_dir.join("target/release")), 0);
+    let loaded = summary(&both)["plugins_loaded"].as_array().unwrap().iter().filter(|p| p["name"] == "len-reward").count();
+    assert_eq!(loaded, 1, "{}", summary(&both));
+    assert_eq!(read_jsonl(&both.join("completions.jsonl")).len(), 12);
 }
 
 /// A reward plugin that returns an error, panics, hangs past `timeout_s` or answers a

@@ -83,14 +83,15 @@ impl GrpoConfig {
 
 impl super::Config {
     /// The plugins the run loads: `run.plugins` (`--plugins`), then each reward plugin
-    /// a `[[grpo.rewards]] kind = "plugin"` names that it does not, as a reward function
-    /// is named once in TRL's `reward_funcs`.
+    /// a `[[grpo.rewards]] kind = "plugin"` names that it does not (by name or by path:
+    /// the same library is one plugin), as a reward function is named once in TRL's
+    /// `reward_funcs`.
     pub fn plugins_to_load(&self) -> Vec<String> {
         let mut plugins = self.run.plugins.clone();
         let sampling = self.data.kind == super::DataKind::Prompts;
         let rewards = self.grpo.rewards.iter().filter(|r| sampling && r.kind == Some(RewardKind::Plugin));
         for name in rewards.filter_map(|r| r.plugin.as_ref()) {
-            if !plugins.contains(name) {
+            if !plugins.iter().any(|p| p == name || crate::host::loader::same_library(p, name)) {
                 plugins.push(name.clone());
             }
         }

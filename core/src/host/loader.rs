@@ -83,6 +83,13 @@ pub fn resolve(request: &str) -> Result<PathBuf, Error> {
     })
 }
 
+/// Whether two requests (names or paths) are the same library file: a plugin named in
+/// one place and given by its path in another is one plugin.
+pub fn same_library(a: &str, b: &str) -> bool {
+    let file = |request: &str| resolve(request).ok().and_then(|path| path.canonicalize().ok());
+    matches!((file(a), file(b)), (Some(x), Some(y)) if x == y)
+}
+
 /// The versions whose plugins a host of version `ours` loads (as abi_stable reads them).
 fn compatible_range(ours: VersionNumber) -> String {
     if ours.major == 0 {
