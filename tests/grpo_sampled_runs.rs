@@ -151,6 +151,50 @@ fn zero_1_2_and_3_sample_and_learn_as_the_unsharded_ranks_do() {
     }
 }
 
+/// The suite's policy and prompts with the policy's EOS made likelier
+/// (tests/support/grpo_early_eos.py): transformers' greedy completions of the 2nd, 4th
+/// and 6th prompts are their EOS alone, the others' run past 16 tokens.
+fn made_with_early_eos(dir: &Path) -> PathBuf {
+    fixture::copy("grpo_early_eos.py", &["make", fixture::OUT, "5", "3.5"], dir)
+}
+
+#[test]
+fn zero_3_ranks_that_decode_different_lengths_sample_and_learn_as_the_unsharded_ranks_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made_with_early_eos(dir.path());
+    // One greedy group a rank a step (`data.batch_size` counts a rank's completions), up to
+    // 16 tokens. The sampler reads whether its rows have all ended every 8 tokens
+    // (`rollout::sampler::CHECK_EVERY`): a rank whose group ended by then stops after 8
+    // forwards, one whose group runs on makes 16. Under ZeRO-3 without the whole model held,
+    // the longer rank's per-block gathers would have no partner. Seed 3 deals a prompt that
+    // ends at once and one that runs on to the two ranks at step 1, from the fixture's
+    // weights. `loss_type = "grpo"` weighs each rank's statistics by its completions (dapo
+    // by its tokens), so the step's mean length is the mean of both ranks' eight.
+    let sets = ["data.batch_size=4", "train.steps=3", "grpo.top_k=1", "grpo.max_completion_length=16", "grpo.loss_type=grpo", "run.seed=3"];
+    let none = run_on_two_ranks(&d, "none", &sets);
+    let zero_3 = run_on_two_ranks(&d, "zero_3", &[&sets[..], &["dist.shard=parameters"]].concat());
+    assert_eq!(summary(&zero_3)["shard"], "parameters");
+    // The premise: a step where one rank's group ended within 8 tokens and the other's did
+    // not. Greedy, a group's completions are one completion four times: rank 0's is
+    // recorded, and the step's mean length gives rank 1's.
+    let records = completions(&zero_3);
+    let mean = metric(&zero_3, "train/completions/mean_length");
+    let mut lengths = Vec::new();
+    for step in 1..=3 {
+        let rank_0: Vec<f64> = records.iter().filter(|r| r["step"] == step).map(|r| r["completion_ids"].as_array().unwrap().len() as f64).collect();
+        assert_eq!(rank_0.len(), 4, "step {step}: rank 0's group");
+        assert!(rank_0.iter().all(|&n| n == rank_0[0]), "step {step}: greedy, one completion four times: {rank_0:?}");
+        lengths.push((rank_0[0], 2.0 * mean[step as usize - 1] - rank_0[0]));
+    }
+    eprintln!("each step's completion lengths (rank 0, rank 1): {lengths:?}");
+    assert!(lengths.iter().any(|&(a, b)| (a <= 8.0) != (b <= 8.0)), "a step where one rank decodes 8 tokens and the other 16: {lengths:?}");
+    let ids = |r: &Path| completions(r).iter().map(|c| c["completion_ids"].clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&zero_3), ids(&none), "the same completions at every step (the same weights sample them)");
+    let (a, b) = (metric(&zero_3, "train/loss"), metric(&none, "train/loss"));
+    assert_eq!(a.len(), 3);
+    assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1e-3)), "{a:?} vs unsharded {b:?}");
+}
+
 #[test]
 fn lora_samples_with_its_adapters_on_and_its_reference_is_them_off() {
     let dir = tempfile::tempdir().unwrap();
