@@ -102,11 +102,13 @@ fn two_ranks_sample_whole_groups_of_their_share_and_report_the_whole_batchs_rewa
     let one = run(&d, "one", &["data.batch_size=24", "train.steps=2", "grpo.top_k=1"]);
     let two = run_on_two_ranks(&d, "two", &["data.batch_size=12", "train.steps=2", "grpo.top_k=1"]);
     assert_eq!(summary(&two)["world_size"], 2);
-    // Greedy: rank 0's completions are the one-rank run's for the same prompts.
+    // Greedy: each rank's completions are the one-rank run's for the same prompts, and
+    // completions.jsonl holds both ranks' (gathered to rank 0), rank 0's groups first.
     let theirs = completions(&one);
     let ours = completions(&two);
     let at_step_1: Vec<&Value> = ours.iter().filter(|r| r["step"] == 1).collect();
-    assert_eq!(at_step_1.len(), 12, "rank 0 records its share: half the prompts");
+    let ranks: Vec<u64> = at_step_1.iter().map(|r| r["rank"].as_u64().expect("each row's rank")).collect();
+    assert_eq!(ranks, [[0; 12], [1; 12]].concat(), "the whole batch, in rank order");
     for r in &at_step_1 {
         let same = theirs.iter().find(|t| t["step"] == 1 && t["prompt"] == r["prompt"]).expect("a prompt of the one-rank run's step");
         assert_eq!((&r["completion_ids"], &r["rewards"], &r["advantage"]), (&same["completion_ids"], &same["rewards"], &same["advantage"]));
@@ -117,14 +119,71 @@ fn two_ranks_sample_whole_groups_of_their_share_and_report_the_whole_batchs_rewa
         assert_eq!(a.len(), 2, "{key}");
         assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-5), "{key}: one rank {a:?}, two {b:?}");
     }
-    // Sampled (temperature 1): still whole groups per rank, advantages centred per group.
-    let sampled = run_on_two_ranks(&d, "sampled", &["data.batch_size=12", "train.steps=2"]);
+    // Sampled (temperature 1): every completion of the batch recorded, whole groups per
+    // rank, advantages centred per group, and the rows' mean reward the step's reward.
+    // (The step's metrics are its micro-batches' weighted by the loss's count: dapo's
+    // is completion tokens, grpo's completions, so its `reward` is the rows' mean.)
+    let sets = ["data.batch_size=12", "train.steps=2", "grpo.loss_type=grpo"];
+    let sampled = run_on_two_ranks_with(&d, "sampled", "tensorboard,jsonl", &sets);
     let records = completions(&sampled);
+    let step_rewards = metric(&sampled, "train/reward");
     for step in [1, 2] {
         let of_step: Vec<&Value> = records.iter().filter(|r| r["step"] == step).collect();
-        assert_eq!(assert_whole_groups_centred(&of_step, 4), 3, "step {step}");
+        let mean = of_step.iter().map(|r| reward(r)).sum::<f64>() / of_step.len() as f64;
+        let expected = step_rewards[step as usize - 1];
+        assert!((mean - expected).abs() < 1e-5, "step {step}: the rows' mean reward {mean}, train/reward {expected}");
+        for rank in [0, 1] {
+            let of_rank: Vec<&Value> = of_step.iter().copied().filter(|r| r["rank"] == rank).collect();
+            assert_eq!(assert_whole_groups_centred(&of_rank, 4), 3, "step {step}, rank {rank}");
+        }
+        assert_eq!(of_step.len(), 24, "step {step}");
     }
     assert!(records.iter().any(|r| r["advantage"].as_f64().unwrap().abs() > 0.1), "groups whose rewards differ");
+    // The sinks' `completions` table holds the same rows: TensorBoard's markdown table,
+    // a header, a rule and a line per completion.
+    let tables = tb_text(&sampled.join("tensorboard"), "completions");
+    let lines: Vec<usize> = tables.iter().map(|t| t.lines().count()).collect();
+    assert_eq!(lines, [2 + 24, 2 + 24], "one table a step, a row per completion of the batch");
+}
+
+#[test]
+fn a_rank_that_fails_before_the_completions_gather_fails_the_run_and_rank_0_writes_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = made(dir.path());
+    // Rank 1's reward command (tests/support/reward_cmd.py, as the launcher's RANK says)
+    // answers step 1 and dies at step 2, where rank 0 scores and waits in the gather.
+    let (python, script) =
+        (std::env::var("PTRAIN_PYTHON").unwrap_or_else(|_| s(&repo().join(".venv/bin/python"))), s(&repo().join("tests/support/reward_cmd.py")));
+    let shell = format!("if [ $RANK = 1 ]; then exec '{python}' '{script}' die; else exec '{python}' '{script}' length 5; fi");
+    let rewards = format!("grpo.rewards=[{{name = \"judge\", kind = \"command\", command = ['sh', '-c', \"{shell}\"], timeout_s = 5}}]");
+    let run_dir = d.join("failed");
+    let sets = ["data.batch_size=12", "train.steps=3", "dist.timeout_s=10", rewards.as_str()];
+    let out = run_expect(launch(2).args(["run", "--quiet", "--run-dir"]).arg(&run_dir).args(args(&d, &sets)), 1);
+    let summary = summary(&run_dir);
+    assert_eq!(summary["status"], "failed", "{summary}\n{}", stderr(&out));
+    assert_eq!(summary["error"]["step"], 2, "{summary}");
+    // Rank 0 stopped in the gather: rank 1's end closed the group (or, had it hung, the
+    // group's dist.timeout_s would have ended the wait).
+    let message = summary["error"]["message"].as_str().unwrap();
+    assert!(message.contains("gathering the completions record") && message.contains("dist.timeout_s"), "{message}");
+    assert!(stderr(&out).contains("\"judge\"") && stderr(&out).contains("exit status: 3"), "rank 1's cause: {}", stderr(&out));
+    let steps: Vec<u64> = completions(&run_dir).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [1; 24], "step 1's whole batch recorded, nothing of step 2's");
+}
+
+fn run_on_two_ranks_with(d: &Path, name: &str, plugins: &str, extra: &[&str]) -> PathBuf {
+    let run_dir = d.join(name);
+    run_expect(launch(2).args(["run", "--quiet", "--run-dir"]).arg(&run_dir).args(args_with_plugins(d, plugins, extra)), 0);
+    run_dir
+}
+
+/// The text summaries named `tag` in TensorBoard's `logdir`, by step, as tensorboard's
+/// own reader reads them (tests/support/tb_read.py).
+fn tb_text(logdir: &Path, tag: &str) -> Vec<String> {
+    let out = common::py::cmd().arg(repo().join("tests/support/tb_read.py")).arg(logdir).output().expect("run python");
+    assert!(out.status.success(), "tb_read.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    let read: Value = serde_json::from_slice(&out.stdout).expect("tb_read.py prints JSON");
+    read["text"][tag].as_array().unwrap_or_else(|| panic!("no {tag} in {read}")).iter().map(|p| p[1].as_str().unwrap().to_string()).collect()
 }
 
 #[test]

@@ -12,7 +12,11 @@ use std::{sync::Arc, time::Duration};
 
 use tch::{Device, Tensor};
 
-use crate::{config::Config, device, error::Result};
+use crate::{
+    config::Config,
+    device,
+    error::{torch_message, Result},
+};
 
 /// In-place collectives over the run's process group.
 pub trait Collectives: Send + Sync {
@@ -95,6 +99,39 @@ pub trait DataParallel: Send {
     }
 }
 
+/// Every rank's `bytes` on every rank, in rank order (this is rank `rank` of `world`):
+/// an all-gather of variable-length host data (GRPO's completions record) built on
+/// the sum every backend has. The lengths first (a `world`-long count, each rank's in
+/// its own place, summed), then the bytes, each rank's in its own row of a zeroed
+/// `world x longest` uint8 tensor summed over the ranks (each byte is written by one
+/// rank only, so the sum is a copy). Two collectives on `device` (the group's: NCCL
+/// reduces CUDA tensors) and two host copies: for the steps that need it, never a
+/// hot loop. A rank that never arrives fails it after the group's timeout.
+pub fn all_gather_bytes(collectives: &dyn Collectives, rank: u32, world: u32, bytes: &[u8], device: Device) -> Result<Vec<Vec<u8>>, String> {
+    let (rank, world) = (rank as usize, world as usize);
+    if rank >= world {
+        return Err(format!("gathering bytes on rank {rank}, but the world has {world} ranks"));
+    }
+    let on_device = |host: Tensor| host.f_to_device(device).map_err(|e| torch_message(&e));
+    let mut lengths = vec![0i64; world];
+    lengths[rank] = bytes.len() as i64;
+    let mut counted = on_device(Tensor::from_slice(&lengths))?;
+    collectives.all_reduce_sum(&mut counted)?;
+    let lengths: Vec<i64> = Vec::try_from(counted.to_device(Device::Cpu)).map_err(|e| torch_message(&e))?;
+    let lengths: Vec<usize> = lengths.into_iter().map(|n| n.max(0) as usize).collect();
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    if longest == 0 {
+        // Every rank sees the same lengths: none goes on to the second collective.
+        return Ok(vec![Vec::new(); world]);
+    }
+    let mut padded = vec![0u8; world * longest];
+    padded[rank * longest..][..bytes.len()].copy_from_slice(bytes);
+    let mut rows = on_device(Tensor::from_slice(&padded))?;
+    collectives.all_reduce_sum(&mut rows)?;
+    let gathered: Vec<u8> = Vec::try_from(rows.to_device(Device::Cpu)).map_err(|e| torch_message(&e))?;
+    Ok(lengths.iter().enumerate().map(|(r, &n)| gathered[r * longest..][..n].to_vec()).collect())
+}
+
 /// The one-process run: rank 0 of 1, where every collective leaves its tensors
 /// as they are (a sum or mean over one rank is the value itself).
 #[derive(Debug, Default, Clone, Copy)]
@@ -157,5 +194,18 @@ impl DataParallel for SingleRank {
 
     fn collective_secs(&self) -> f64 {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_rank_gathers_its_own_bytes() {
+        let gathered = all_gather_bytes(&SingleRank, 0, 1, b"a\0b", Device::Cpu).unwrap();
+        assert_eq!(gathered, [b"a\0b".to_vec()]);
+        assert_eq!(all_gather_bytes(&SingleRank, 0, 1, b"", Device::Cpu).unwrap(), [Vec::<u8>::new()]);
+        assert!(all_gather_bytes(&SingleRank, 1, 1, b"x", Device::Cpu).unwrap_err().contains("world has 1 ranks"));
     }
 }

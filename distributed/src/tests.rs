@@ -190,3 +190,25 @@ fn parameter_shards_reduce_scatter_in_place_into_each_ranks_chunk_only() {
         }
     }
 }
+
+#[test]
+fn bytes_of_any_length_gather_on_every_rank_in_rank_order() {
+    let out = on_two_ranks(25.0, |rank, dp| {
+        // Rank 1's bytes are longer than rank 0's, and hold zeros (the padding's value).
+        let mine: Vec<u8> = match rank {
+            0 => b"rank 0".to_vec(),
+            _ => (0..1000u32).map(|i| (i % 256) as u8).collect(),
+        };
+        let gathered = ptrain_core::dist::all_gather_bytes(dp.group(), rank, 2, &mine, Device::Cpu).expect("gather");
+        // Then one rank with nothing, and then both.
+        let one_empty = ptrain_core::dist::all_gather_bytes(dp.group(), rank, 2, if rank == 0 { b"" } else { b"x" }, Device::Cpu).expect("gather");
+        let both_empty = ptrain_core::dist::all_gather_bytes(dp.group(), rank, 2, b"", Device::Cpu).expect("gather");
+        (gathered, one_empty, both_empty)
+    });
+    let rank_1: Vec<u8> = (0..1000u32).map(|i| (i % 256) as u8).collect();
+    for (rank, (gathered, one_empty, both_empty)) in out.into_iter().enumerate() {
+        assert_eq!(gathered, [b"rank 0".to_vec(), rank_1.clone()], "rank {rank}");
+        assert_eq!(one_empty, [b"".to_vec(), b"x".to_vec()], "rank {rank}");
+        assert_eq!(both_empty, [Vec::<u8>::new(), Vec::new()], "rank {rank}");
+    }
+}

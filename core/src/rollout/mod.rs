@@ -27,7 +27,7 @@ use tokenizers::Tokenizer;
 
 use self::{
     processors::Processors,
-    record::CompletionLog,
+    record::{CompletionLog, Peers},
     reward::{Rewards, ScoreBatch},
     sampler::Sampled,
 };
@@ -38,6 +38,7 @@ use crate::{
         rollouts::{advantages, collate, rows::Group, Scoring},
         text, Batch, Payload,
     },
+    dist::DataParallel,
     error::{Error, Result},
     host::PluginHost,
     model::Model,
@@ -89,7 +90,7 @@ pub struct RolloutStage {
 
 impl RolloutStage {
     /// The stage, when the run samples (`data.kind = "prompts"`).
-    pub fn from_config(config: &Config, run_dir: &Path, rank: u32, device: Device, host: &PluginHost) -> Result<Option<RolloutStage>> {
+    pub fn from_config(config: &Config, run_dir: &Path, dist: &dyn DataParallel, device: Device, host: &PluginHost) -> Result<Option<RolloutStage>> {
         if config.data.kind != DataKind::Prompts {
             return Ok(None);
         }
@@ -98,10 +99,14 @@ impl RolloutStage {
         let grpo = &config.grpo;
         // The commands first: one that cannot start ends set-up before any file is made.
         let rewards = Rewards::from_config(&grpo.rewards, host)?;
-        let log = match (grpo.log_completions_every, rank) {
-            (0, _) => None,
-            (every, 0) => Some(CompletionLog::open(Some(&run_dir.join("completions.jsonl")), every)?),
-            (every, _) => Some(CompletionLog::open(None, every)?),
+        let log = match grpo.log_completions_every {
+            0 => None,
+            every => {
+                let (rank, world) = (dist.rank(), dist.world_size());
+                let file = (rank == 0).then(|| run_dir.join("completions.jsonl"));
+                let peers = (world > 1).then(|| Peers { collectives: dist.collectives(), world, device });
+                Some(CompletionLog::open(file.as_deref(), every, rank, peers)?)
+            }
         };
         Ok(Some(RolloutStage {
             processors: Processors::from_config(grpo),
@@ -166,9 +171,13 @@ impl RolloutStage {
     }
 
     /// The step's `completions` record for the sinks (a JSON table,
-    /// [`record::COMPLETIONS`]), at the steps `grpo.log_completions_every` records.
-    pub fn take_completions(&mut self) -> Option<String> {
-        self.log.as_mut()?.take_table(&self.rewards.names)
+    /// [`record::COMPLETIONS`]), at the steps `grpo.log_completions_every` records:
+    /// every rank's completions, gathered (a collective at those steps only).
+    pub fn take_completions(&mut self) -> Result<Option<String>> {
+        match self.log.as_mut() {
+            Some(log) => log.take_table(&self.rewards.names),
+            None => Ok(None),
+        }
     }
 
     /// Samples each prompt `grpo.num_generations` times (the micro-batch in one

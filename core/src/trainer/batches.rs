@@ -90,10 +90,10 @@ impl StepBatches {
         Ok(())
     }
 
-    /// The step's `completions` record (a JSON table), at the steps the rollout stage
-    /// records one.
-    pub fn take_completions(&mut self) -> Option<String> {
-        self.rollout.as_mut()?.take_completions()
+    /// The step's `completions` record (a JSON table, every rank's completions), at
+    /// the steps the rollout stage records one.
+    pub fn take_completions(&mut self) -> Result<Option<String>> {
+        self.rollout.as_mut().map_or(Ok(None), RolloutStage::take_completions)
     }
 
     /// The seconds the step spent in the rollout stage, when there is one.

@@ -119,7 +119,7 @@ impl Run {
         plugins::record(&config, &place.run_dir, rank)?;
         let schedule = plugins::schedule(&config, slots, &services, (start_step, total_steps), device, world);
         let run_data = Arc::new(run_data::run_data(&config, &place.run_dir, &learner, (start_step, total_steps), (rank, world)));
-        let rollout = crate::rollout::RolloutStage::from_config(&config, &place.run_dir, rank, device, &host)?;
+        let rollout = crate::rollout::RolloutStage::from_config(&config, &place.run_dir, dist.as_ref(), device, &host)?;
         let batches = run_data::batches(&config, &dataset, start_step, (rank, world), device).with_rollout(rollout);
         if let Some(ckpt) = &checkpoint {
             host.load_states(&ckpt.plugin_states, start_step);

@@ -108,7 +108,7 @@ impl Run {
         }
         let whole = self.learner.optimizer.block_wrap().map(|(wrap, _)| wrap);
         self.batches.roll_out(step, self.learner.model.as_mut(), whole.as_deref(), &mut timer)?;
-        if let Some(table) = self.batches.take_completions() {
+        if let Some(table) = self.batches.take_completions()? {
             // To every sink with this step's metrics (W&B's table, TensorBoard's text).
             self.metrics.emit(Metric::text(crate::rollout::record::COMPLETIONS, table));
         }
