@@ -6,7 +6,7 @@
 mod common;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -107,6 +107,33 @@ impl Received {
     fn config(&self) -> Value {
         let config: Value = serde_json::from_str(self.upserts[0]["config"].as_str().expect("a config")).unwrap();
         config.as_object().unwrap().iter().filter(|(k, _)| !k.starts_with('_')).map(|(k, v)| (k.clone(), v["value"].clone())).collect()
+    }
+
+    /// The files PUT to the upload URLs that were taken: path -> JSON.
+    fn uploads(&self) -> BTreeMap<String, Value> {
+        let puts = self.requests.iter().filter(|r| r["method"] == "PUT" && r["status"] == 200);
+        puts.filter_map(|r| Some((r["path"].as_str()?.strip_prefix("/upload/")?.to_string(), r["body"].clone()))).collect()
+    }
+
+    /// The files named by `CreateRunFiles` and by the `uploaded` lists of `file_stream`.
+    fn files_named(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let names = |v: &Value| v.as_array().into_iter().flatten().map(|n| n.as_str().unwrap().to_string()).collect::<Vec<_>>();
+        let (mut created, mut uploaded) = (BTreeSet::new(), BTreeSet::new());
+        for req in self.requests.iter().filter(|r| r["status"] == 200) {
+            let body = &req["body"];
+            if body["query"].as_str().is_some_and(|q| q.contains("createRunFiles")) {
+                created.extend(names(&body["variables"]["files"]));
+            }
+            if req["path"].as_str().unwrap().ends_with("/file_stream") {
+                uploaded.extend(names(&body["uploaded"]));
+            }
+        }
+        (created, uploaded)
+    }
+
+    /// The `completions` value of each history row.
+    fn tables(&self) -> Vec<Value> {
+        self.history.iter().map(|row| row["completions"].clone()).collect()
     }
 
     fn assert_authenticated(&self) {
@@ -504,5 +531,95 @@ fn a_grpo_runs_completions_record_syncs_as_a_wandb_table() {
         let expected: Vec<Value> =
             of_step.iter().map(|r| json!([r["step"], r["prompt"], r["completion"], r["rewards"]["len"], r["advantage"]])).collect();
         assert_eq!(put["body"]["data"], json!(expected));
+    }
+}
+
+/// A GRPO run on prompts (2 steps, the `completions` table at each) streamed to `backend`.
+fn grpo_online(dir: &Path, backend: &Backend) -> (PathBuf, std::process::Output) {
+    let d = grpo::prompts_fixture(&dir.join("made"));
+    let run = dir.join("run");
+    let mut cmd = ptrain();
+    hermetic(&mut cmd)
+        .args(["run", "--quiet"])
+        .args(grpo::prompts_run(&d, "wandb", &["plugins.wandb.every=1"]))
+        .arg("--run-dir")
+        .arg(&run)
+        .env("WANDB_MODE", "online")
+        .env("WANDB_API_KEY", KEY)
+        .env("WANDB_BASE_URL", backend.url());
+    let out = run_expect(&mut cmd, 0);
+    (run, out)
+}
+
+#[test]
+fn online_mode_uploads_a_grpo_runs_completions_table_as_sync_does() {
+    // Every other API request is refused once with a 503: the file's requests are retried.
+    let backend = Backend::start("flaky");
+    let dir = tempfile::tempdir().unwrap();
+    let (run, _) = grpo_online(dir.path(), &backend);
+    let online = backend.received();
+    online.assert_authenticated();
+    assert_eq!(online.steps(), [1, 2]);
+    let local = run_dir_under(&run, "run");
+    let uploads = online.uploads();
+    let (created, uploaded) = online.files_named();
+    for table in online.tables() {
+        assert_eq!(
+            (table["_type"].as_str(), table["nrows"].as_u64()),
+            (Some("table-file"), Some(8)),
+            "the row carries the table, not its text: {table}"
+        );
+        let path = table["path"].as_str().unwrap();
+        let file: Value = serde_json::from_slice(&std::fs::read(local.join("files").join(path)).unwrap()).unwrap();
+        assert_eq!(uploads.get(path), Some(&file), "{path}: the file PUT is the local copy's");
+        assert!(created.contains(path) && uploaded.contains(path), "{path}: asked for with CreateRunFiles and announced uploaded");
+    }
+    assert!(online.requests.iter().filter(|r| r["method"] == "PUT").all(|r| r["auth"].is_null()), "the key never goes to an upload URL");
+    let is_create = |r: &&Value| r["body"]["query"].as_str().is_some_and(|q| q.contains("createRunFiles"));
+    assert!(online.requests.iter().filter(is_create).any(|r| r["status"] == 503), "a refused CreateRunFiles was retried");
+
+    // `wandb sync` of the local copy sends the same table values and the same files.
+    let copy = Backend::start("ok");
+    sync(&[&local], &copy, &["--include-online"]);
+    let synced = copy.received();
+    assert_eq!(synced.tables().len(), 2);
+    for (ours, sdk) in online.tables().iter().zip(&synced.tables()) {
+        assert!(same(ours, sdk), "{ours}\nvs what wandb sync sends\n{sdk}");
+        let path = sdk["path"].as_str().unwrap();
+        assert_eq!(uploads.get(path), synced.uploads().get(path), "{path}");
+        assert!(synced.files_named().0.contains(path) && synced.files_named().1.contains(path), "{path}");
+    }
+    let upload = &summary(&run)["plugins"]["wandb"]["upload"];
+    assert_eq!((upload["complete"].as_bool(), upload["files_sent"].as_u64()), (Some(true), Some(2)), "{upload}");
+}
+
+#[test]
+fn refused_table_uploads_are_counted_and_the_rows_and_local_copy_are_whole() {
+    let backend = Backend::start("refuse-uploads");
+    let dir = tempfile::tempdir().unwrap();
+    let (run, out) = grpo_online(dir.path(), &backend);
+    let s = summary(&run);
+    assert_eq!((s["status"].as_str(), s["plugin_failures"].clone()), (Some("completed"), json!([])));
+    let upload = &s["plugins"]["wandb"]["upload"];
+    assert_eq!(
+        (upload["complete"].as_bool(), upload["rows_not_sent"].as_u64(), upload["files_sent"].as_u64(), upload["files_not_sent"].as_u64()),
+        (Some(false), Some(0), Some(0), Some(2)),
+        "{upload}"
+    );
+    assert!(upload["error"].as_str().unwrap().contains("HTTP 403"), "{upload}");
+    let local = run_dir_under(&run, "run");
+    assert!(stderr(&out).contains(&format!("wandb sync --include-online {}", local.display())), "{}", stderr(&out));
+    let got = backend.received();
+    assert_eq!((got.steps(), got.exit_code), (vec![1, 2], Some(0)), "every row, and the run ended");
+    assert!(got.files_named().1.is_empty(), "no file announced uploaded");
+
+    // The local copy still uploads both tables.
+    let good = Backend::start("ok");
+    sync(&[&local], &good, &["--include-online"]);
+    let synced = good.received();
+    for table in synced.tables() {
+        let path = table["path"].as_str().unwrap();
+        let file: Value = serde_json::from_slice(&std::fs::read(local.join("files").join(path)).unwrap()).unwrap();
+        assert_eq!(synced.uploads().get(path), Some(&file), "{path}");
     }
 }

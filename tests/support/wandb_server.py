@@ -10,6 +10,8 @@ ok:   answers what `wandb sync` and ptrain's online mode ask for: GraphQL
       resumed run appends after them), file_stream POSTs with {}, upload PUTs with
       200, anything else with {"data": {}}.
 hang: logs each request and never answers it, like a network that went dead.
+refuse-uploads: like ok, but every upload PUT gets a 403 (logged with "status": 403),
+      as a storage bucket refusing a bad or expired signed URL does.
 flaky: like ok, but every other API request (the 1st, 3rd, ...) gets a 503 first,
       logged with "status": 503 and otherwise ignored.
 """
@@ -144,6 +146,8 @@ class Handler(BaseHTTPRequestHandler):
                 API_CALLS[0] += 1
                 if API_CALLS[0] % 2 == 1:
                     status = 503
+        if MODE == "refuse-uploads" and self.command == "PUT":
+            status = 403
         request = record(self, self.body(), status)
         if status != 200:
             self.send_response(status)

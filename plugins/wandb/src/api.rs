@@ -1,6 +1,8 @@
-//! The two W&B HTTP calls a run needs, as the official client makes them:
-//! GraphQL `UpsertBucket` to create the run, and `file_stream` POSTs of history
-//! lines. Basic auth with user `api` and the API key.
+//! The W&B HTTP calls a run needs, as the official client makes them: GraphQL
+//! `UpsertBucket` to create the run, `file_stream` POSTs of history lines, and for a
+//! logged file (a table) GraphQL `CreateRunFiles` for its upload URL, then a PUT of
+//! its bytes there. Basic auth with user `api` and the API key, except on the PUT: an
+//! upload URL is signed (a cloud bucket's), and the key never goes to the bucket.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +45,21 @@ const RUN_RESUME_STATUS: &str = "query RunResumeStatus($project: String, $entity
   }
 }";
 
+const CREATE_RUN_FILES: &str = "mutation CreateRunFiles($entity: String!, $project: String!, $run: String!, $files: [String!]!) {
+  createRunFiles(input: {entityName: $entity, projectName: $project, runName: $run, files: $files}) {
+    runID
+    uploadHeaders
+    files { name uploadUrl }
+  }
+}";
+
+/// Where to PUT one file's bytes, with the headers the server asks the PUT to carry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UploadUrl {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+}
+
 /// Where the run's files live: `<entity>/<project>/<run id>`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunPath {
@@ -71,19 +88,16 @@ impl Api {
 
     fn post(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value, Failure> {
         let url = format!("{}{path}", self.base_url);
+        let request = self.agent.post(&url).set("Authorization", &self.auth).set("Content-Type", "application/json");
+        let text = self.send(request, &url, body.to_string().as_bytes())?;
+        Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// Sends `request` with `body` within the deadline; answers the response's text.
+    fn send(&self, request: ureq::Request, url: &str, body: &[u8]) -> Result<String, Failure> {
         let timeout = self.deadline.map_or(REQUEST_TIMEOUT, |d| d.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT));
-        let response = self
-            .agent
-            .post(&url)
-            .timeout(timeout)
-            .set("Authorization", &self.auth)
-            .set("Content-Type", "application/json")
-            .send_string(&body.to_string());
-        match response {
-            Ok(r) => {
-                let text = r.into_string().map_err(|e| Failure::Retry(format!("{url}: reading the response: {e}")))?;
-                Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
-            }
+        match request.timeout(timeout).send_bytes(body) {
+            Ok(r) => r.into_string().map_err(|e| Failure::Retry(format!("{url}: reading the response: {e}"))),
             Err(ureq::Error::Status(code, r)) => {
                 let detail: String = r.into_string().unwrap_or_default().chars().take(200).collect();
                 let message = format!("{url}: HTTP {code} {detail}");
@@ -135,8 +149,48 @@ impl Api {
         Ok(answer["data"]["model"]["bucket"]["historyLineCount"].as_u64().unwrap_or(0))
     }
 
-    /// Appends `lines` to the run's history at `offset`; the last call says `complete`.
-    pub fn file_stream(&self, run: &RunPath, offset: u64, lines: &[String], summary: Option<&str>, exit_code: Option<i32>) -> Result<(), Failure> {
+    /// Asks where to upload the run's file `name` (a path under the run's files, such
+    /// as `media/table/...`). A refusal in the answer is fatal for this file.
+    pub fn create_run_file(&self, run: &RunPath, name: &str) -> Result<UploadUrl, Failure> {
+        let variables = json!({ "entity": run.entity, "project": run.project, "run": run.id, "files": [name] });
+        let answer = self.post("/graphql", &json!({ "query": CREATE_RUN_FILES, "variables": variables }))?;
+        if let Some(errors) = answer.get("errors").filter(|e| !e.is_null()) {
+            return Err(Failure::Fatal(format!("CreateRunFiles {name}: {errors}")));
+        }
+        let created = &answer["data"]["createRunFiles"];
+        let file = created["files"].as_array().and_then(|files| files.iter().find(|f| f["name"] == name));
+        let Some(url) = file.and_then(|f| f["uploadUrl"].as_str()) else {
+            return Err(Failure::Fatal(format!("CreateRunFiles {name}: no upload URL in {answer}")));
+        };
+        // The headers come as "Name:value" strings, as the official client reads them.
+        let headers = created["uploadHeaders"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h.as_str()?.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        Ok(UploadUrl { url: url.to_string(), headers })
+    }
+
+    /// PUTs a file's `bytes` to its upload URL.
+    pub fn put_file(&self, upload: &UploadUrl, bytes: &[u8]) -> Result<(), Failure> {
+        let request = upload.headers.iter().fold(self.agent.put(&upload.url), |r, (k, v)| r.set(k, v));
+        self.send(request, &upload.url, bytes).map(|_| ())
+    }
+
+    /// Appends `lines` to the run's history at `offset`, and tells the server which of
+    /// the run's files were `uploaded` since the last call (as the official client
+    /// does); the last call says `complete`.
+    pub fn file_stream(
+        &self,
+        run: &RunPath,
+        offset: u64,
+        lines: &[String],
+        summary: Option<&str>,
+        uploaded: &[String],
+        exit_code: Option<i32>,
+    ) -> Result<(), Failure> {
         let mut files = serde_json::Map::new();
         if !lines.is_empty() {
             files.insert("wandb-history.jsonl".into(), json!({ "offset": offset, "content": lines }));
@@ -145,6 +199,9 @@ impl Api {
             files.insert("wandb-summary.json".into(), json!({ "offset": 0, "content": [summary] }));
         }
         let mut body = json!({ "files": files });
+        if !uploaded.is_empty() {
+            body["uploaded"] = json!(uploaded);
+        }
         if let Some(code) = exit_code {
             body["complete"] = json!(true);
             body["exitcode"] = json!(code);

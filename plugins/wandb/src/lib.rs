@@ -3,8 +3,8 @@
 //! By default an offline run directory that the real `wandb sync` uploads later
 //! (`<run-dir>/wandb/offline-run-<YYYYMMDD_HHMMSS>-<id>/run-<id>.wandb`). With
 //! `WANDB_MODE=online` and `WANDB_API_KEY` the run is also streamed to the W&B API
-//! by the plugin's timer, on its worker thread, and the local file still holds
-//! everything.
+//! by the plugin's timer, on its worker thread (rows, and the tables' files), and
+//! the local copy still holds everything.
 //!
 //! Cadence: basic metrics every 10 steps and at the end, detailed ones (grad norm,
 //! phase times, memory) every 50, histograms off unless `[plugins.wandb.histograms]
@@ -111,18 +111,28 @@ impl Active {
             }
             Some(report) if report.complete => {
                 let url = report.run.as_ref().map(|r| settings.run_url(&r.entity, &r.project, &r.id)).unwrap_or_default();
-                eprintln!("wandb: run uploaded: {url} ({} rows; local copy in {})", report.rows_sent, dir.display());
-                fragment["upload"] = json!({ "complete": true, "rows_sent": report.rows_sent, "url": url });
+                let files = if report.files_sent > 0 { format!(", {} files", report.files_sent) } else { String::new() };
+                eprintln!("wandb: run uploaded: {url} ({} rows{files}; local copy in {})", report.rows_sent, dir.display());
+                fragment["upload"] = json!({ "complete": true, "rows_sent": report.rows_sent, "files_sent": report.files_sent, "url": url });
             }
             Some(report) => {
                 let why = report.error.clone().unwrap_or_default();
                 eprintln!(
-                    "wandb: upload incomplete ({} of {} rows sent): {why}\nwandb: the local copy has everything; upload it with: {sync}",
+                    "wandb: upload incomplete ({} of {} rows, {} of {} files sent): {why}\nwandb: the local copy has everything; upload it with: {sync}",
                     report.rows_sent,
-                    report.rows_sent + report.rows_not_sent
+                    report.rows_sent + report.rows_not_sent,
+                    report.files_sent,
+                    report.files_sent + report.files_not_sent
                 );
                 fragment["sync_command"] = json!(sync);
-                fragment["upload"] = json!({ "complete": false, "rows_sent": report.rows_sent, "rows_not_sent": report.rows_not_sent, "error": why });
+                fragment["upload"] = json!({
+                    "complete": false,
+                    "rows_sent": report.rows_sent,
+                    "rows_not_sent": report.rows_not_sent,
+                    "files_sent": report.files_sent,
+                    "files_not_sent": report.files_not_sent,
+                    "error": why,
+                });
             }
         }
         written.map_err(|e| format!("cannot write {}: {e}", self.offline.file().display()))?;
@@ -131,17 +141,20 @@ impl Active {
 }
 
 /// Writes the batch's `completions` record as a table file with its files record, and
-/// points the row's value at it (see [`table`]).
-fn write_tables(batch: &MetricBatch, offline: &mut OfflineRun, row: &mut Row) -> std::io::Result<()> {
+/// points the row's value at it (see [`table`]); answers the files' paths under the
+/// run's files, for the online upload.
+fn write_tables(batch: &MetricBatch, offline: &mut OfflineRun, row: &mut Row) -> std::io::Result<Vec<String>> {
+    let mut paths = Vec::new();
     for m in batch.metrics.iter().filter(|m| m.name.as_str() == table::NAME) {
         let MetricValue::Text(text) = &m.value else { continue };
         let Some(written) = table::write(&offline.files_dir(), table::NAME, batch.step, text.as_str())? else { continue };
-        offline.write_files(vec![written.path])?;
+        offline.write_files(vec![written.path.clone()])?;
         if let Some(item) = row.items.iter_mut().find(|(key, _)| key == table::NAME) {
             item.1 = written.value;
         }
+        paths.push(written.path);
     }
-    Ok(())
+    Ok(paths)
 }
 
 impl Wandb {
@@ -222,20 +235,27 @@ impl Plugin for Wandb {
         let Some(active) = self.active.as_mut() else { return Ok(()) };
         let runtime = (batch.wall_time - active.meta.start_time).max(0.0);
         let mut row = Row::from_batch(batch, runtime);
-        // Online rows carry the record as text: the table's file is not uploaded online.
-        let online_line = active.online.as_ref().map(|_| row.json_line());
-        if let Err(e) = write_tables(batch, &mut active.offline, &mut row) {
-            let error = format!("cannot write {}: {e}", active.offline.files_dir().display());
-            return Err(self.abandon(error, 1));
-        }
+        let tables = match write_tables(batch, &mut active.offline, &mut row) {
+            Ok(paths) => paths,
+            Err(e) => {
+                let error = format!("cannot write {}: {e}", active.offline.files_dir().display());
+                return Err(self.abandon(error, 1));
+            }
+        };
         active.latest.update(&row);
         if let Err(e) = active.offline.write_history(&row) {
             let error = format!("cannot write {}: {e}", active.offline.file().display());
             return Err(self.abandon(error, 1));
         }
         active.rows += 1;
-        if let (Some(online), Some(line)) = (&mut active.online, online_line) {
-            online.push(line, active.latest.json(runtime));
+        if let Some(online) = &mut active.online {
+            // The row streams the same `table-file` value as the local copy's, and the
+            // table's file goes up before it, as the official client uploads it.
+            for path in tables {
+                let local = active.offline.files_dir().join(&path);
+                online.push_file(path, local);
+            }
+            online.push(row.json_line(), active.latest.json(runtime));
         }
         Ok(())
     }

@@ -1,22 +1,33 @@
-//! Online mode: creates the run and streams history rows, retrying with backoff.
+//! Online mode: creates the run, uploads its logged files (tables) and streams
+//! history rows, retrying with backoff.
 //! It has no thread of its own: the plugin's timer (called on the plugin's worker
 //! thread) makes at most one request per tick when one is due, so the training
 //! loop never waits on the network; a slow network holds up only this plugin's
 //! queue, whose policy the host applies. At the end of the run it gets a bounded
 //! time to finish.
+//!
+//! A logged file goes up as the official client uploads it: `CreateRunFiles` for
+//! its upload URL, then a PUT of its bytes, read from the local copy (which is only
+//! ever read), each a request of its own; the next `file_stream` names it among the
+//! files `uploaded`. Files go before rows, so a row's table is usually there when the
+//! row arrives. A file the server refuses (HTTP 4xx) is given up and counted; the
+//! rows go on.
 
 use std::{
     collections::VecDeque,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use crate::{
-    api::{Api, Failure, RunPath},
+    api::{Api, Failure, RunPath, UploadUrl},
     meta::RunMeta,
 };
 
 /// Rows waiting beyond this are dropped (counted): the offline file has them all.
 const MAX_PENDING: usize = 100_000;
+/// Files waiting beyond this are dropped (counted): the local copy has them all.
+const MAX_PENDING_FILES: usize = 1_000;
 /// Rows per request, and how often rows go out during the run.
 const MAX_BATCH: usize = 1_000;
 const STREAM_EVERY: Duration = Duration::from_secs(5);
@@ -32,8 +43,21 @@ pub struct Report {
     pub rows_sent: u64,
     /// Rows queued but not uploaded (dropped from a full queue, or left at the end).
     pub rows_not_sent: u64,
+    pub files_sent: u64,
+    /// Files queued but not uploaded (refused, dropped from a full queue, or left).
+    pub files_not_sent: u64,
     pub run: Option<RunPath>,
     pub error: Option<String>,
+}
+
+/// A file of the run waiting for its upload.
+struct PendingFile {
+    /// Its path under the run's files, which is its name on the server.
+    name: String,
+    /// The local copy's file.
+    local: PathBuf,
+    /// Where to PUT it, once `CreateRunFiles` said.
+    upload: Option<UploadUrl>,
 }
 
 pub struct Online {
@@ -42,12 +66,19 @@ pub struct Online {
     /// The run on the server and how many history lines it has.
     run: Option<(RunPath, u64)>,
     pending: VecDeque<String>,
+    files: VecDeque<PendingFile>,
+    /// Files uploaded that no `file_stream` has named yet.
+    uploaded: Vec<String>,
     summary: Option<String>,
     /// No request before this: the stream's pace, or a backoff after a failure.
     next_try: Instant,
     delay: Duration,
     pushed: u64,
     sent: u64,
+    files_pushed: u64,
+    files_sent: u64,
+    /// Why the last file given up was.
+    file_error: Option<String>,
     last_error: Option<String>,
     fatal: Option<String>,
 }
@@ -59,11 +90,16 @@ impl Online {
             meta,
             run: None,
             pending: VecDeque::new(),
+            files: VecDeque::new(),
+            uploaded: Vec::new(),
             summary: None,
             next_try: Instant::now(),
             delay: FIRST_BACKOFF,
             pushed: 0,
             sent: 0,
+            files_pushed: 0,
+            files_sent: 0,
+            file_error: None,
             last_error: None,
             fatal: None,
         }
@@ -82,16 +118,67 @@ impl Online {
         self.summary = Some(summary);
     }
 
-    /// A timer tick: creates the run or sends the rows waiting, when due.
+    /// Queues the upload of the run's file `name` (its path under the run's files),
+    /// whose bytes are in `local`. Never waits on the network.
+    pub fn push_file(&mut self, name: String, local: PathBuf) {
+        if self.fatal.is_some() {
+            return;
+        }
+        if self.files.len() >= MAX_PENDING_FILES {
+            self.files.pop_front();
+        }
+        self.files.push_back(PendingFile { name, local, upload: None });
+        self.files_pushed += 1;
+    }
+
+    /// A timer tick: creates the run, or takes the next step of a file's upload, or
+    /// sends the rows waiting, when due.
     pub fn tick(&mut self) {
         if self.fatal.is_some() || Instant::now() < self.next_try {
             return;
         }
         if self.run.is_none() {
             self.connect();
-        } else if !self.pending.is_empty() {
+        } else if !self.files.is_empty() {
+            self.upload_file();
+        } else if !self.pending.is_empty() || !self.uploaded.is_empty() {
             self.send(None);
         }
+    }
+
+    /// One request of the first file's upload: its URL, or the PUT of its bytes.
+    /// True when the next request is due at once (this one went through, or the file
+    /// was given up); false after a failure worth retrying, which backs off.
+    fn upload_file(&mut self) -> bool {
+        let (Some((run, _)), Some(file)) = (&self.run, self.files.front_mut()) else { return false };
+        let result = match &file.upload {
+            None => self.api.create_run_file(run, &file.name).map(Some),
+            Some(url) => std::fs::read(&file.local)
+                .map_err(|e| Failure::Fatal(format!("cannot read {}: {e}", file.local.display())))
+                .and_then(|bytes| self.api.put_file(url, &bytes))
+                .map(|()| None),
+        };
+        match result {
+            Ok(Some(url)) => file.upload = Some(url),
+            Ok(None) => {
+                let done = self.files.pop_front().expect("the file just sent");
+                self.uploaded.push(done.name);
+                self.files_sent += 1;
+            }
+            Err(Failure::Fatal(e)) => {
+                // This file is refused (or gone); the rows and the other files go on.
+                let given_up = self.files.pop_front().expect("the file tried");
+                self.file_error = Some(format!("{}: {e}", given_up.name));
+            }
+            Err(retry) => {
+                // A fresh URL on the next try: a signed one may have expired.
+                file.upload = None;
+                return self.failed(retry);
+            }
+        }
+        self.delay = FIRST_BACKOFF;
+        self.next_try = Instant::now();
+        true
     }
 
     /// One attempt at creating the run (or finding where a resumed one stopped).
@@ -117,9 +204,10 @@ impl Online {
         let n = self.pending.len().min(MAX_BATCH);
         let lines: Vec<String> = self.pending.range(..n).cloned().collect();
         let exit_code = exit_code.filter(|_| n == self.pending.len());
-        match self.api.file_stream(run, *offset, &lines, self.summary.as_deref(), exit_code) {
+        match self.api.file_stream(run, *offset, &lines, self.summary.as_deref(), &self.uploaded, exit_code) {
             Ok(()) => {
                 self.pending.drain(..n);
+                self.uploaded.clear();
                 self.run = Some((run.clone(), offset + n as u64));
                 self.sent += n as u64;
                 self.summary = None;
@@ -166,6 +254,8 @@ impl Online {
             // failure's backoff waits.
             let done = if self.run.is_none() {
                 self.connect()
+            } else if !self.files.is_empty() {
+                self.upload_file()
             } else {
                 // The exit code goes with the last rows: then the run is complete.
                 let last = self.pending.len() <= MAX_BATCH;
@@ -177,14 +267,23 @@ impl Online {
                 self.next_try = Instant::now();
             }
         }
+        let files_not_sent = self.files_pushed - self.files_sent;
         let error = if complete {
-            None
+            self.file_error.clone().or_else(|| (files_not_sent > 0).then(|| format!("{files_not_sent} files dropped from a full queue")))
         } else {
             self.fatal
                 .clone()
                 .or_else(|| self.last_error.clone().map(|e| format!("gave up after {timeout:?}: {e}")))
                 .or(Some(format!("still waiting for the W&B API {timeout:?} after the run ended")))
         };
-        Report { complete, rows_sent: self.sent, rows_not_sent: self.pushed - self.sent, run: self.run.map(|(run, _)| run), error }
+        Report {
+            complete: complete && files_not_sent == 0,
+            rows_sent: self.sent,
+            rows_not_sent: self.pushed - self.sent,
+            files_sent: self.files_sent,
+            files_not_sent,
+            run: self.run.map(|(run, _)| run),
+            error,
+        }
     }
 }

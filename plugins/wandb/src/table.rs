@@ -3,8 +3,8 @@
 //! SDK logs a `wandb.Table`: the table's JSON in the run's files under
 //! `media/table/<name>_<step>_<sha256[:20]>.table.json`, a files record naming it (so
 //! `wandb sync` uploads it), and in the history row a `table-file` value pointing at
-//! it. Online, the rows streamed carry the record as text; the local copy (which
-//! `wandb sync --include-online` uploads) has the table.
+//! it. Online, the same file is uploaded and the streamed row carries the same value
+//! (see [`crate::online`]).
 
 use std::{io, path::Path};
 
