@@ -120,10 +120,10 @@ fn two_ranks_sample_whole_groups_of_their_share_and_report_the_whole_batchs_rewa
         assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-5), "{key}: one rank {a:?}, two {b:?}");
     }
     // Sampled (temperature 1): every completion of the batch recorded, whole groups per
-    // rank, advantages centred per group, and the rows' mean reward the step's reward.
-    // (The step's metrics are its micro-batches' weighted by the loss's count: dapo's
-    // is completion tokens, grpo's completions, so its `reward` is the rows' mean.)
-    let sets = ["data.batch_size=12", "train.steps=2", "grpo.loss_type=grpo"];
+    // rank, advantages centred per group, and the rows' mean reward the step's reward:
+    // under dapo, whose loss counts tokens, the reward is still a mean over completions,
+    // as TRL's (it was weighted by each rank's tokens: -3.840 against the rows' -3.833).
+    let sets = ["data.batch_size=12", "train.steps=2"];
     let sampled = run_on_two_ranks_with(&d, "sampled", "tensorboard,jsonl", &sets);
     let records = completions(&sampled);
     let step_rewards = metric(&sampled, "train/reward");
@@ -227,23 +227,29 @@ fn zero_3_ranks_that_decode_different_lengths_sample_and_learn_as_the_unsharded_
     // forwards, one whose group runs on makes 16. Under ZeRO-3 without the whole model held,
     // the longer rank's per-block gathers would have no partner. Seed 3 deals a prompt that
     // ends at once and one that runs on to the two ranks at step 1, from the fixture's
-    // weights. `loss_type = "grpo"` weighs each rank's statistics by its completions (dapo
-    // by its tokens), so the step's mean length is the mean of both ranks' eight.
-    let sets = ["data.batch_size=4", "train.steps=3", "grpo.top_k=1", "grpo.max_completion_length=16", "grpo.loss_type=grpo", "run.seed=3"];
+    // weights.
+    let sets = ["data.batch_size=4", "train.steps=3", "grpo.top_k=1", "grpo.max_completion_length=16", "run.seed=3"];
     let none = run_on_two_ranks(&d, "none", &sets);
     let zero_3 = run_on_two_ranks(&d, "zero_3", &[&sets[..], &["dist.shard=parameters"]].concat());
     assert_eq!(summary(&zero_3)["shard"], "parameters");
     // The premise: a step where one rank's group ended within 8 tokens and the other's did
-    // not. Greedy, a group's completions are one completion four times: rank 0's is
-    // recorded, and the step's mean length gives rank 1's.
+    // not. Greedy, a group's completions are one completion four times; every rank's rows
+    // are recorded, and the step's mean length is theirs.
     let records = completions(&zero_3);
     let mean = metric(&zero_3, "train/completions/mean_length");
     let mut lengths = Vec::new();
     for step in 1..=3 {
-        let rank_0: Vec<f64> = records.iter().filter(|r| r["step"] == step).map(|r| r["completion_ids"].as_array().unwrap().len() as f64).collect();
-        assert_eq!(rank_0.len(), 4, "step {step}: rank 0's group");
-        assert!(rank_0.iter().all(|&n| n == rank_0[0]), "step {step}: greedy, one completion four times: {rank_0:?}");
-        lengths.push((rank_0[0], 2.0 * mean[step as usize - 1] - rank_0[0]));
+        let of_rank = |rank: u64| -> Vec<f64> {
+            let rows = records.iter().filter(|r| r["step"] == step && r["rank"] == rank);
+            rows.map(|r| r["completion_ids"].as_array().unwrap().len() as f64).collect()
+        };
+        let (rank_0, rank_1) = (of_rank(0), of_rank(1));
+        for group in [&rank_0, &rank_1] {
+            assert!(group.len() == 4 && group.iter().all(|&n| n == group[0]), "step {step}: greedy, one completion four times: {group:?}");
+        }
+        let both = (rank_0[0] + rank_1[0]) / 2.0;
+        assert!((mean[step as usize - 1] - both).abs() < 1e-4, "step {step}: the mean length over completions: {mean:?} vs {both}");
+        lengths.push((rank_0[0], rank_1[0]));
     }
     eprintln!("each step's completion lengths (rank 0, rank 1): {lengths:?}");
     assert!(lengths.iter().any(|&(a, b)| (a <= 8.0) != (b <= 8.0)), "a step where one rank decodes 8 tokens and the other 16: {lengths:?}");

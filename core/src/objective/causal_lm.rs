@@ -52,10 +52,10 @@ impl Objective for CausalLmMean {
             // the type it adds its batches up in.
             let (sum, kind) = if train { (sum, Kind::Float) } else { (sum.f_to_kind(Kind::Double)?, Kind::Double) };
             let trained = batch.targets.f_ne(IGNORE_INDEX)?.f_sum(kind)?.f_clamp_min(1.0)?;
-            return Ok(Sum { loss: sum.f_div(&trained)?, metrics: Vec::new(), logits: None });
+            return Ok(Sum { loss: sum.f_div(&trained)?, metrics: Vec::new(), means: Vec::new(), logits: None });
         }
         let logits = model.forward(batch, train)?;
-        Ok(Sum { loss: cross_entropy(&logits, &batch.targets, Reduction::Mean)?, metrics: Vec::new(), logits: Some(logits) })
+        Ok(Sum { loss: cross_entropy(&logits, &batch.targets, Reduction::Mean)?, metrics: Vec::new(), means: Vec::new(), logits: Some(logits) })
     }
 }
 
@@ -73,9 +73,9 @@ impl Objective for CausalLmPerToken {
 
     fn sum(&self, model: &mut dyn Forward, batch: &Batch, train: bool) -> Result<Sum> {
         if let Some(sum) = chunked_sum(self.chunk, model, batch, train)? {
-            return Ok(Sum { loss: sum, metrics: Vec::new(), logits: None });
+            return Ok(Sum { loss: sum, metrics: Vec::new(), means: Vec::new(), logits: None });
         }
         let logits = model.forward(batch, train)?;
-        Ok(Sum { loss: cross_entropy(&logits, &batch.targets, Reduction::Sum)?, metrics: Vec::new(), logits: Some(logits) })
+        Ok(Sum { loss: cross_entropy(&logits, &batch.targets, Reduction::Sum)?, metrics: Vec::new(), means: Vec::new(), logits: Some(logits) })
     }
 }

@@ -29,6 +29,6 @@ impl Objective for Classification {
                 vec![("accuracy", right.f_div_scalar(batch.targets.size()[0].max(1) as f64)?)]
             }
         };
-        Ok(Sum { loss, metrics, logits: Some(logits) })
+        Ok(Sum { loss, metrics, means: Vec::new(), logits: Some(logits) })
     }
 }

@@ -135,7 +135,7 @@ impl Objective for Dpo {
         match output {
             Output::Logits(logits) => {
                 let loss = self.pair_loss_sum(&logps, &reference, batch)?;
-                Ok(Sum { loss, metrics, logits: Some(logits) })
+                Ok(Sum { loss, metrics, means: Vec::new(), logits: Some(logits) })
             }
             Output::Hidden { states, head, chunk } if states.requires_grad() => {
                 let mut leaf = logps.f_detach()?;
@@ -147,11 +147,11 @@ impl Objective for Dpo {
                 let scale = per_position(&grad.f_neg()?, batch)?;
                 let surrogate = chunked::summed(&states, &head, &batch.targets, Some(&scale), chunk)?;
                 let loss = loss.f_detach()?.f_add(&surrogate.f_sub(&surrogate.f_detach()?)?)?;
-                Ok(Sum { loss, metrics, logits: None })
+                Ok(Sum { loss, metrics, means: Vec::new(), logits: None })
             }
             Output::Hidden { .. } => {
                 let loss = self.pair_loss_sum(&logps, &reference, batch)?;
-                Ok(Sum { loss, metrics, logits: None })
+                Ok(Sum { loss, metrics, means: Vec::new(), logits: None })
             }
         }
     }

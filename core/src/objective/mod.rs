@@ -108,6 +108,11 @@ pub struct Sum {
     /// A float scalar: the loss, with its graph when training.
     pub loss: Tensor,
     pub metrics: Metrics,
+    /// Named device scalars that are already means over the micro-batch's samples
+    /// (every micro-batch holds as many): the step averages them over its micro-batches
+    /// and ranks, whatever the objective counts (GRPO's reward and length statistics are
+    /// means over completions, as TRL reports them, under a loss counted in tokens).
+    pub means: Metrics,
     /// The logits, when the objective computed them (for `AfterForward` hooks and
     /// `[debug]` dumps; `None` with a chunked loss, where they never exist whole).
     pub logits: Option<Tensor>,

@@ -96,6 +96,11 @@ impl Evaluator {
                 names.push(name);
                 row.push(value.f_to_kind(Kind::Double)?);
             }
+            // Means over the batch count as much as its loss does here.
+            for (name, value) in sum.means {
+                names.push(name);
+                row.push(value.f_to_kind(Kind::Double)?.f_mul_scalar(count.value())?);
+            }
             let row = Tensor::f_stack(&row, 0)?;
             match count {
                 Count::MicroBatch if key.count < b => Ok(row.f_mul_scalar(key.count as f64 / b as f64)?),

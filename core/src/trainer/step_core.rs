@@ -109,6 +109,7 @@ impl StepCore<'_> {
             let mut micro_loss = input.scale.apply(sum.loss)?;
             let scaled = sum.metrics.into_iter().map(|(name, value)| Ok((name, input.scale.apply(value.f_detach()?)?)));
             add_metrics(&mut metrics, scaled.collect::<Result<Metrics>>()?)?;
+            add_metrics(&mut metrics, per_micro_batch(sum.means, input.accum)?)?;
             if let Some(aux) = learner.model.take_aux_loss() {
                 micro_loss = add_aux(micro_loss, aux, input.accum, &mut metrics)?;
             }
@@ -143,10 +144,19 @@ impl StepCore<'_> {
 /// over the step's `accum` micro-batches whatever the objective counts (the gradient
 /// all-reduce then averages the ranks'); its metrics added to the step's alike.
 fn add_aux(micro_loss: Tensor, aux: crate::model::AuxLoss, accum: u64, metrics: &mut Metrics) -> Result<Tensor> {
-    let share = |t: Tensor| -> Result<Tensor> { Ok(if accum > 1 { t.f_div_scalar(accum as f64)? } else { t }) };
-    let scaled = aux.metrics.into_iter().map(|(name, value)| Ok((name, share(value.f_detach()?)?)));
-    add_metrics(metrics, scaled.collect::<Result<Metrics>>()?)?;
-    Ok(micro_loss.f_add(&share(aux.loss)?)?)
+    add_metrics(metrics, per_micro_batch(aux.metrics, accum)?)?;
+    Ok(micro_loss.f_add(&share(aux.loss, accum)?)?)
+}
+
+/// A micro-batch's share of a step of `accum`: its mean divided by their number (the
+/// ranks' shares are averaged when the metrics are read).
+fn share(t: Tensor, accum: u64) -> Result<Tensor> {
+    Ok(if accum > 1 { t.f_div_scalar(accum as f64)? } else { t })
+}
+
+/// Metrics that are means over a micro-batch, as shares of the step ([`share`]), detached.
+fn per_micro_batch(means: Metrics, accum: u64) -> Result<Metrics> {
+    means.into_iter().map(|(name, value)| Ok((name, share(value.f_detach()?, accum)?))).collect()
 }
 
 #[cfg(test)]

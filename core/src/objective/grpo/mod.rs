@@ -154,12 +154,15 @@ impl Grpo {
         let mask = Rows::of(batch, r.packed.as_ref()).mask()?;
         let inputs =
             Inputs { logps, old: &old, reference: values.reference.as_ref(), entropy: &values.entropy, advantages: &r.advantages, mask: &mask };
-        let weight = self.weight(batch, r);
-        let (loss, mut metrics) = loss::loss_and_metrics(&self.settings, &inputs, weight)?;
-        for (i, name) in self.stat_names.iter().enumerate() {
-            metrics.push((name, r.stats.f_select(0, i as i64)?.f_mul_scalar(weight)?));
-        }
-        Ok((loss, metrics))
+        loss::loss_and_metrics(&self.settings, &inputs, self.weight(batch, r))
+    }
+
+    /// The batch's reward and length statistics ([`STATS`], each reward function's,
+    /// the rollout stage's times), means over its completions: averaged over the step's
+    /// micro-batches and ranks as such ([`super::Sum::means`]), not weighted by tokens.
+    fn stats(&self, batch: &Batch) -> Result<Metrics> {
+        let stats = &Self::rollouts(batch)?.stats;
+        self.stat_names.iter().enumerate().map(|(i, name)| Ok((*name, stats.f_select(0, i as i64)?))).collect()
     }
 }
 
@@ -189,7 +192,7 @@ impl Objective for Grpo {
         match output {
             Output::Logits(logits) => {
                 let (loss, metrics) = self.loss_of(&logps, &rest, batch, train)?;
-                Ok(Sum { loss, metrics, logits: Some(logits) })
+                Ok(Sum { loss, metrics, means: self.stats(batch)?, logits: Some(logits) })
             }
             Output::Hidden { states, head, chunk } if states.requires_grad() => {
                 if head.softcap.is_some() && self.temperature != 1.0 {
@@ -206,11 +209,11 @@ impl Objective for Grpo {
                 let scaled = states.f_div_scalar(self.temperature)?;
                 let surrogate = chunked::summed(&scaled, &head, &batch.targets, Some(&grad.f_neg()?), chunk)?;
                 let loss = loss.f_detach()?.f_add(&surrogate.f_sub(&surrogate.f_detach()?)?)?;
-                Ok(Sum { loss, metrics, logits: None })
+                Ok(Sum { loss, metrics, means: self.stats(batch)?, logits: None })
             }
             Output::Hidden { .. } => {
                 let (loss, metrics) = self.loss_of(&logps, &rest, batch, train)?;
-                Ok(Sum { loss, metrics, logits: None })
+                Ok(Sum { loss, metrics, means: self.stats(batch)?, logits: None })
             }
         }
     }
