@@ -121,14 +121,22 @@ fn each_loss_type_and_option_equals_grpo_trainers_at_step_1_and_at_a_step_2_on_t
             &["train.loss_chunk=8"],
         ),
     ];
+    // With data.packing (each group one sequence, its prompt once) and activation
+    // checkpointing the numbers are the same: checked on the case with a reference and on
+    // the chunked one.
+    let packed = ["data.packing=true"];
+    let checkpointed = ["train.activation_checkpointing=\"full\""];
+    let both = [packed[0], checkpointed[0]];
     for (i, c) in cases.iter().enumerate() {
         let theirs = support_py("grpo.py", &[&"trl", &d.join("policy"), &d.join("rollouts.jsonl"), &"2", &c.trl.to_string()]);
-        // With data.packing (each group one sequence, its prompt once) the numbers are the
-        // same: checked on the case with a reference and on the chunked one.
-        let packed = [0, cases.len() - 1].contains(&i);
-        for packing in [false, true].into_iter().filter(|&p| !p || packed) {
-            let what = format!("{}{}", c.what, if packing { ", packed" } else { "" });
-            let sets: Vec<String> = c.sets.iter().cloned().chain(packing.then(|| "data.packing=true".to_string())).collect();
+        let variants: &[(&str, &[&str])] = match i {
+            0 => &[("", &[]), (", packed", &packed), (", checkpointed", &checkpointed)],
+            _ if i + 1 == cases.len() => &[("", &[]), (", packed", &packed), (", packed, checkpointed", &both)],
+            _ => &[("", &[])],
+        };
+        for (suffix, more) in variants {
+            let what = format!("{}{suffix}", c.what);
+            let sets: Vec<String> = c.sets.iter().cloned().chain(more.iter().map(|m| m.to_string())).collect();
             let run_dir = run(&d, &what.replace([',', ' '], "_"), &sets);
             compare(&what, &run_dir, &theirs);
         }
