@@ -145,18 +145,15 @@ impl StepCore<'_> {
 /// all-reduce then averages the ranks'); its metrics added to the step's alike.
 fn add_aux(micro_loss: Tensor, aux: crate::model::AuxLoss, accum: u64, metrics: &mut Metrics) -> Result<Tensor> {
     add_metrics(metrics, per_micro_batch(aux.metrics, accum)?)?;
-    Ok(micro_loss.f_add(&share(aux.loss, accum)?)?)
+    Ok(micro_loss.f_add(&StepScale::MicroBatches(accum).apply(aux.loss)?)?)
 }
 
-/// A micro-batch's share of a step of `accum`: its mean divided by their number (the
-/// ranks' shares are averaged when the metrics are read).
-fn share(t: Tensor, accum: u64) -> Result<Tensor> {
-    Ok(if accum > 1 { t.f_div_scalar(accum as f64)? } else { t })
-}
-
-/// Metrics that are means over a micro-batch, as shares of the step ([`share`]), detached.
+/// Metrics that are means over a micro-batch as shares of a step of `accum` (divided
+/// as a step of micro-batch means divides them; the ranks' shares are averaged when
+/// the metrics are read), detached.
 fn per_micro_batch(means: Metrics, accum: u64) -> Result<Metrics> {
-    means.into_iter().map(|(name, value)| Ok((name, share(value.f_detach()?, accum)?))).collect()
+    let share = StepScale::MicroBatches(accum);
+    means.into_iter().map(|(name, value)| Ok((name, share.apply(value.f_detach()?)?))).collect()
 }
 
 #[cfg(test)]

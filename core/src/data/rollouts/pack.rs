@@ -48,20 +48,17 @@ pub(super) fn pack(groups: &[&Group], scoring: &Scoring) -> Result<Packed> {
     let mut targets = vec![IGNORE_INDEX; completions * longest];
     let (mut trained, mut r) = (0, 0);
     for (i, group) in groups.iter().enumerate() {
-        let Some((&last, shared)) = group.prompt.split_last() else {
+        let (prompt, start) = (&group.prompt, i * t);
+        let Some(&last) = prompt.last() else {
             return Err(Error::Other("GRPO with data.packing: a group's prompt is empty".into()));
         };
-        let mut at = i * t;
-        for (p, &id) in shared.iter().enumerate() {
-            (grid.inputs[at], grid.positions[at], grid.rows[at], prefix[at]) = (id as i64, p as i64, PROMPT, PROMPT);
-            at += 1;
-        }
+        // The prompt but its last token: inputs only, nothing trained.
+        let (mut at, _) = grid.write_row(start, prompt.len(), |p| prompt[p], |_| false, Place { position: 0, row: PROMPT });
         for (k, completion) in group.completions.iter().enumerate() {
             let train = scoring.trains(completion);
             let id = |p: usize| if p == 0 { last } else { completion[p - 1] };
-            let place = Place { position: shared.len() as i64, row: FIRST + k as i64 };
+            let place = Place { position: prompt.len() as i64 - 1, row: FIRST + k as i64 };
             let (end, n) = grid.write_row(at, completion.len() + 1, id, |_| train, place);
-            prefix[at..end].fill(PROMPT);
             for (j, &token) in completion.iter().enumerate() {
                 index[r * longest + j] = (at + j) as i64;
                 if train {
@@ -70,6 +67,8 @@ pub(super) fn pack(groups: &[&Group], scoring: &Scoring) -> Result<Packed> {
             }
             (trained, r, at) = (trained + n, r + 1, end);
         }
+        // Every token of the group sees the prompt's row (the prompt's own are in it).
+        prefix[start..at].fill(PROMPT);
         grid.pad(i, at);
     }
     let shape = [completions as i64, longest as i64];

@@ -147,22 +147,21 @@ impl Grpo {
         reference.run(model, |m| Ok(Some(rows.gather(&tokens::values(&Output::of(m, batch, false, chunk)?, batch, temperature)?.logps)?)))
     }
 
-    /// The loss and metrics from the policy's token log-probabilities `logps`, a row per completion.
-    fn loss_of(&self, logps: &Tensor, values: &TokensRest, batch: &Batch, train: bool) -> Result<(Tensor, Metrics)> {
+    /// The loss and metrics from the policy's token log-probabilities `logps`, a row per
+    /// completion (`rows`).
+    fn loss_of(&self, logps: &Tensor, values: &TokensRest, rows: &Rows, batch: &Batch, train: bool) -> Result<(Tensor, Metrics)> {
         let r = Self::rollouts(batch)?;
         let old = self.old_logps(logps, r, train)?;
-        let mask = Rows::of(batch, r.packed.as_ref()).mask()?;
         let inputs =
-            Inputs { logps, old: &old, reference: values.reference.as_ref(), entropy: &values.entropy, advantages: &r.advantages, mask: &mask };
+            Inputs { logps, old: &old, reference: values.reference.as_ref(), entropy: &values.entropy, advantages: &r.advantages, mask: &rows.mask };
         loss::loss_and_metrics(&self.settings, &inputs, self.weight(batch, r))
     }
 
     /// The batch's reward and length statistics ([`STATS`], each reward function's,
     /// the rollout stage's times), means over its completions: averaged over the step's
     /// micro-batches and ranks as such ([`super::Sum::means`]), not weighted by tokens.
-    fn stats(&self, batch: &Batch) -> Result<Metrics> {
-        let stats = &Self::rollouts(batch)?.stats;
-        self.stat_names.iter().enumerate().map(|(i, name)| Ok((*name, stats.f_select(0, i as i64)?))).collect()
+    fn stats(&self, r: &Rollouts) -> Result<Metrics> {
+        self.stat_names.iter().enumerate().map(|(i, name)| Ok((*name, r.stats.f_select(0, i as i64)?))).collect()
     }
 }
 
@@ -182,7 +181,8 @@ impl Objective for Grpo {
     }
 
     fn sum(&self, model: &mut dyn Forward, batch: &Batch, train: bool) -> Result<Sum> {
-        let rows = Rows::of(batch, Self::rollouts(batch)?.packed.as_ref());
+        let r = Self::rollouts(batch)?;
+        let (rows, means) = (Rows::of(batch, r.packed.as_ref())?, self.stats(r)?);
         // The reference first: its logits are freed before the policy's graph is built.
         let reference = self.reference_logps(model, batch, &rows)?;
         let output = Output::of(model, batch, train, self.chunk)?;
@@ -191,8 +191,8 @@ impl Objective for Grpo {
         let rest = TokensRest { entropy, reference };
         match output {
             Output::Logits(logits) => {
-                let (loss, metrics) = self.loss_of(&logps, &rest, batch, train)?;
-                Ok(Sum { loss, metrics, means: self.stats(batch)?, logits: Some(logits) })
+                let (loss, metrics) = self.loss_of(&logps, &rest, &rows, batch, train)?;
+                Ok(Sum { loss, metrics, means, logits: Some(logits) })
             }
             Output::Hidden { states, head, chunk } if states.requires_grad() => {
                 if head.softcap.is_some() && self.temperature != 1.0 {
@@ -201,7 +201,7 @@ impl Objective for Grpo {
                     ));
                 }
                 let leaf = logps.f_detach()?.f_set_requires_grad(true)?;
-                let (loss, metrics) = self.loss_of(&leaf, &rest, batch, train)?;
+                let (loss, metrics) = self.loss_of(&leaf, &rest, &rows, batch, train)?;
                 let mut grads = Tensor::f_run_backward(&[&loss], &[&leaf], false, false)?;
                 let grad = grads.pop().ok_or_else(|| Error::Other("GRPO: no gradient for the log-probabilities".into()))?;
                 // d loss / d logp(token) = grad; the cross-entropy is -logp of (h / t) W^T.
@@ -209,11 +209,11 @@ impl Objective for Grpo {
                 let scaled = states.f_div_scalar(self.temperature)?;
                 let surrogate = chunked::summed(&scaled, &head, &batch.targets, Some(&grad.f_neg()?), chunk)?;
                 let loss = loss.f_detach()?.f_add(&surrogate.f_sub(&surrogate.f_detach()?)?)?;
-                Ok(Sum { loss, metrics, means: self.stats(batch)?, logits: None })
+                Ok(Sum { loss, metrics, means, logits: None })
             }
             Output::Hidden { .. } => {
-                let (loss, metrics) = self.loss_of(&logps, &rest, batch, train)?;
-                Ok(Sum { loss, metrics, means: self.stats(batch)?, logits: None })
+                let (loss, metrics) = self.loss_of(&logps, &rest, &rows, batch, train)?;
+                Ok(Sum { loss, metrics, means, logits: None })
             }
         }
     }

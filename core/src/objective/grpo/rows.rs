@@ -13,18 +13,14 @@ use crate::{
 
 pub(super) struct Rows<'a> {
     packed: Option<&'a PackedRows>,
-    /// `[B, L]`: each completion's targets.
-    pub targets: &'a Tensor,
+    /// `[B, L]` float: each completion's trained tokens.
+    pub mask: Tensor,
 }
 
 impl<'a> Rows<'a> {
-    pub fn of(batch: &'a Batch, packed: Option<&'a PackedRows>) -> Rows<'a> {
-        Rows { packed, targets: packed.map_or(&batch.targets, |p| &p.targets) }
-    }
-
-    /// `[B, L]` float: the trained tokens.
-    pub fn mask(&self) -> Result<Tensor> {
-        Ok(self.targets.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Float)?)
+    pub fn of(batch: &'a Batch, packed: Option<&'a PackedRows>) -> Result<Rows<'a>> {
+        let targets = packed.map_or(&batch.targets, |p| &p.targets);
+        Ok(Rows { packed, mask: targets.f_ne(IGNORE_INDEX)?.f_to_kind(Kind::Float)? })
     }
 
     /// `values` of the batch's positions as rows (0 where nothing is trained), with
@@ -32,7 +28,7 @@ impl<'a> Rows<'a> {
     pub fn gather(&self, values: &Tensor) -> Result<Tensor> {
         let Some(p) = self.packed else { return Ok(values.shallow_clone()) };
         let picked = values.f_reshape([-1])?.f_index_select(0, &p.index.f_reshape([-1])?)?;
-        Ok(picked.f_view_as(&p.index)?.f_mul(&self.mask()?)?)
+        Ok(picked.f_view_as(&p.index)?.f_mul(&self.mask)?)
     }
 
     /// The inverse of [`Rows::gather`] for a gradient: `grad` `[B, L]` at the batch's
@@ -40,7 +36,7 @@ impl<'a> Rows<'a> {
     pub fn scatter(&self, grad: &Tensor, like: &Tensor) -> Result<Tensor> {
         let Some(p) = self.packed else { return Ok(grad.shallow_clone()) };
         let flat = Tensor::f_zeros([like.numel() as i64], (grad.kind(), grad.device()))?;
-        let masked = grad.f_mul(&self.mask()?)?.f_reshape([-1])?;
+        let masked = grad.f_mul(&self.mask)?.f_reshape([-1])?;
         Ok(flat.f_index_add(0, &p.index.f_reshape([-1])?, &masked)?.f_view_as(like)?)
     }
 }
