@@ -156,13 +156,20 @@ fn a_command_that_dies_hangs_or_answers_wrong_fails_the_run_naming_it() {
         let run_dir = dir.path().join(mode);
         let rewards = format!("[{{name = \"judge\", kind = \"command\", command = {argv}, timeout_s = 2}}]");
         let out = run_expect(&mut run(&d, &run_dir, 3, &rewards), 1);
-        let summary = summary(&run_dir);
-        assert_eq!(summary["status"], "failed", "{mode}: {summary}");
-        let message = summary["error"]["message"].as_str().unwrap();
-        assert!(message.contains("[[grpo.rewards]] \"judge\"") && message.contains(says), "{mode}: {message}");
-        assert_eq!(summary["error"]["step"], 2, "{mode}: {summary}");
-        assert!(stderr(&out).contains(says), "{mode}: {}", stderr(&out));
+        failed_at_step_2(&run_dir, &out, "[[grpo.rewards]] \"judge\"", says, mode);
     }
+}
+
+/// The summary of a run that failed at step 2 (`mode`'s), its error naming the reward
+/// (`named`) and saying `says`, which stderr says too.
+fn failed_at_step_2(run_dir: &Path, out: &std::process::Output, named: &str, says: &str, mode: &str) -> serde_json::Value {
+    let summary = summary(run_dir);
+    assert_eq!(summary["status"], "failed", "{mode}: {summary}");
+    let message = summary["error"]["message"].as_str().unwrap();
+    assert!(message.contains(named) && message.contains(says), "{mode}: {message}");
+    assert_eq!(summary["error"]["step"], 2, "{mode}: {summary}");
+    assert!(stderr(out).contains(says), "{mode}: {}", stderr(out));
+    summary
 }
 
 /// The reward-faults fixture's library (tests/fixtures/reward-faults).
@@ -262,12 +269,7 @@ fn a_reward_plugin_that_fails_hangs_or_answers_wrong_fails_the_run_naming_it() {
         let rewards = format!("[{{name = \"judge\", kind = \"plugin\", plugin = '{plugin}', timeout_s = 2}}]");
         let sets = [format!("plugins.reward-faults.mode={mode}"), "plugins.reward-faults.finish_timeout_s=1".into()];
         let out = run_expect(run(&d, &run_dir, 3, &rewards).args(sets.iter().flat_map(|s| ["--set", s.as_str()])), 1);
-        let summary = summary(&run_dir);
-        assert_eq!(summary["status"], "failed", "{mode}: {summary}");
-        let message = summary["error"]["message"].as_str().unwrap();
-        assert!(message.contains("[[grpo.rewards]] \"judge\" (plugin `") && message.contains(says), "{mode}: {message}");
-        assert_eq!(summary["error"]["step"], 2, "{mode}: {summary}");
-        assert!(stderr(&out).contains(says), "{mode}: {}", stderr(&out));
+        let summary = failed_at_step_2(&run_dir, &out, "[[grpo.rewards]] \"judge\" (plugin `", says, mode);
         if matches!(mode, "error" | "panic") {
             let failure = &summary["plugin_failures"][0];
             assert_eq!((failure["plugin"].as_str(), failure["hook"].as_str()), (Some("reward-faults"), Some("reward")), "{mode}: {summary}");
